@@ -1,0 +1,43 @@
+"""splitsync: one PyTorch training script for a CPU laptop, one GPU, many GPUs, many machines.
+
+Importing is cheap: submodules (and torch) load on first use of a name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "init": "splitsync.runtime",
+    "Run": "splitsync.runtime",
+    "RunConfig": "splitsync.config",
+    "DistEnv": "splitsync.env",
+    "EnvError": "splitsync.env",
+    "detect_env": "splitsync.env",
+    "move_to": "splitsync.device",
+    "seed_everything": "splitsync.seeding",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+if TYPE_CHECKING:
+    from splitsync.config import RunConfig
+    from splitsync.device import move_to
+    from splitsync.env import DistEnv, EnvError, detect_env
+    from splitsync.runtime import Run, init
+    from splitsync.seeding import seed_everything
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if name == "testing":
+        return importlib.import_module("splitsync.testing")
+    raise AttributeError(f"module 'splitsync' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,5 @@
+"""``python -m splitsync``."""
+
+from splitsync.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the splitsync command line, one module each."""

@@ -1,0 +1,231 @@
+"""Sharded, resumable data loading: every rank reads its own part, batches arrive on device."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    RandomSampler,
+    SequentialSampler,
+)
+
+from splitsync.device import move_to
+from splitsync.seeding import worker_init_fn
+
+__all__ = ["ShardSampler", "DeviceLoader", "build_loader", "loader_kwargs_from"]
+
+
+class ShardSampler(DistributedSampler):
+    """DistributedSampler that can start mid-epoch, also at another world size.
+
+    Rank r reads positions r, r+W, r+2W, ... of the epoch's global order (as
+    DistributedSampler does), so after every rank has read n samples exactly the first
+    n*W positions are consumed. Resuming skips those positions by index, without
+    reading any data, and deals the rest out over the new world size.
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        num_replicas: int,
+        rank: int,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool = False,
+    ) -> None:
+        super().__init__(
+            dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed,
+            drop_last=drop_last,
+        )
+        self.start = 0  # global positions of this epoch already consumed
+        self._resume_epoch: int | None = None
+        self._set_sizes()
+
+    def _set_sizes(self) -> None:
+        remaining = len(self.dataset) - self.start  # type: ignore[arg-type]
+        world = self.num_replicas
+        self.num_samples = remaining // world if self.drop_last else math.ceil(remaining / world)
+        self.total_size = self.num_samples * world
+
+    def global_order(self) -> list[int]:
+        """The epoch's order over the whole dataset (same on every rank)."""
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if not self.shuffle:
+            return list(range(n))
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return torch.randperm(n, generator=g).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        rest = self.global_order()[self.start :]
+        if self.drop_last:
+            rest = rest[: self.total_size]
+        elif rest and len(rest) < self.total_size:
+            reps = math.ceil(self.total_size / len(rest))
+            rest = (rest * reps)[: self.total_size]  # pad like DistributedSampler
+        return iter(rest[self.rank : self.total_size : self.num_replicas])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    @property
+    def padding(self) -> int:
+        """Number of padded (repeated) samples this rank reads at the end of the epoch."""
+        if self.drop_last:
+            return 0
+        remaining = len(self.dataset) - self.start  # type: ignore[arg-type]
+        real = len(range(self.rank, remaining, self.num_replicas))
+        return self.num_samples - real
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch``; a pending resume position applies only to its own epoch."""
+        super().set_epoch(epoch)
+        if self._resume_epoch != epoch:
+            self.start = 0
+        self._resume_epoch = None
+        self._set_sizes()
+
+    def resume_at(self, epoch: int, consumed: int) -> None:
+        """Continue ``epoch`` after ``consumed`` global positions (any world size)."""
+        self.epoch = epoch
+        self.start = min(consumed, len(self.dataset))  # type: ignore[arg-type]
+        self._resume_epoch = epoch
+        self._set_sizes()
+
+
+class DeviceLoader:
+    """A DataLoader whose batches arrive on the run's device and whose position is known."""
+
+    def __init__(self, loader: DataLoader, device: torch.device, world_size: int,
+                 on_iter: Callable[[DeviceLoader], None] | None = None) -> None:
+        self.loader = loader
+        self.on_iter = on_iter
+        self.device = device
+        self.world_size = world_size
+        self.batches_seen = 0  # in the current pass
+        self.last_batch = False
+        self._cpu = device.type == "cpu"
+
+    @property
+    def sampler(self) -> ShardSampler | None:
+        s = self.loader.sampler
+        return s if isinstance(s, ShardSampler) else None
+
+    @property
+    def dataset(self) -> Dataset:
+        return self.loader.dataset
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.loader.batch_size
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.sampler is not None:
+            self.sampler.set_epoch(epoch)
+
+    def consumed(self) -> int:
+        """Global positions of the current epoch consumed so far."""
+        s = self.sampler
+        per_rank = self.batches_seen * (self.loader.batch_size or 1)
+        start = s.start if s is not None else 0
+        return start + min(per_rank * self.world_size, len(self.dataset) - start)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        self.batches_seen = 0
+        self.last_batch = False
+        if self.on_iter is not None:
+            self.on_iter(self)
+        total = len(self.loader)
+        for batch in self.loader:
+            self.batches_seen += 1
+            self.last_batch = self.batches_seen == total
+            yield batch if self._cpu else move_to(batch, self.device)
+
+    def trim_padding(self, x: torch.Tensor) -> torch.Tensor:
+        """Drop this rank's padded duplicates from the current batch's results."""
+        s = self.sampler
+        if not self.last_batch or s is None or s.padding == 0:
+            return x
+        return x[: x.shape[0] - s.padding]
+
+
+def build_loader(
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    shuffle: bool,
+    drop_last: bool,
+    num_workers: int,
+    collate_fn: Callable[[list[Any]], Any] | None,
+    rank: int,
+    world_size: int,
+    seed: int,
+    device: torch.device,
+    on_iter: Callable[[DeviceLoader], None] | None = None,
+    **extra: Any,
+) -> DeviceLoader:
+    """A DataLoader over this rank's shard; ``batch_size`` is per process, never rescaled."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r}: give a positive per-process batch size.")
+    sampler = ShardSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,  # type: ignore[arg-type]
+        drop_last=drop_last,
+    )
+    # Distinct, reproducible worker seeds per rank: the generator seeds the workers' base.
+    generator = torch.Generator()
+    generator.manual_seed(seed * 1000003 + rank)
+    extra.setdefault("pin_memory", device.type == "cuda")
+    extra.setdefault("worker_init_fn", worker_init_fn)
+    loader = DataLoader(
+        dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
+        num_workers=num_workers, collate_fn=collate_fn, generator=generator, **extra,
+    )
+    return DeviceLoader(loader, device, world_size, on_iter)
+
+
+_PASSTHROUGH = (
+    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+    "prefetch_factor", "persistent_workers", "multiprocessing_context", "in_order",
+)
+
+
+def loader_kwargs_from(loader: DataLoader) -> dict[str, Any]:
+    """Rebuild arguments from an existing DataLoader's public attributes."""
+    bs = loader.batch_sampler
+    if loader.batch_size is None or (bs is not None and type(bs) is not BatchSampler):
+        raise ValueError(
+            f"Cannot re-shard a DataLoader with a custom batch_sampler ({type(bs).__name__}): "
+            "splitsync would not know how to split it across ranks. Pass the dataset to "
+            "run.loader(dataset, batch_size=...) instead, or shard the batch sampler yourself."
+        )
+    sampler = loader.sampler
+    if isinstance(sampler, RandomSampler):
+        shuffle = True
+    elif isinstance(sampler, (SequentialSampler, DistributedSampler)):
+        shuffle = bool(getattr(sampler, "shuffle", False))
+    else:
+        raise ValueError(
+            f"Cannot re-shard a DataLoader with a custom sampler ({type(sampler).__name__}). "
+            "Pass the dataset to run.loader(...) or wrap your sampler per rank yourself."
+        )
+    kwargs: dict[str, Any] = {
+        "dataset": loader.dataset, "batch_size": loader.batch_size, "shuffle": shuffle,
+        "drop_last": loader.drop_last,
+    }
+    for name in _PASSTHROUGH:
+        if hasattr(loader, name):
+            kwargs[name] = getattr(loader, name)
+    if kwargs.get("num_workers", 0) == 0:
+        kwargs.pop("prefetch_factor", None)
+        kwargs.pop("persistent_workers", None)
+    return kwargs

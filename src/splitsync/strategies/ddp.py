@@ -1,0 +1,37 @@
+"""DistributedDataParallel with gradients as views into the all-reduce buckets."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from splitsync.strategies import Strategy, WrapContext
+
+OPTIONS = ("find_unused_parameters", "static_graph", "bucket_cap_mb", "broadcast_buffers")
+
+
+def _wrap(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "strategy='ddp' needs a process group. Launch with `splitsync run -n N script.py` "
+            "(or torchrun), or use strategy='auto' to run unwrapped in one process."
+        )
+    device_ids = [ctx.device.index] if ctx.device.type in ("cuda", "xpu") else None
+    # gradient_as_bucket_view: gradients alias the buckets, so no second copy is kept.
+    return DistributedDataParallel(
+        module, device_ids=device_ids, gradient_as_bucket_view=True, **dict(options)
+    )
+
+
+def _no_sync(model: nn.Module) -> AbstractContextManager[None]:
+    if isinstance(model, DistributedDataParallel):
+        return model.no_sync()
+    return nullcontext()
+
+
+STRATEGY = Strategy(name="ddp", wrap=_wrap, no_sync=_no_sync, options=OPTIONS)

@@ -1,0 +1,118 @@
+"""Run a function on N CPU ranks with gloo: free port, clean environment, hard timeout.
+
+Used by splitsync's own tests and offered to users for theirs::
+
+    from splitsync.testing import spawn
+
+    def check(rank: int, world_size: int) -> float: ...
+    results = spawn(check, world_size=2)   # [result of rank 0, result of rank 1]
+
+``fn`` must be importable (defined at module level) because ranks are started with the
+"spawn" method.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from splitsync.group import free_port
+
+__all__ = ["spawn", "SpawnError", "clean_env", "LAUNCHER_PREFIXES"]
+
+LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "TORCHELASTIC_", "PMIX_")
+LAUNCHER_VARS = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+    "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
+)
+
+
+class SpawnError(RuntimeError):
+    """A rank failed or did not finish in time."""
+
+
+def clean_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default os.environ) without any launcher variables, single-threaded BLAS."""
+    env = {
+        k: v for k, v in (os.environ if base is None else base).items()
+        if k not in LAUNCHER_VARS and not k.startswith(LAUNCHER_PREFIXES)
+    }
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _child(fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple[Any, ...],
+           env: dict[str, str], out: Any) -> None:
+    os.environ.clear()
+    os.environ.update(env)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        out.put((rank, True, fn(rank, world, *args)))
+    except BaseException:  # report everything, including SystemExit, to the parent
+        out.put((rank, False, traceback.format_exc()))
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0,
+          env: Mapping[str, str] | None = None) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes; return results.
+
+    Raises :class:`SpawnError` naming the ranks that failed (with their tracebacks) or did
+    not finish within ``timeout`` seconds; every child is killed in both cases.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size}: need at least one rank.")
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    child_env = clean_env(env)
+    procs = [
+        ctx.Process(target=_child, args=(fn, r, world_size, port, args, child_env, out),
+                    daemon=False)  # ranks may start DataLoader workers
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    failures: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) + len(failures) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                rank, ok, value = out.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs)
+                        if p.exitcode not in (None, 0) and r not in results and r not in failures]
+                for r in dead:
+                    failures[r] = f"rank {r} exited with code {procs[r].exitcode} and no result"
+                continue
+            (results if ok else failures)[rank] = value
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=5)
+    if failures:
+        first = min(failures)
+        raise SpawnError(f"rank(s) {sorted(failures)} failed; rank {first}:\n{failures[first]}")
+    missing = sorted(set(range(world_size)) - set(results))
+    if missing:
+        raise SpawnError(f"rank(s) {missing} did not finish within {timeout:.0f}s (hang?)")
+    return [results[r] for r in range(world_size)]
