@@ -21,7 +21,10 @@ _EXPORTS = {
     "seed_everything": "splitsync.seeding",
 }
 
-__all__ = [*_EXPORTS, "__version__"]
+__all__ = [
+    "init", "Run", "RunConfig", "DistEnv", "EnvError", "detect_env", "move_to",
+    "seed_everything", "__version__",
+]
 
 if TYPE_CHECKING:
     from splitsync.config import RunConfig

@@ -63,7 +63,7 @@ def all_gather(x: torch.Tensor | Number, device: torch.device) -> torch.Tensor:
         t = torch.cat([t, pad])
     parts = [torch.empty_like(t) for _ in range(world)]
     dist.all_gather(parts, t.contiguous())
-    return torch.cat([p[:n] for p, n in zip(parts, lengths)])
+    return torch.cat([p[:n] for p, n in zip(parts, lengths, strict=True)])
 
 
 def broadcast_object(obj: T, src: int = 0) -> T:

@@ -21,6 +21,7 @@ from splitsync.group import destroy_group, init_group
 from splitsync.logs import attach_rank_handler, get_logger
 from splitsync.seeding import draw_seed, seed_everything
 from splitsync.strategies import WrapContext, get_strategy, resolve, unwrap
+from splitsync.syncbn import convert_sync_batchnorm
 
 __all__ = ["init", "Run"]
 
@@ -58,7 +59,7 @@ class Run:
                 f"{list(strat.options) or 'no options'}."
             )
         if sync_batchnorm and self.world_size > 1:
-            module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
+            module = convert_sync_batchnorm(module, self.device)
         if name != "dp":  # DataParallel places replicas itself, from device 0
             module = module.to(self.device)
         ctx = WrapContext(self.device, self.world_size, self.rank, self.config.precision)
