@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import time
 import traceback
@@ -57,7 +58,9 @@ def _child(fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple
         import torch
 
         torch.set_num_threads(1)
-        out.put((rank, True, fn(rank, world, *args)))
+        # Plain pickle copies tensor data; torch's queue reducers would share memory that
+        # vanishes when this process exits.
+        out.put((rank, True, pickle.dumps(fn(rank, world, *args))))
     except BaseException:  # report everything, including SystemExit, to the parent
         out.put((rank, False, traceback.format_exc()))
     finally:
@@ -103,7 +106,10 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 
                 for r in dead:
                     failures[r] = f"rank {r} exited with code {procs[r].exitcode} and no result"
                 continue
-            (results if ok else failures)[rank] = value
+            if ok:
+                results[rank] = pickle.loads(value)  # our own child's bytes
+            else:
+                failures[rank] = value
     finally:
         for p in procs:
             if p.is_alive():

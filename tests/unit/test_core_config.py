@@ -1,0 +1,58 @@
+"""init() arguments are validated before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+
+import splitsync
+from splitsync.config import RunConfig
+
+
+def test_unknown_strategy_lists_valid_names() -> None:
+    with pytest.raises(ValueError) as info:
+        RunConfig(strategy="zero3")
+    for name in ("auto", "single", "ddp", "fsdp", "dp"):
+        assert name in str(info.value)
+
+
+def test_unknown_strategy_per_call() -> None:
+    import torch
+
+    with splitsync.init(seed=0) as run, pytest.raises(ValueError, match="Valid strategies"):
+        run.model(torch.nn.Linear(2, 2), strategy="horovod")
+
+
+def test_single_process_run_handle() -> None:
+    import torch
+
+    with splitsync.init(seed=3) as run:
+        assert (run.rank, run.local_rank, run.world_size, run.is_main) == (0, 0, 1, True)
+        assert run.backend == "gloo" and run.device.type in ("cpu", "cuda", "mps", "xpu")
+        model = run.model(torch.nn.Linear(2, 2))
+        assert type(model) is torch.nn.Linear  # no wrapper at world size 1
+        assert run.unwrap(model) is model
+        assert run.mean(3) == 3.0 and run.gather(torch.ones(2)).shape == (2,)
+        assert run.broadcast({"a": 1}) == {"a": 1}
+
+
+def test_ddp_without_group_is_a_clear_error() -> None:
+    import torch
+
+    with splitsync.init(seed=0) as run, pytest.raises(RuntimeError, match="splitsync run -n N"):
+        run.model(torch.nn.Linear(2, 2), strategy="ddp")
+
+
+def test_bad_accumulate_and_seed() -> None:
+    with pytest.raises(ValueError, match="accumulate=0"):
+        RunConfig(accumulate=0)
+    with pytest.raises(ValueError, match="seed=-1"):
+        RunConfig(seed=-1)
+
+
+def test_import_is_lazy() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, splitsync; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
