@@ -54,6 +54,9 @@ def _child(fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
+    # A spawned child inherits "spawn" as its default start method; ranks started by
+    # torchrun have the platform default, so DataLoader workers behave the same here.
+    mp.set_start_method(None, force=True)
     try:
         import torch
 
