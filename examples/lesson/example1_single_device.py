@@ -6,9 +6,8 @@ The lesson takes a single step; here the loop runs a few steps so the loss visib
 from __future__ import annotations
 
 import torch
-from torch import nn, optim
-
 from simplenet import SimpleNet, toy_data
+from torch import nn, optim
 
 
 def main(steps: int = 50) -> tuple[float, float]:

@@ -7,10 +7,10 @@
 from __future__ import annotations
 
 import torch
+from simplenet import SimpleNet, toy_data
 from torch import nn, optim
 
 import splitsync as ss
-from simplenet import SimpleNet, toy_data
 
 
 def main(steps: int = 50) -> tuple[float, float]:

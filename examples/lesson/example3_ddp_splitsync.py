@@ -11,12 +11,12 @@
 from __future__ import annotations
 
 import torch
+from simplenet import SimpleNet, toy_data
 from torch import nn, optim
 from torch.utils.data import TensorDataset
 
 import splitsync as ss
 from splitsync.comm import gather_object
-from simplenet import SimpleNet, toy_data
 
 
 def main(epochs: int = 5) -> None:

@@ -17,11 +17,10 @@ import os
 
 import torch
 import torch.distributed as dist
+from simplenet import SimpleNet, toy_data
 from torch import nn, optim
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-from simplenet import SimpleNet, toy_data
 
 
 def train(rank: int, world_size: int, local_rank: int, epochs: int = 5) -> None:

@@ -14,9 +14,8 @@ merge by hand on that device.
 from __future__ import annotations
 
 import torch
-from torch import nn, optim
-
 from simplenet import SimpleNet
+from torch import nn, optim
 
 
 def main(batch: int = 8) -> tuple[int, ...]:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 
 import torch
+from simplenet import SimpleNet
 from torch.utils.data import TensorDataset
 
 import splitsync as ss
-from simplenet import SimpleNet
 
 
 def main(argv: list[str] | None = None, batch: int = 8) -> tuple[int, ...]:

@@ -67,7 +67,7 @@ def average_metrics(metrics: Mapping[str, Any], device: torch.device) -> dict[st
              torch.tensor(v, dtype=torch.float64, device=device) for v, _ in checked.values()]
     mean = comm.reduce(torch.stack(parts), "mean", device)
     values = mean.tolist()  # type: ignore[union-attr]
-    averaged = dict(zip(names, values))
+    averaged = dict(zip(names, values, strict=True))
     out: dict[str, Value] = {}
     for name in metrics:  # keep the caller's order for display
         value = averaged[name]
