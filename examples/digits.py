@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -69,7 +70,7 @@ def load_split(val_fraction: float, seed: int) -> tuple[TensorDataset, TensorDat
     return TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val])
 
 
-def evaluate(run: ss.Run, model: nn.Module, loader: ss.Run) -> tuple[int, int]:
+def evaluate(run: ss.Run, model: nn.Module, loader: Iterable) -> tuple[int, int]:
     """(correct, total) over the whole validation split, counted once per image."""
     model.eval()
     correct = total = 0

@@ -105,3 +105,14 @@ def test_resumed_run_appends_under_the_existing_csv_header(tmp_path: Path) -> No
         rows = list(csv.DictReader(f))
     assert rows == [{"epoch": "1", "loss": "0.5"}, {"epoch": "2", "loss": "0.25"}]
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_tensorboard_gets_the_scalars_when_installed(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from splitsync.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path, echo=False)
+    log.write({"step": 5, "loss": 0.5})
+    log.close()
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
