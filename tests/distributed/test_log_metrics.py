@@ -1,4 +1,7 @@
-"""run.log on two real gloo ranks: averaged, printed once, written once (rank 0)."""
+"""run.log on two real gloo ranks: averaged, printed once, written once (rank 0).
+
+run.progress rides along: plain lines on rank 0, silence on rank 1.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import pytest
 from splitsync.testing import spawn
 
 
-def _log_rank(rank: int, world_size: int, run_dir: str) -> tuple[list[dict], str, list[str]]:
+def _log_rank(rank: int, world_size: int, run_dir: str) -> tuple[list[dict], str, list[str], str]:
     import torch
 
     import splitsync as ss
@@ -28,13 +31,19 @@ def _log_rank(rank: int, world_size: int, run_dir: str) -> tuple[list[dict], str
         records.append(run.log(epoch=2, loss=float(rank), lr=0.1))  # a new column
         for i in range(3):  # the same mix in a loop, as in a training step
             run.log(epoch=3, loss=torch.tensor(float(i)))
+        bar = io.StringIO()  # not a terminal: plain lines on rank 0, nothing on rank 1
+        with contextlib.redirect_stdout(bar):
+            assert list(run.progress(range(4), desc="p", every=2)) == [0, 1, 2, 3]
     files = sorted(p.name for p in Path(run_dir).iterdir()) if Path(run_dir).exists() else []
-    return records, buf.getvalue(), files
+    return records, buf.getvalue(), files, bar.getvalue()
 
 
 def test_log_averages_over_ranks_and_writes_once(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    (rec0, out0, files0), (rec1, out1, _) = spawn(_log_rank, 2, str(run_dir), timeout=120)
+    (rec0, out0, files0, bar0), (rec1, out1, _, bar1) = spawn(_log_rank, 2, str(run_dir),
+                                                               timeout=120)
+    assert [line.split()[1] for line in bar0.splitlines()] == ["2/4", "4/4"]
+    assert bar1 == ""
 
     # Every rank gets the same averaged record back.
     assert rec0 == rec1
