@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -19,6 +19,8 @@ from splitsync.device import choose_device, default_backend, move_to
 from splitsync.env import DistEnv, detect_env
 from splitsync.group import destroy_group, init_group
 from splitsync.logs import attach_rank_handler, get_logger
+from splitsync.metrics import MetricsLog, average_metrics
+from splitsync.progress import progress as _progress
 from splitsync.seeding import draw_seed, seed_everything
 from splitsync.strategies import WrapContext, get_strategy, resolve, unwrap
 from splitsync.syncbn import convert_sync_batchnorm
@@ -45,6 +47,7 @@ class Run:
         self._loaders: list[DeviceLoader] = []
         self._active: DeviceLoader | None = None
         self._closed = False
+        self._metrics: MetricsLog | None = None
 
     # --- model -------------------------------------------------------------------------
     def model(self, module: nn.Module, *, strategy: str | None = None,
@@ -154,6 +157,20 @@ class Run:
             kwargs.setdefault("flush", True)
             print(*args, **kwargs)
 
+    def progress(self, iterable: Iterable[Any], *, total: int | None = None, desc: str = "",
+                 every: int | None = None) -> Iterable[Any]:
+        """``iterable`` with a progress bar on rank 0 (plain lines when not a terminal)."""
+        return _progress(iterable, show=self.is_main, total=total, desc=desc, every=every)
+
+    def log(self, **metrics: Any) -> dict[str, int | float]:
+        """Average ``metrics`` over ranks; rank 0 prints them and appends them to run_dir."""
+        record = average_metrics(metrics, self.device)
+        if self.is_main:
+            if self._metrics is None:
+                self._metrics = MetricsLog(self.config.run_dir)
+            self._metrics.write(record)
+        return record
+
     @property
     def logger(self) -> logging.Logger:
         """The ``splitsync`` logger (rank-prefixed)."""
@@ -165,6 +182,8 @@ class Run:
         if self._closed:
             return
         self._closed = True
+        if self._metrics is not None:
+            self._metrics.close()
         if self.log_handler is not None:
             get_logger().removeHandler(self.log_handler)
         if self._owns_group:

@@ -1,0 +1,61 @@
+"""The main demo, launched for real: 2 processes reach >= 95% exact validation accuracy."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from splitsync.testing import clean_env
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "examples" / "digits.py"
+pytestmark = pytest.mark.slow
+
+
+def launch(script: Path, nproc: int, *args: str, timeout: float = 150) -> str:
+    """Run ``script`` on ``nproc`` processes; return its output; fail on error or timeout."""
+    if nproc == 1:
+        cmd = [sys.executable, str(script), *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(nproc), str(script), *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every worker it started
+        out, _ = proc.communicate()
+        pytest.fail(f"{script.name} on {nproc} processes did not finish in {timeout}s:\n{out}")
+    assert proc.returncode == 0, f"{script.name} exited {proc.returncode}:\n{out}"
+    return out
+
+
+def _accuracy(out: str) -> float:
+    found = re.findall(r"^validation accuracy: (\d+\.\d)%$", out, flags=re.M)
+    assert len(found) == 1, f"expected one final accuracy line (rank 0 only):\n{out}"
+    return float(found[0])
+
+
+def test_digits_two_processes_reach_95_percent(tmp_path: Path) -> None:
+    out = launch(DEMO, 2, "--epochs", "6", "--run-dir", str(tmp_path))
+    assert "2 process(es)" in out
+    assert _accuracy(out) >= 95.0
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4, 5, 6]  # logged once per epoch
+    assert records[-1]["val_acc"] == pytest.approx(_accuracy(out) / 100, abs=5e-4)
+    assert records[-1]["loss"] < records[0]["loss"]
+    assert all(r["samples_per_s"] > 0 for r in records)
+
+
+def test_digits_one_process_with_flags() -> None:
+    out = launch(DEMO, 1, "--epochs", "2", "--batch-size", "64", "--lr", "5e-3", "--seed", "1")
+    assert "1 process(es)" in out and "batch 64 per process" in out
+    assert _accuracy(out) >= 80.0  # two epochs on one process: well above chance (10%)

@@ -1,0 +1,53 @@
+"""The README's commands are the ones CI runs, its script parses, every example is tested."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _blocks(lang: str, text: str = README) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
+
+
+def _section(title: str) -> str:
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, flags=re.S | re.M)
+    assert m, f"README has no '## {title}' section"
+    return m.group(1)
+
+
+def test_readme_opens_with_a_two_command_quickstart() -> None:
+    assert README.split("\n## ")[1].startswith("Quickstart")
+    commands = [line for line in _blocks("bash", _section("Quickstart"))[0].splitlines() if line]
+    assert len(commands) == 2
+    install_demo, install_test = commands
+    assert install_demo.startswith("pip install torch==") and "splitsync run -n 2 examples/digits.py" in install_demo
+    assert "python -m pytest" in install_test
+
+
+def test_ci_runs_the_readme_test_command_verbatim() -> None:
+    test_command = [line for line in _blocks("bash", _section("Quickstart"))[0].splitlines() if line][1]
+    ci_lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert test_command in ci_lines
+    assert "splitsync check examples/" in ci_lines
+    assert test_command in _blocks("bash", _section("Tests"))[0]
+
+
+def test_readme_user_script_is_valid_python_of_fifteen_lines() -> None:
+    script = _blocks("python", _section("The user's script"))[0]
+    ast.parse(script)
+    assert len([line for line in script.splitlines() if line.strip()]) == 15
+
+
+def test_every_example_is_launched_by_a_test() -> None:
+    tests = "".join(p.read_text(encoding="utf-8")
+                    for p in (ROOT / "tests" / "launcher").glob("test_examples_*.py")
+                    if p.name != Path(__file__).name)
+    examples = [p for p in (ROOT / "examples").rglob("*.py") if p.name != "simplenet.py"]
+    assert examples
+    untested = [str(p.relative_to(ROOT)) for p in examples if p.name not in tests]
+    assert not untested, f"examples no test runs: {untested}"
