@@ -85,23 +85,24 @@ def unsharded_data(facts: Facts) -> Iterator[Hit]:
               "one process's work.", f"build the batches from a dataset and {fix_torch}, {fix_ss}.")
 
 
-def _sampler_names(facts: Facts, call: ast.Call) -> set[str]:
-    """The names the sampler is reachable by: its variable and the loader built from it."""
-    names: set[str] = set()
+def _sampler_names(facts: Facts, call: ast.Call) -> tuple[set[str], set[str]]:
+    """The names the sampler is reachable by: its own variables, and loaders built from it."""
+    samplers: set[str] = set()
+    loaders: set[str] = set()
     node: ast.AST = call
     parent = facts.parents.get(node)
     if isinstance(parent, ast.keyword):  # DataLoader(..., sampler=DistributedSampler(...))
-        node = facts.parents[parent]
-        parent = facts.parents.get(node)
-    if isinstance(parent, ast.Assign):
-        names.update(d for t in parent.targets if (d := dotted(t)))
-    for sampler in list(names):
-        for loader in facts.torch_calls("DataLoader"):
-            value = _kw(loader, "sampler")
-            holder = facts.parents.get(loader)
-            if value is not None and dotted(value) == sampler and isinstance(holder, ast.Assign):
-                names.update(d for t in holder.targets if (d := dotted(t)))
-    return names
+        holder = facts.parents.get(facts.parents[parent])
+        if isinstance(holder, ast.Assign):
+            loaders.update(d for t in holder.targets if (d := dotted(t)))
+    elif isinstance(parent, ast.Assign):
+        samplers.update(d for t in parent.targets if (d := dotted(t)))
+    for loader in facts.torch_calls("DataLoader"):
+        value = _kw(loader, "sampler")
+        holder = facts.parents.get(loader)
+        if value is not None and dotted(value) in samplers and isinstance(holder, ast.Assign):
+            loaders.update(d for t in holder.targets if (d := dotted(t)))
+    return samplers, loaders
 
 
 def set_epoch_missing(facts: Facts) -> Iterator[Hit]:
@@ -110,21 +111,21 @@ def set_epoch_missing(facts: Facts) -> Iterator[Hit]:
     for sampler in facts.torch_calls("DistributedSampler"):
         if _is_false(_kw(sampler, "shuffle")):
             continue
-        names = _sampler_names(facts, sampler)
+        samplers, loaders = _sampler_names(facts, sampler)
+        names = samplers | loaders
         mine = [c for c in calls if not names
                 or (receiver := dotted(c.func.value)) in names  # type: ignore[attr-defined]
                 or (receiver or "").endswith(".sampler")]
-        looped = [c for c in mine if next(loops_of(facts, c), None) is not None]
-        if looped:
+        if any(next(loops_of(facts, c), None) is not None for c in mine):
             continue
-        name = f"`{sorted(names)[0]}`" if names else "it"
-        var = sorted(names)[0] if names else "sampler"
+        target = (sorted(samplers)[0] if samplers else
+                  f"{sorted(loaders)[0]}.sampler" if loaders else "sampler")
         detail = (f"`set_epoch` is called only outside the epoch loop (line {mine[0].lineno})"
                   if mine else "`set_epoch` is never called")
         yield Hit(sampler, f"`{ast.unparse(sampler)}` shuffles, but {detail}: the sampler seeds "
                   "its shuffle with the epoch number, so every epoch repeats the first epoch's "
                   "order on every rank.",
-                  f"call `{var}.set_epoch(epoch)` on {name} at the start of each epoch, inside "
+                  f"call `{target}.set_epoch(epoch)` at the start of each epoch, inside "
                   "`for epoch in ...:` before iterating the loader (splitsync's `run.epochs(n)` "
                   "does it for you).")
     yield from _splitsync_epochs(facts, calls)

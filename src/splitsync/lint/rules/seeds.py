@@ -76,7 +76,7 @@ def no_seed_before_model(facts: Facts) -> Iterator[Hit]:
         late = [s for s in seeds if facts.scope(s) is facts.scope(where)]
         detail = (f"the seed is set only afterwards (line {late[0].lineno})" if late
                   else "no random seed is set before it")
-        yield Hit(where, f"the model `{ast.unparse(ctor)}` is built at line {where.lineno} in "
+        yield Hit(where, f"the model `{ast.unparse(ctor)}` is built at line {where.lineno} "
                   f"{facts.scope_name(where)} and {detail}: each rank draws different initial "
                   "weights and different randomness (dropout, augmentation, random splits), so "
                   "runs are not reproducible. DDP copies rank 0's weights when it wraps the "
