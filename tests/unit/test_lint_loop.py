@@ -124,3 +124,12 @@ def test_ss603_accepts_sync_batchnorm_or_no_ddp() -> None:
         run = splitsync.init()
         model = run.model(nn.Sequential(nn.BatchNorm1d(4)), sync_batchnorm=True)
     """, head="") == []
+
+
+def test_ss601_silent_in_a_one_process_script() -> None:
+    assert run("SS601", """
+        for x, y in loader:
+            loss = model(x).sum()
+            loss.backward()
+            losses.append(loss.item())
+    """, head="import torch\n") == []

@@ -23,6 +23,8 @@ _MAIN_FLAG = re.compile(
 _RANK0_DECORATOR = re.compile(r"rank_?zero|rank_?0|main_process|master_only|main_only", re.I)
 _AVAILABILITY = ("cuda", "is_available", "gpu", "accelerator", "device_count", "mps", "xpu")
 _EXITS = frozenset({"exit", "_exit", "quit"})
+#: Names scripts use for the local rank when it doubles as the GPU index (PyTorch's tutorials).
+_LOCAL_IDS = frozenset({"gpu_id", "gpu", "device_id", "local_gpu"})
 
 
 def _ident(expr: ast.AST) -> str:
@@ -48,7 +50,8 @@ def is_rank_like(expr: ast.AST) -> bool:
             return True
         return any(isinstance(a, ast.Constant) and "RANK" in str(a.value).upper()
                    for a in expr.args)
-    return isinstance(expr, ast.Name | ast.Attribute) and "rank" in _ident(expr)
+    ident = _ident(expr)
+    return isinstance(expr, ast.Name | ast.Attribute) and ("rank" in ident or ident in _LOCAL_IDS)
 
 
 def mentions_rank(nodes: list[ast.AST]) -> bool:
@@ -149,24 +152,34 @@ def guarded_by_rank0(facts: Facts, node: ast.AST) -> bool:
         if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef):
             if any(_RANK0_DECORATOR.search(ast.unparse(d)) for d in parent.decorator_list):
                 return True
-            return parent.name in facts.rank0_functions and facts.scope(parent) is facts.tree
+            return parent.name in facts.rank0_functions
         if isinstance(parent, SCOPES):
             return False
         child = parent
     return False
 
 
+def _own_calls(facts: Facts, name: str) -> tuple[list[ast.Call], int]:
+    """Call sites of a function or method ``name`` (``name(...)``, ``self.name(...)``) and
+    how many times the name is mentioned at all."""
+    def mine(n: ast.AST) -> bool:
+        if isinstance(n, ast.Name):
+            return n.id == name and isinstance(n.ctx, ast.Load)
+        return (isinstance(n, ast.Attribute) and n.attr == name
+                and isinstance(n.value, ast.Name) and n.value.id in {"self", "cls"})
+    sites = [c for c, _ in facts.calls if mine(c.func)]
+    return sites, sum(1 for n in ast.walk(facts.tree) if mine(n))
+
+
 def with_rank0_functions(facts: Facts) -> Facts:
-    """Add the module functions that only ever run on rank 0 (every call site is guarded)."""
+    """Add the functions and methods that only ever run on rank 0 (every call site guarded)."""
+    names = {n.name for n in ast.walk(facts.tree)
+             if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    uses = {name: _own_calls(facts, name) for name in names}
     for _ in range(4):  # a few rounds reach helpers called from guarded helpers
-        found = set()
-        for name in facts.functions:
-            sites = [c for c, _ in facts.calls
-                     if isinstance(c.func, ast.Name) and c.func.id == name]
-            loads = sum(1 for n in ast.walk(facts.tree)
-                        if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load))
-            if sites and loads == len(sites) and all(guarded_by_rank0(facts, c) for c in sites):
-                found.add(name)
+        found = {name for name, (sites, mentions) in uses.items()
+                 if sites and mentions == len(sites)
+                 and all(guarded_by_rank0(facts, c) for c in sites)}
         if found == facts.rank0_functions:
             break
         facts = replace(facts, rank0_functions=frozenset(found))

@@ -34,8 +34,26 @@ def _sharded(facts: Facts) -> bool:
                 part is not None and any(is_rank_like(n) for n in ast.walk(part))
                 for part in (node.lower, node.step)):
             return True
-    return any(last_name(c) == "Subset" and any(is_rank_like(n) for n in ast.walk(c))
-               for c, _ in facts.calls)
+    if any(last_name(c) == "Subset" and any(is_rank_like(n) for n in ast.walk(c))
+           for c, _ in facts.calls):
+        return True
+    return _seeded_per_rank(facts)
+
+
+def _seeded_per_rank(facts: Facts) -> bool:
+    """Random batches drawn after seeding with the rank (nanoGPT's `seed + rank`): each rank
+    samples its own data, which shards it as well as a sampler does."""
+    derived: set[str] = set()
+    for node in ast.walk(facts.tree):
+        if isinstance(node, ast.Assign) and any(is_rank_like(n) for n in ast.walk(node.value)):
+            derived.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    for call, _ in facts.calls:
+        if "seed" not in (last_name(call) or "").lower():
+            continue
+        for n in (n for a in call.args for n in ast.walk(a)):
+            if is_rank_like(n) or (isinstance(n, ast.Name) and n.id in derived):
+                return True
+    return False
 
 
 def _trains_in_parallel(facts: Facts) -> ast.AST | None:
@@ -116,7 +134,9 @@ def set_epoch_missing(facts: Facts) -> Iterator[Hit]:
         mine = [c for c in calls if not names
                 or (receiver := dotted(c.func.value)) in names  # type: ignore[attr-defined]
                 or (receiver or "").endswith(".sampler")]
-        if any(next(loops_of(facts, c), None) is not None for c in mine):
+        # in a loop, or fed a variable epoch (`def run_epoch(epoch): sampler.set_epoch(epoch)`)
+        if any(next(loops_of(facts, c), None) is not None
+               or any(not isinstance(a, ast.Constant) for a in c.args) for c in mine):
             continue
         target = (sorted(samplers)[0] if samplers else
                   f"{sorted(loaders)[0]}.sampler" if loaders else "sampler")

@@ -68,7 +68,8 @@ def hard_coded_cuda(facts: Facts) -> Iterator[Hit]:
             continue
         shared = (" In this distributed script every rank would also use that same GPU."
                   if facts.is_distributed and literal in {"cuda:0", "cuda"} else "")
-        yield Hit(node, f"device hard-coded to {literal!r} in `{_short(where)}`: the script fails "
+        shown = repr(literal) if isinstance(node, ast.Constant) else literal
+        yield Hit(node, f"device hard-coded to {shown} in `{_short(where)}`: the script fails "
                   f"on a machine without CUDA GPUs.{shared}",
                   f"{_PORTABLE}; under torchrun use `torch.device(\"cuda\", local_rank)` only "
                   "when `torch.cuda.is_available()`.")

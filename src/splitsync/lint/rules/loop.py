@@ -29,6 +29,8 @@ def _backwards(facts: Facts) -> list[ast.Call]:
 
 def sync_per_step(facts: Facts) -> Iterator[Hit]:
     """SS601: ``.item()``/``.cpu()`` in the training-step loop, every step."""
+    if not facts.is_distributed:
+        return  # one process: a per-step read is a habit, not a stall of the other ranks
     seen: set[int] = set()
     for back in _backwards(facts):
         loop = next(loops_of(facts, back), None)
