@@ -129,3 +129,31 @@ def test_ss102_follows_splitsync_run_model_and_to_device() -> None:
         out = model(x)
     """)
     assert len(found) == 1 and "run.device" in found[0].message
+
+
+def test_ss103_flags_tensor_move_whose_result_is_dropped() -> None:
+    found = run("SS103", """
+        import torch
+        from torch.utils.data import DataLoader
+        loader = DataLoader(data, batch_size=4)
+        x = torch.randn(2, 10)
+        x.to(device)
+        for inputs, labels in loader:
+            inputs.to(device)
+            labels.cuda()
+    """)
+    assert [f.line for f in found] == [6, 8, 9] and found[0].severity == "error"
+    assert "`x` stays where it was" in found[0].message
+    assert found[0].fix == "assign the copy: `x = x.to(device)`."
+
+
+def test_ss103_accepts_assigned_moves_and_in_place_module_moves() -> None:
+    assert run("SS103", """
+        import torch
+        model = torch.nn.Linear(10, 2)
+        model.to(device)
+        x = torch.randn(2, 10)
+        x = x.to(device)
+        for m in modules:
+            m.to(device)
+    """) == []

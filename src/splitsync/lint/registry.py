@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from splitsync.lint.model import Rule
-from splitsync.lint.rules import data, devices, loop, output, parallel, seeds
+from splitsync.lint.rules import data, devices, loop, moves, output, parallel, seeds
 
 __all__ = ["all_rules", "get_rule", "select_rules", "META_CODES"]
 
@@ -15,7 +15,7 @@ META_CODES = {"SS000": "syntax-error", "SS001": "bad-suppression"}
 
 def all_rules() -> tuple[Rule, ...]:
     """All rules, sorted by code."""
-    rules = (*devices.RULES, *parallel.RULES, *data.RULES, *seeds.RULES, *output.RULES,
+    rules = (*devices.RULES, *moves.RULES, *parallel.RULES, *data.RULES, *seeds.RULES, *output.RULES,
              *loop.RULES)
     return tuple(sorted(rules, key=lambda r: r.code))
 

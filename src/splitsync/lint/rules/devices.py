@@ -9,11 +9,12 @@ from splitsync.lint.facts import Facts, dotted, last_name
 from splitsync.lint.flow import availability_guarded
 from splitsync.lint.model import Hit, Rule
 
-__all__ = ["RULES"]
+__all__ = ["RULES", "FACTORIES"]
 
 _PORTABLE = ('pick the device once, `device = torch.device("cuda" if torch.cuda.is_available() '
              'else "cpu")` (in splitsync: `run.device`), and move with `.to(device)`')
-_FACTORIES = frozenset({"randn", "rand", "zeros", "ones", "tensor", "arange", "randint", "empty",
+#: torch functions that create a tensor (on the CPU unless given `device=`).
+FACTORIES = frozenset({"randn", "rand", "zeros", "ones", "tensor", "arange", "randint", "empty",
                         "full", "linspace", "eye", "as_tensor", "from_numpy", "randperm",
                         "normal", "randn_like"})
 _DTYPES = frozenset({"float", "float16", "float32", "float64", "half", "double", "bfloat16",
@@ -139,7 +140,7 @@ def _place(facts: Facts, expr: ast.AST, models: dict[str, str], tensors: dict[st
         if facts.is_torch(expr, "DistributedDataParallel", "DataParallel") and expr.args:
             return _place(facts, expr.args[0], models, tensors, True)
         return "cpu" if _is_module_ctor(facts, expr) else None
-    if facts.is_torch(expr, *_FACTORIES) and isinstance(func, ast.Attribute):
+    if facts.is_torch(expr, *FACTORIES) and isinstance(func, ast.Attribute):
         device = next((k.value for k in expr.keywords if k.arg == "device"), None)
         return (_place_of_arg(facts, device, tensors) if device is not None else "cpu")
     return None
