@@ -101,6 +101,8 @@ def test_ss502_accepts_guarded_or_per_rank_paths() -> None:
         if dist.get_rank() == 0:
             torch.save(model.state_dict(), "ckpt.pt")
         torch.save(shard, f"shard_{rank}.pt")
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
         torch.distributed.checkpoint.save(state, checkpoint_id="ckpt")
     """) == []
 
@@ -123,3 +125,14 @@ def test_ss503_accepts_guarded_rank_tagged_and_run_logger() -> None:
         logger.warning("every rank may warn")
         run.logger.info("rank-prefixed")
     """) == []
+
+
+def test_output_rules_skip_library_modules() -> None:
+    library = """
+        import torch.distributed as dist
+        def helper():
+            print("a library may print; its caller decides which ranks call it")
+            torch.save(obj, "x.pt")
+    """
+    assert run("SS501", library, head="import torch\n") == []
+    assert run("SS502", library, head="import torch\n") == []

@@ -55,6 +55,7 @@ def test_ss202_flags_ddp_before_init_in_the_same_function() -> None:
         def main():
             model = DDP(net)
             dist.init_process_group("gloo")
+        main()
     """)
     assert len(found) == 1 and "line 6" in found[0].message
 
@@ -143,3 +144,13 @@ def test_ss204_accepts_backend_chosen_from_hardware() -> None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend)
     """) == []
+
+
+def test_ss202_and_ss301_skip_library_modules() -> None:
+    library = """
+        from torch.nn.parallel import DistributedDataParallel
+        class Replicate:
+            def wrap(self, module):
+                self.ddp = DistributedDataParallel(module)
+    """
+    assert run("SS202", library) == [] and run("SS301", library) == []

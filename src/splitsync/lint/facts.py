@@ -7,14 +7,21 @@ script (or torch): the checker must work on a machine without either.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-__all__ = ["Facts", "build_facts", "dotted", "last_name", "in_order", "SCOPES"]
+__all__ = ["Facts", "build_facts", "dotted", "last_name", "in_order", "SCOPES", "SETUP_HELPER"]
 
 #: Nodes that open a new variable scope.
 SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.Module)
 _INIT_NAMES = frozenset({"splitsync.init", "splitsync.runtime.init"})
+#: Calls that, made at module level, show the file is a training script.
+_WORK = frozenset({"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "fully_shard",
+                   "init_process_group", "init", "backward", "DataLoader", "model", "loader"})
+_LAUNCH_VARS = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE"})
+#: Names of helpers that set up the process group (``setup_ddp``, ``init_distributed_mode``).
+SETUP_HELPER = re.compile(r"(init|setup).*(dist|ddp|process_group)|(dist|ddp).*(init|setup)", re.I)
 _SPAWNERS = frozenset({"spawn", "start_processes", "Process", "elastic_launch"})
 
 
@@ -43,9 +50,11 @@ def last_name(expr: ast.AST) -> str | None:
 
 def in_order(node: ast.AST) -> Iterator[ast.AST]:
     """Depth-first, source-ordered walk of ``node`` and everything below it."""
-    yield node
-    for child in ast.iter_child_nodes(node):
-        yield from in_order(child)
+    stack = [node]  # iterative: long expression chains are deeper than the recursion limit
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(reversed(list(ast.iter_child_nodes(current))))
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,7 +72,9 @@ class Facts:
     is_splitsync: bool
     is_distributed: bool
     uses_spawn: bool
+    is_script: bool
     loaded_names: frozenset[str]
+    nodes: tuple[ast.AST, ...] = ()
     rank0_functions: frozenset[str] = field(default_factory=frozenset)
 
     # --- names -------------------------------------------------------------------------
@@ -131,10 +142,12 @@ class Facts:
 
     def walk_scope(self, scope: ast.AST) -> Iterator[ast.AST]:
         """Nodes of one scope in source order, not entering nested functions or classes."""
-        for child in ast.iter_child_nodes(scope):
+        stack = list(reversed(list(ast.iter_child_nodes(scope))))
+        while stack:
+            child = stack.pop()
             yield child
             if not isinstance(child, (*SCOPES, ast.ClassDef)):
-                yield from self.walk_scope(child)
+                stack.extend(reversed(list(ast.iter_child_nodes(child))))
 
     def main_block(self) -> ast.If | None:
         """The ``if __name__ == "__main__":`` block, if any."""
@@ -175,13 +188,30 @@ def _run_names(tree: ast.Module, init_calls: list[ast.Call], imports_splitsync: 
     return names
 
 
+def _runs_code(body: list[ast.stmt]) -> bool:
+    """Does module-level code do work (a script), rather than only define things (a library)?"""
+    for stmt in body:
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+            return True
+        if isinstance(stmt, ast.For | ast.While | ast.With | ast.AsyncWith | ast.AsyncFor):
+            return True
+        if isinstance(stmt, ast.If | ast.Try) and (_runs_code(stmt.body) or _runs_code(
+                stmt.orelse)):
+            return True
+        if isinstance(stmt, ast.Assign | ast.AnnAssign) and stmt.value is not None and any(
+                last_name(n) in _WORK for n in ast.walk(stmt.value) if isinstance(n, ast.Call)):
+            return True
+    return False
+
+
 def build_facts(tree: ast.Module, path: str) -> Facts:
     """Read ``tree`` once; rank-0 function analysis is added by :mod:`splitsync.lint.flow`."""
     aliases = _aliases(tree)
     parents: dict[ast.AST, ast.AST] = {}
     calls: list[ast.Call] = []
     loaded: set[str] = set()
-    for node in in_order(tree):
+    nodes = tuple(in_order(tree))
+    for node in nodes:
         for child in ast.iter_child_nodes(node):
             parents[child] = node
         if isinstance(node, ast.Call):
@@ -192,24 +222,30 @@ def build_facts(tree: ast.Module, path: str) -> Facts:
             loaded.add(node.attr)
     facts = Facts(path=path, tree=tree, aliases=aliases, parents=parents, calls=(),
                   classes=frozenset(), functions={}, run_names=frozenset(), is_splitsync=False,
-                  is_distributed=False, uses_spawn=False, loaded_names=frozenset(loaded))
+                  is_distributed=False, uses_spawn=False, is_script=False,
+                  loaded_names=frozenset(loaded),
+                  nodes=nodes)
     resolved = tuple((c, facts.resolve(c.func) or "") for c in calls)
     facts = replace(facts, calls=resolved)
     init_calls = facts.init_calls()
     imports_ss = any(v == "splitsync" or v.startswith("splitsync.") for v in aliases.values())
     functions = {s.name: s for s in tree.body
                  if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)}
-    uses_dist = any(v.startswith("torch.distributed") for v in aliases.values()) and any(
-        full.startswith("torch.distributed") for _, full in resolved)
-    distributed = bool(init_calls or uses_dist or facts.torch_calls(
+    # Signs the script runs as one of several processes: a process group (directly, through a
+    # setup helper, or splitsync), a DDP/FSDP wrap, or the launcher's rank variables.
+    launched = any(isinstance(n, ast.Constant) and n.value in _LAUNCH_VARS for n in nodes)
+    helper = any(SETUP_HELPER.search(full.rsplit(".", 1)[-1]) for _, full in resolved)
+    distributed = bool(init_calls or launched or helper or facts.torch_calls(
         "DistributedDataParallel", "FullyShardedDataParallel", "fully_shard", "init_process_group"))
     spawn = any(last_name(c) in _SPAWNERS for c, _ in resolved)
+    script = _runs_code(tree.body)
     return replace(
         facts,
         classes=frozenset(n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)),
         functions=functions,
         run_names=frozenset(_run_names(tree, init_calls, imports_ss)),
         is_splitsync=bool(init_calls),
-        is_distributed=distributed,
+        is_distributed=distributed and script,
         uses_spawn=spawn,
+        is_script=script,
     )

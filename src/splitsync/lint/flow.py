@@ -159,23 +159,32 @@ def guarded_by_rank0(facts: Facts, node: ast.AST) -> bool:
     return False
 
 
-def _own_calls(facts: Facts, name: str) -> tuple[list[ast.Call], int]:
-    """Call sites of a function or method ``name`` (``name(...)``, ``self.name(...)``) and
-    how many times the name is mentioned at all."""
-    def mine(n: ast.AST) -> bool:
-        if isinstance(n, ast.Name):
-            return n.id == name and isinstance(n.ctx, ast.Load)
-        return (isinstance(n, ast.Attribute) and n.attr == name
-                and isinstance(n.value, ast.Name) and n.value.id in {"self", "cls"})
-    sites = [c for c, _ in facts.calls if mine(c.func)]
-    return sites, sum(1 for n in ast.walk(facts.tree) if mine(n))
+def _call_sites(facts: Facts) -> dict[str, tuple[list[ast.Call], int]]:
+    """Per function or method name: its call sites (``name(...)``, ``self.name(...)``) and
+    how many times the name is mentioned at all, from one pass over the tree."""
+    names = {n.name for n in facts.nodes if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    sites: dict[str, list[ast.Call]] = {name: [] for name in names}
+    mentions: dict[str, int] = dict.fromkeys(names, 0)
+    for n in facts.nodes:
+        name = None
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            name = n.id
+        elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) \
+                and n.value.id in {"self", "cls"}:
+            name = n.attr
+        if name in mentions:
+            mentions[name] += 1
+            parent = facts.parents.get(n)
+            if isinstance(parent, ast.Call) and parent.func is n:
+                sites[name].append(parent)
+    return {name: (sites[name], mentions[name]) for name in names}
 
 
 def with_rank0_functions(facts: Facts) -> Facts:
     """Add the functions and methods that only ever run on rank 0 (every call site guarded)."""
-    names = {n.name for n in ast.walk(facts.tree)
-             if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
-    uses = {name: _own_calls(facts, name) for name in names}
+    if not facts.is_distributed:
+        return facts  # only rules about distributed scripts ask
+    uses = _call_sites(facts)
     for _ in range(4):  # a few rounds reach helpers called from guarded helpers
         found = {name for name, (sites, mentions) in uses.items()
                  if sites and mentions == len(sites)

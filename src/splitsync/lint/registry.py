@@ -9,8 +9,9 @@ from splitsync.lint.rules import data, devices, loop, moves, output, parallel, s
 
 __all__ = ["all_rules", "get_rule", "select_rules", "META_CODES"]
 
-#: Codes the runner itself reports: a file that does not parse, a bad suppression comment.
-META_CODES = {"SS000": "syntax-error", "SS001": "bad-suppression"}
+#: Codes the runner itself reports: a file that does not parse, a bad suppression comment,
+#: a rule that crashed on a file.
+META_CODES = {"SS000": "syntax-error", "SS001": "bad-suppression", "SS002": "rule-failed"}
 
 
 def all_rules() -> tuple[Rule, ...]:

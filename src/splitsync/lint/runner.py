@@ -86,6 +86,11 @@ def check_source(source: str, path: str = "<string>",
     rules = all_rules() if rules is None else tuple(rules)
     try:
         tree = ast.parse(source, filename=path)
+    except RecursionError:
+        return [Finding("SS000", META_CODES["SS000"], "error",
+                        f"cannot parse {path}: it is nested too deeply for Python's parser.",
+                        "split the deepest expression into smaller statements.",
+                        path, 1, 1, 1)]
     except (SyntaxError, ValueError) as err:
         line = getattr(err, "lineno", None) or 1
         return [Finding("SS000", META_CODES["SS000"], "error",
@@ -96,7 +101,17 @@ def check_source(source: str, path: str = "<string>",
     quiet = parse_suppressions(source)
     found: dict[tuple[str, int, int], Finding] = {}
     for rule in rules:
-        for hit in rule.check(facts):
+        try:
+            hits = list(rule.check(facts))
+        except Exception as err:  # one broken rule must not hide the others' findings
+            found[("SS002", 1, 1)] = Finding(
+                "SS002", META_CODES["SS002"], "warning",
+                f"rule {rule.code} ({rule.name}) failed on {path}: {type(err).__name__}: {err}; "
+                "the other rules still ran.",
+                f"report this file to splitsync; silence with `--ignore {rule.code}`.",
+                path, 1, 1, 1)
+            continue
+        for hit in hits:
             line, col, end = _span(hit.node)
             if quiet.silences(rule.code, line, end):
                 continue

@@ -29,7 +29,7 @@ def _sharded(facts: Facts) -> bool:
     """Is the data split between ranks anywhere in the script?"""
     if any(last_name(c) in _SHARDERS for c, _ in facts.calls) or facts.run_calls("loader"):
         return True
-    for node in ast.walk(facts.tree):  # manual shards: data[rank::world_size], Subset(..rank..)
+    for node in facts.nodes:  # manual shards: data[rank::world_size], Subset(..rank..)
         if isinstance(node, ast.Slice) and any(
                 part is not None and any(is_rank_like(n) for n in ast.walk(part))
                 for part in (node.lower, node.step)):
@@ -44,7 +44,7 @@ def _seeded_per_rank(facts: Facts) -> bool:
     """Random batches drawn after seeding with the rank (nanoGPT's `seed + rank`): each rank
     samples its own data, which shards it as well as a sampler does."""
     derived: set[str] = set()
-    for node in ast.walk(facts.tree):
+    for node in facts.nodes:
         if isinstance(node, ast.Assign) and any(is_rank_like(n) for n in ast.walk(node.value)):
             derived.update(t.id for t in node.targets if isinstance(t, ast.Name))
     for call, _ in facts.calls:
@@ -74,7 +74,7 @@ def _training_loop(facts: Facts) -> ast.AST | None:
 def unsharded_data(facts: Facts) -> Iterator[Hit]:
     """SS301: a data-parallel script whose ranks all read the same data."""
     wrap = _trains_in_parallel(facts)
-    if wrap is None or _sharded(facts):
+    if wrap is None or not facts.is_script or _sharded(facts):
         return
     loaders = facts.torch_calls("DataLoader")
     fix_torch = ("shard it: `sampler = DistributedSampler(dataset, shuffle=True)`, "
@@ -160,7 +160,7 @@ def _splitsync_epochs(facts: Facts, calls: list[ast.Call]) -> Iterator[Hit]:
         if shuffle is None or _is_false(shuffle) or not isinstance(holder, ast.Assign):
             continue
         names = {d for t in holder.targets if (d := dotted(t))}
-        for loop in ast.walk(facts.tree):
+        for loop in facts.nodes:
             if not isinstance(loop, ast.For) or not any(
                     dotted(n) in names for n in ast.walk(loop.iter)):
                 continue

@@ -62,7 +62,7 @@ def hard_coded_cuda(facts: Facts) -> Iterator[Hit]:
         yield Hit(call, f"`{_short(call)}` hard-codes CUDA with `.cuda()`: on a machine without "
                   "an NVIDIA GPU it raises (\"Torch not compiled with CUDA enabled\" / \"No CUDA "
                   "GPUs are available\").", f"{_PORTABLE} instead of `.cuda()`.")
-    for node in ast.walk(facts.tree):
+    for node in facts.nodes:
         literal = _cuda_literal(node)
         where = _device_position(facts, node) if literal else None
         if where is None or availability_guarded(facts, node):
@@ -80,7 +80,7 @@ def hard_coded_cuda(facts: Facts) -> Iterator[Hit]:
             yield Hit(c, f"`{_short(c)}` runs unconditionally: on a machine without GPUs it raises.",
                       "call it only under `if torch.cuda.is_available():` "
                       "(splitsync.init() does this for you).")
-    for node in ast.walk(facts.tree):
+    for node in facts.nodes:
         if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod | ast.FloorDiv)
                 and isinstance(node.right, ast.Call)
                 and facts.resolve(node.right.func) == "torch.cuda.device_count"
@@ -168,7 +168,7 @@ def _describe(place: str, line: int | None) -> str:
 
 def device_mismatch(facts: Facts) -> Iterator[Hit]:
     """SS102: ``model(x)`` where the model and ``x`` were put on different devices."""
-    scopes = [facts.tree, *(n for n in ast.walk(facts.tree)
+    scopes = [facts.tree, *(n for n in facts.nodes
                             if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))]
     for scope in scopes:
         models: dict[str, str] = {}

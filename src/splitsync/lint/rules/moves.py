@@ -49,7 +49,7 @@ def _tensor_names(facts: Facts, scope: ast.AST, loaders: set[str]) -> set[str]:
 def discarded_move(facts: Facts) -> Iterator[Hit]:
     """SS103: ``x.to(device)`` as a statement on a tensor: the moved copy is lost."""
     loaders = _loader_names(facts)
-    scopes = [facts.tree, *(n for n in ast.walk(facts.tree)
+    scopes = [facts.tree, *(n for n in facts.nodes
                             if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))]
     for scope in scopes:
         tensors = _tensor_names(facts, scope, loaders)

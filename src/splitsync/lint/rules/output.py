@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from splitsync.lint.facts import Facts, dotted
+from splitsync.lint.facts import Facts, dotted, last_name
 from splitsync.lint.flow import guarded_by_rank0, mentions_rank
 from splitsync.lint.model import Hit, Rule
 
@@ -50,16 +50,33 @@ def unguarded_print(facts: Facts) -> Iterator[Hit]:
                   "N processes the line appears N times, interleaved.", f"{fix}.")
 
 
+def _buffers(facts: Facts) -> set[str]:
+    """Names bound to in-memory buffers (``io.BytesIO()``): saving there writes no file."""
+    names: set[str] = set()
+    for node in facts.nodes:
+        if isinstance(node, ast.Assign):
+            value, targets = node.value, node.targets
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            value, targets = node.context_expr, [node.optional_vars]
+        else:
+            continue
+        if isinstance(value, ast.Call) and last_name(value) == "BytesIO":
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
 def unguarded_save(facts: Facts) -> Iterator[Hit]:
     """SS502: ``torch.save`` on every rank."""
+    buffers = _buffers(facts)
     for call in facts.calls:
         c = call[0]
         if call[1] != "torch.save" or not _every_rank(facts, c):
             continue
         target = c.args[1] if len(c.args) > 1 else next(
             (k.value for k in c.keywords if k.arg == "f"), None)
-        if target is not None and mentions_rank([target]):
-            continue  # one file per rank, on purpose
+        if target is not None and (mentions_rank([target]) or dotted(target) in buffers
+                                   or last_name(target) == "BytesIO"):
+            continue  # one file per rank on purpose, or memory rather than a file
         what = f"`{ast.unparse(target)}`" if target is not None else "the file"
         yield Hit(c, f"`{_short(c)}` {facts.scope_name(c)} runs on every rank: N processes "
                   f"write {what} at the same time, which can leave it truncated or mixed, and "
@@ -70,7 +87,7 @@ def unguarded_save(facts: Facts) -> Iterator[Hit]:
 
 def _loggers(facts: Facts) -> set[str]:
     names = {"logging"}
-    for node in ast.walk(facts.tree):
+    for node in facts.nodes:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
                 and facts.resolve(node.value.func) == "logging.getLogger":
             names.update(d for t in node.targets if (d := dotted(t)))

@@ -4,16 +4,14 @@ a training function nothing runs (SS203), and a backend pinned to NCCL (SS204)."
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Iterator
 
-from splitsync.lint.facts import Facts, last_name
+from splitsync.lint.facts import SETUP_HELPER, Facts, last_name
 from splitsync.lint.flow import availability_guarded
 from splitsync.lint.model import Hit, Rule
 
 __all__ = ["RULES"]
 
-_SETUP = re.compile(r"(init|setup).*(dist|ddp|process_group)|(dist|ddp).*(init|setup)", re.I)
 _TRAINS = frozenset({"backward", "DistributedDataParallel", "init_process_group", "fully_shard",
                      "FullyShardedDataParallel"})
 
@@ -40,13 +38,15 @@ def data_parallel(facts: Facts) -> Iterator[Hit]:
 
 def _initialisers(facts: Facts) -> list[ast.Call]:
     found = facts.torch_calls("init_process_group") + facts.init_calls()
-    found += [c for c, full in facts.calls if _SETUP.search(full.rsplit(".", 1)[-1])
+    found += [c for c, full in facts.calls if SETUP_HELPER.search(full.rsplit(".", 1)[-1])
               and full.rsplit(".", 1)[-1] != "init_process_group"]
     return found
 
 
 def ddp_without_init(facts: Facts) -> Iterator[Hit]:
     """SS202: DDP used but no ``init_process_group`` (or ``splitsync.init``) in the script."""
+    if not facts.is_script:
+        return  # a library wraps models for scripts that set up the group themselves
     inits = _initialisers(facts)
     for call in facts.torch_calls("DistributedDataParallel"):
         if not inits:
@@ -69,19 +69,13 @@ def ddp_without_init(facts: Facts) -> Iterator[Hit]:
                       f"{call.lineno}.")
 
 
-def _is_script(facts: Facts) -> bool:
-    if facts.main_block() is not None:
-        return True
-    return any(isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) for s in facts.tree.body)
-
-
 def _signature(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     return f"{fn.name}({', '.join(a.arg for a in fn.args.args)})"
 
 
 def training_never_run(facts: Facts) -> Iterator[Hit]:
     """SS203: a module-level training function that nothing calls, spawns or exports."""
-    if not _is_script(facts):
+    if not facts.is_script:
         return
     exported = "__all__" in facts.loaded_names or any(
         isinstance(s, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in s.targets)
