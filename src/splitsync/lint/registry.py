@@ -7,11 +7,17 @@ from collections.abc import Iterable
 from splitsync.lint.model import Rule
 from splitsync.lint.rules import data, devices, loop, moves, output, parallel, seeds
 
-__all__ = ["all_rules", "get_rule", "select_rules", "META_CODES"]
+__all__ = ["all_rules", "get_rule", "select_rules", "META_CODES", "META_HELP"]
 
 #: Codes the runner itself reports: a file that does not parse, a bad suppression comment,
 #: a rule that crashed on a file.
 META_CODES = {"SS000": "syntax-error", "SS001": "bad-suppression", "SS002": "rule-failed"}
+#: (severity, what it means) of each runner code, for ``--list-rules``.
+META_HELP = {
+    "SS000": ("error", "the file cannot be read or parsed as Python; no rule ran on it"),
+    "SS001": ("warning", "a `# splitsync: ignore[...]` comment names no rule"),
+    "SS002": ("warning", "a rule failed on this file (the other rules still ran)"),
+}
 
 
 def all_rules() -> tuple[Rule, ...]:

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from splitsync.lint.model import SEVERITIES, Finding, Rule
+from splitsync.lint.registry import META_CODES, META_HELP
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -30,7 +31,10 @@ def _plural(n: int, word: str) -> str:
 def _console(stream: TextIO | None) -> Console:
     from rich.console import Console
 
-    return Console(file=stream, highlight=False, soft_wrap=True)
+    console = Console(file=stream, highlight=False, soft_wrap=True)
+    if not console.is_terminal:  # pipes and CI logs: don't squeeze tables into 80 columns
+        console.width = max(console.width, 120)
+    return console
 
 
 def render_text(findings: Sequence[Finding], files: int, stream: TextIO | None = None) -> None:
@@ -80,4 +84,7 @@ def render_rules(rules: Sequence[Rule], stream: TextIO | None = None) -> None:
     for r in rules:
         table.add_row(r.code, f"[{_STYLE[r.severity]}]{r.severity}[/]", r.name,
                       r.summary.replace("[", "\\["))
+    for code, name in META_CODES.items():
+        severity, what = META_HELP[code]
+        table.add_row(code, f"[{_STYLE[severity]}]{severity}[/]", name, what.replace("[", "\\["))
     _console(stream).print(table)

@@ -69,6 +69,13 @@ def ddp_without_init(facts: Facts) -> Iterator[Hit]:
                       f"{call.lineno}.")
 
 
+def _only_prints(block: ast.If) -> str:
+    calls = [n for n in ast.walk(block) if isinstance(n, ast.Call)]
+    if calls and all(last_name(c) in {"print", "format"} for c in calls):
+        return " (it only prints a message)"
+    return ""
+
+
 def _signature(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     return f"{fn.name}({', '.join(a.arg for a in fn.args.args)})"
 
@@ -87,7 +94,7 @@ def training_never_run(facts: Facts) -> Iterator[Hit]:
         marks = {last_name(c) for c in ast.walk(fn) if isinstance(c, ast.Call)}
         if not marks & _TRAINS:
             continue
-        where = (f"the `__main__` block (line {main.lineno}) never calls it"
+        where = (f"the `__main__` block (line {main.lineno}) never calls it{_only_prints(main)}"
                  if main is not None else "no module-level code calls it")
         args = [a.arg for a in fn.args.args]
         rest = ", ".join(a for a in args[1:]) if args and "rank" in args[0] else None
