@@ -175,3 +175,16 @@ def test_ss401_accepts_seed_before_model_helpers_and_splitsync() -> None:
         run = splitsync.init()
         model = run.model(Net())
     """) == []
+
+
+def test_ss401_flags_model_built_before_splitsync_init() -> None:
+    found = run("SS401", """
+        import splitsync
+        def main():
+            net = Net()
+            with splitsync.init(seed=0) as run:
+                model = run.model(net)
+        main()
+    """)
+    assert len(found) == 1 and "splitsync.init seeds only afterwards (line 5)" in found[0].message
+    assert "build the model after" in found[0].fix

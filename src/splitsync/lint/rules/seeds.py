@@ -63,10 +63,11 @@ def _counts(facts: Facts, seed: ast.Call, model: ast.AST) -> bool:
 
 def no_seed_before_model(facts: Facts) -> Iterator[Hit]:
     """SS401: the model of a distributed script is built with no seed set before it."""
-    if not facts.is_distributed or facts.is_splitsync:
+    if not facts.is_distributed:
         return
-    seeds = [c for c, _ in facts.calls if _is_seed(c)]
-    for wrap in facts.torch_calls(*_WRAPS):
+    # splitsync.init seeds every rank (a drawn seed is broadcast when none is given)
+    seeds = [c for c, _ in facts.calls if _is_seed(c)] + facts.init_calls()
+    for wrap in facts.torch_calls(*_WRAPS) + facts.run_calls("model"):
         built = _built_at(facts, wrap)
         if built is None:
             continue
@@ -76,11 +77,15 @@ def no_seed_before_model(facts: Facts) -> Iterator[Hit]:
         late = [s for s in seeds if facts.scope(s) is facts.scope(where)]
         detail = (f"the seed is set only afterwards (line {late[0].lineno})" if late
                   else "no random seed is set before it")
+        if facts.is_splitsync:
+            detail = detail.replace("the seed is set", "splitsync.init seeds")
         yield Hit(where, f"the model `{ast.unparse(ctor)}` is built at line {where.lineno} "
                   f"{facts.scope_name(where)} and {detail}: each rank draws different initial "
                   "weights and different randomness (dropout, augmentation, random splits), so "
                   "runs are not reproducible. DDP copies rank 0's weights when it wraps the "
                   "model, which hides the weight difference but nothing else.",
+                  "build the model after `run = splitsync.init(seed=SEED)`, which seeds every "
+                  "rank alike." if facts.is_splitsync else
                   "seed every rank with the same value before building the model: "
                   "`torch.manual_seed(SEED)` (plus `random.seed` / `numpy.random.seed` if used), "
                   "or `run = splitsync.init(seed=SEED)`.")
