@@ -188,3 +188,12 @@ def test_ss401_flags_model_built_before_splitsync_init() -> None:
     """)
     assert len(found) == 1 and "splitsync.init seeds only afterwards (line 5)" in found[0].message
     assert "build the model after" in found[0].fix
+
+
+def test_ss301_accepts_datasets_that_shard_themselves() -> None:
+    assert run("SS301", """
+        model = DDP(net)
+        data = TokenStream(path, rank=dist.get_rank(), world_size=dist.get_world_size())
+        for x in data:
+            model(x).sum().backward()
+    """, DDP_HEAD) == []

@@ -136,3 +136,11 @@ def test_output_rules_skip_library_modules() -> None:
     """
     assert run("SS501", library, head="import torch\n") == []
     assert run("SS502", library, head="import torch\n") == []
+
+
+def test_ss501_accepts_imagenet_style_local_main_guard() -> None:
+    assert run("SS501", """
+        def main_worker(gpu, args):
+            if not args.multiprocessing_distributed or args.rank % ngpus_per_node == 0:
+                print("saving")
+    """) == []

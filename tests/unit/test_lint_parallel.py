@@ -154,3 +154,12 @@ def test_ss202_and_ss301_skip_library_modules() -> None:
                 self.ddp = DistributedDataParallel(module)
     """
     assert run("SS202", library) == [] and run("SS301", library) == []
+
+
+def test_ss202_trusts_an_imported_setup_helper() -> None:
+    assert run("SS202", """
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from utils import setup
+        setup()
+        model = DDP(net)
+    """) == []

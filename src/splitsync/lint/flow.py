@@ -42,6 +42,8 @@ def _strip_cast(expr: ast.AST) -> ast.AST:
 def is_rank_like(expr: ast.AST) -> bool:
     """``rank``, ``args.local_rank``, ``dist.get_rank()``, ``int(os.environ["RANK"])`` ..."""
     expr = _strip_cast(expr)
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mod):
+        return is_rank_like(expr.left)  # `rank % gpus_per_node`: the local rank
     if isinstance(expr, ast.Subscript):
         key = expr.slice
         return isinstance(key, ast.Constant) and "RANK" in str(key.value).upper()

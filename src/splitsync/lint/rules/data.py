@@ -14,7 +14,8 @@ __all__ = ["RULES"]
 
 _SHARDERS = frozenset({"DistributedSampler", "ShardSampler", "build_loader",
                        "split_dataset_by_node", "ElasticDistributedSampler",
-                       "DistributedBatchSampler"})
+                       "DistributedBatchSampler", "split_by_node", "islice"})
+_SHARD_ARGS = ("rank", "shard", "num_replicas")
 
 
 def _kw(call: ast.Call, name: str) -> ast.AST | None:
@@ -37,6 +38,11 @@ def _sharded(facts: Facts) -> bool:
     if any(last_name(c) == "Subset" and any(is_rank_like(n) for n in ast.walk(c))
            for c, _ in facts.calls):
         return True
+    for call, _ in facts.calls:  # a dataset told its rank shards itself: MyData(rank=rank)
+        name = last_name(call) or ""
+        if name[:1].isupper() and any(any(w in (k.arg or "") for w in _SHARD_ARGS)
+                                      for k in call.keywords):
+            return True
     return _seeded_per_rank(facts)
 
 

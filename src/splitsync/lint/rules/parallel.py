@@ -40,6 +40,11 @@ def _initialisers(facts: Facts) -> list[ast.Call]:
     found = facts.torch_calls("init_process_group") + facts.init_calls()
     found += [c for c, full in facts.calls if SETUP_HELPER.search(full.rsplit(".", 1)[-1])
               and full.rsplit(".", 1)[-1] != "init_process_group"]
+    # `from utils import setup` may well create the group: give imported set-up helpers the
+    # benefit of the doubt rather than report an error we cannot prove
+    found += [c for c, full in facts.calls if isinstance(c.func, ast.Name)
+              and c.func.id in facts.aliases and not full.startswith("torch")
+              and c.func.id.lower().startswith(("setup", "init"))]
     return found
 
 
