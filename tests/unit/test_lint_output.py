@@ -92,7 +92,7 @@ def test_ss502_flags_torch_save_on_every_rank() -> None:
     found = run("SS502", """
         torch.save(model.state_dict(), "ckpt.pt")
     """)
-    assert len(found) == 1 and "`'ckpt.pt'`" in found[0].message
+    assert len(found) == 1 and '`"ckpt.pt"`' in found[0].message
     assert "dist.barrier()" in found[0].fix
 
 

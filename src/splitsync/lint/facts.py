@@ -62,6 +62,7 @@ class Facts:
     """The parsed script and what the rules need to know about it."""
 
     path: str
+    source: str
     tree: ast.Module
     aliases: dict[str, str]
     parents: dict[ast.AST, ast.AST]
@@ -76,6 +77,12 @@ class Facts:
     loaded_names: frozenset[str]
     nodes: tuple[ast.AST, ...] = ()
     rank0_functions: frozenset[str] = field(default_factory=frozenset)
+
+    def text(self, node: ast.AST, limit: int = 70) -> str:
+        """The source of ``node`` as the author wrote it, on one line, shortened to ``limit``."""
+        raw = ast.get_source_segment(self.source, node) or ast.unparse(node)
+        text = " ".join(raw.split()) if "\n" in raw else raw
+        return text if len(text) <= limit else text[: limit - 1] + "…"
 
     # --- names -------------------------------------------------------------------------
     def resolve(self, expr: ast.AST) -> str | None:
@@ -204,7 +211,7 @@ def _runs_code(body: list[ast.stmt]) -> bool:
     return False
 
 
-def build_facts(tree: ast.Module, path: str) -> Facts:
+def build_facts(tree: ast.Module, path: str, source: str = "") -> Facts:
     """Read ``tree`` once; rank-0 function analysis is added by :mod:`splitsync.lint.flow`."""
     aliases = _aliases(tree)
     parents: dict[ast.AST, ast.AST] = {}
@@ -220,7 +227,7 @@ def build_facts(tree: ast.Module, path: str) -> Facts:
             loaded.add(node.id)
         elif isinstance(node, ast.Attribute):
             loaded.add(node.attr)
-    facts = Facts(path=path, tree=tree, aliases=aliases, parents=parents, calls=(),
+    facts = Facts(path=path, source=source, tree=tree, aliases=aliases, parents=parents, calls=(),
                   classes=frozenset(), functions={}, run_names=frozenset(), is_splitsync=False,
                   is_distributed=False, uses_spawn=False, is_script=False,
                   loaded_names=frozenset(loaded),

@@ -97,7 +97,7 @@ def check_source(source: str, path: str = "<string>",
                         f"cannot parse {path}: {getattr(err, 'msg', err)}; no rule was checked.",
                         "fix the syntax error (Python would refuse to run the script too).",
                         path, line, getattr(err, "offset", None) or 1, line)]
-    facts = with_rank0_functions(build_facts(tree, path))
+    facts = with_rank0_functions(build_facts(tree, path, source))
     quiet = parse_suppressions(source)
     found: dict[tuple[str, int, int], Finding] = {}
     for rule in rules:

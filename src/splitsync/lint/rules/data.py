@@ -96,7 +96,7 @@ def unsharded_data(facts: Facts) -> Iterator[Hit]:
         shuffle = _kw(call, "shuffle")
         moved = (" (its `shuffle=` moves to the sampler: DataLoader refuses both)"
                  if shuffle is not None and not _is_false(shuffle) else "")
-        yield Hit(call, f"`{ast.unparse(call)}` in a data-parallel script has no `sampler=`: "
+        yield Hit(call, f"`{facts.text(call, 200)}` in a data-parallel script has no `sampler=`: "
                   "every rank iterates the whole dataset in the same order, so each sample is "
                   "seen once per rank per step and N processes train no faster than one.",
                   f"{fix_torch}{moved}, {fix_ss}.")
@@ -148,7 +148,7 @@ def set_epoch_missing(facts: Facts) -> Iterator[Hit]:
                   f"{sorted(loaders)[0]}.sampler" if loaders else "sampler")
         detail = (f"`set_epoch` is called only outside the epoch loop (line {mine[0].lineno})"
                   if mine else "`set_epoch` is never called")
-        yield Hit(sampler, f"`{ast.unparse(sampler)}` shuffles, but {detail}: the sampler seeds "
+        yield Hit(sampler, f"`{facts.text(sampler, 200)}` shuffles, but {detail}: the sampler seeds "
                   "its shuffle with the epoch number, so every epoch repeats the first epoch's "
                   "order on every rank.",
                   f"call `{target}.set_epoch(epoch)` at the start of each epoch, inside "
@@ -173,20 +173,20 @@ def _splitsync_epochs(facts: Facts, calls: list[ast.Call]) -> Iterator[Hit]:
             outer = next(loops_of(facts, loop), None)
             if outer is None:
                 continue
-            yield Hit(call, f"`{ast.unparse(call)}` shuffles, but the epoch loop at line "
+            yield Hit(call, f"`{facts.text(call, 200)}` shuffles, but the epoch loop at line "
                       f"{outer.lineno} is not `run.epochs(...)` and never calls "
                       "`set_epoch`: every epoch repeats the same order.",
-                      f"write `for epoch in run.epochs({_epochs_arg(outer)}):` (it calls "
+                      f"write `for epoch in run.epochs({_epochs_arg(facts, outer)}):` (it calls "
                       "`set_epoch` on every run.loader), or call "
                       f"`{sorted(names)[0]}.set_epoch(epoch)` first thing in each epoch.")
             break
 
 
-def _epochs_arg(loop: ast.For | ast.While | ast.AsyncFor) -> str:
+def _epochs_arg(facts: Facts, loop: ast.For | ast.While | ast.AsyncFor) -> str:
     it = getattr(loop, "iter", None)
     if isinstance(it, ast.Call) and last_name(it) == "range" and len(it.args) in (1, 2):
-        stop = ast.unparse(it.args[-1])
-        return stop if len(it.args) == 1 else f"{stop}, start={ast.unparse(it.args[0])}"
+        stop = facts.text(it.args[-1], 200)
+        return stop if len(it.args) == 1 else f"{stop}, start={facts.text(it.args[0], 200)}"
     return "n"
 
 

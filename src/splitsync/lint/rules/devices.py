@@ -23,10 +23,6 @@ _NOT_MODULES = frozenset({"DataLoader", "DistributedSampler", "TensorDataset", "
                           "SGD", "Adam", "AdamW", "GradScaler", "Generator", "Size", "device"})
 
 
-def _short(node: ast.AST, limit: int = 60) -> str:
-    text = ast.unparse(node)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
 
 def _cuda_literal(node: ast.AST) -> str | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -59,7 +55,7 @@ def hard_coded_cuda(facts: Facts) -> Iterator[Hit]:
     for call in facts.method_calls("cuda"):
         if facts.resolve(call.func) == "torch.cuda" or availability_guarded(facts, call):
             continue
-        yield Hit(call, f"`{_short(call)}` hard-codes CUDA with `.cuda()`: on a machine without "
+        yield Hit(call, f"`{facts.text(call)}` hard-codes CUDA with `.cuda()`: on a machine without "
                   "an NVIDIA GPU it raises (\"Torch not compiled with CUDA enabled\" / \"No CUDA "
                   "GPUs are available\").", f"{_PORTABLE} instead of `.cuda()`.")
     for node in facts.nodes:
@@ -70,14 +66,14 @@ def hard_coded_cuda(facts: Facts) -> Iterator[Hit]:
         shared = (" In this distributed script every rank would also use that same GPU."
                   if facts.is_distributed and literal in {"cuda:0", "cuda"} else "")
         shown = repr(literal) if isinstance(node, ast.Constant) else literal
-        yield Hit(node, f"device hard-coded to {shown} in `{_short(where)}`: the script fails "
+        yield Hit(node, f"device hard-coded to {shown} in `{facts.text(where)}`: the script fails "
                   f"on a machine without CUDA GPUs.{shared}",
                   f"{_PORTABLE}; under torchrun use `torch.device(\"cuda\", local_rank)` only "
                   "when `torch.cuda.is_available()`.")
     for call in facts.calls:
         c = call[0]
         if facts.resolve(c.func) == "torch.cuda.set_device" and not availability_guarded(facts, c):
-            yield Hit(c, f"`{_short(c)}` runs unconditionally: on a machine without GPUs it raises.",
+            yield Hit(c, f"`{facts.text(c)}` runs unconditionally: on a machine without GPUs it raises.",
                       "call it only under `if torch.cuda.is_available():` "
                       "(splitsync.init() does this for you).")
     for node in facts.nodes:
@@ -85,7 +81,7 @@ def hard_coded_cuda(facts: Facts) -> Iterator[Hit]:
                 and isinstance(node.right, ast.Call)
                 and facts.resolve(node.right.func) == "torch.cuda.device_count"
                 and not availability_guarded(facts, node)):
-            yield Hit(node, f"`{_short(node)}` divides by `torch.cuda.device_count()`, which is 0 "
+            yield Hit(node, f"`{facts.text(node)}` divides by `torch.cuda.device_count()`, which is 0 "
                       "on a machine without GPUs: ZeroDivisionError.",
                       "take the launcher's local rank, `int(os.environ[\"LOCAL_RANK\"])`, and use "
                       "it as a CUDA index only when `torch.cuda.is_available()`.")
@@ -217,9 +213,9 @@ def _check_call(facts: Facts, call: ast.Call, models: dict[str, str], tensors: d
     m_place = models[model]
     if x_place is None or x_place == m_place or "cpu" not in {x_place, m_place}:
         return None
-    x_name = arg.id if isinstance(arg, ast.Name) else _short(arg, 40)
+    x_name = arg.id if isinstance(arg, ast.Name) else facts.text(arg, 40)
     x_line = lines.get(arg.id) if isinstance(arg, ast.Name) else None
-    return Hit(call, f"`{_short(call)}` mixes devices: `{model}` is "
+    return Hit(call, f"`{facts.text(call)}` mixes devices: `{model}` is "
                f"{_describe(m_place, lines.get(model))} but `{x_name}` is "
                f"{_describe(x_place, x_line)}; this raises \"RuntimeError: Expected all tensors "
                "to be on the same device\".",

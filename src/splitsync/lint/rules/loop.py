@@ -18,10 +18,6 @@ _BATCHNORMS = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LazyBatchNorm1d", "
                "LazyBatchNorm3d")
 
 
-def _short(node: ast.AST, limit: int = 60) -> str:
-    text = ast.unparse(node)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
 
 def _backwards(facts: Facts) -> list[ast.Call]:
     return facts.method_calls("backward")
@@ -43,12 +39,12 @@ def sync_per_step(facts: Facts) -> Iterator[Hit]:
             seen.add(id(node))
             if facts.scope(node) is not facts.scope(loop) or conditional_between(facts, node, loop):
                 continue
-            what = _short(node)
+            what = facts.text(node)
             yield Hit(node, f"`{what}` runs on every training step (the loop at line "
                       f"{loop.lineno}): it copies to the host and waits for the device to "
                       "finish, a synchronisation per step that drains the GPU's queue and, under "
                       "DDP, holds the other ranks at the next all-reduce.",
-                      f"keep running values on the device (`total += {_short(node.func.value, 30)}"
+                      f"keep running values on the device (`total += {facts.text(node.func.value, 30)}"
                       ".detach()`) and convert once per epoch, or every N steps under "
                       "`if step % N == 0:`.")
 
@@ -72,7 +68,7 @@ def _enclosing_test(facts: Facts, node: ast.AST, loop: ast.AST) -> str:
         if parent is loop:
             break
         if isinstance(parent, ast.If):
-            return ast.unparse(parent.test)
+            return facts.text(parent.test, 200)
     return "the accumulation condition"
 
 
@@ -100,7 +96,7 @@ def accumulation_without_no_sync(facts: Facts) -> Iterator[Hit]:
             when = f"once after the micro-step loop at line {inner.lineno} finishes"
         else:
             continue
-        yield Hit(back, f"`{_short(back)}` runs every micro-step but the optimizer steps {when}: "
+        yield Hit(back, f"`{facts.text(back)}` runs every micro-step but the optimizer steps {when}: "
                   "gradient accumulation, yet DDP all-reduces the gradients on every backward, "
                   "so all but the last all-reduce of each window are wasted communication.",
                   f"skip the sync on micro-steps that don't step: `with {model}.no_sync():` "
@@ -123,7 +119,7 @@ def batchnorm_without_syncbn(facts: Facts) -> Iterator[Hit]:
     more = f" (and {len(norms) - 1} more)" if len(norms) > 1 else ""
     fix = ("`model = run.model(net, sync_batchnorm=True)`" if facts.is_splitsync else
            "`model = nn.SyncBatchNorm.convert_sync_batchnorm(model)` before wrapping in DDP")
-    yield Hit(first, f"`{_short(first)}`{more} sits in a model trained data-parallel (wrapped at "
+    yield Hit(first, f"`{facts.text(first)}`{more} sits in a model trained data-parallel (wrapped at "
               f"line {wraps[0].lineno}): each rank normalises with the statistics of its own "
               "per-process batch, not the global batch. It matters when per-process batches are "
               "small (roughly under 16-32 samples, as in detection or segmentation); with large "

@@ -60,7 +60,7 @@ def discarded_move(facts: Facts) -> Iterator[Hit]:
             if not (isinstance(func, ast.Attribute) and func.attr in _MOVES
                     and isinstance(func.value, ast.Name) and func.value.id in tensors):
                 continue
-            name, call = func.value.id, ast.unparse(node.value)
+            name, call = func.value.id, facts.text(node.value, 200)
             yield Hit(node.value, f"`{call}` throws its result away: a tensor's `.{func.attr}()` "
                       f"returns a moved copy (only a module's moves in place), so `{name}` stays "
                       "where it was and the next forward raises \"Expected all tensors to be on "

@@ -13,10 +13,6 @@ from splitsync.lint.model import Hit, Rule
 __all__ = ["RULES"]
 
 
-def _short(node: ast.AST, limit: int = 70) -> str:
-    text = ast.unparse(node)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
 
 def _every_rank(facts: Facts, call: ast.Call) -> bool:
     """Does ``call`` run on every rank of a distributed script?"""
@@ -46,7 +42,7 @@ def unguarded_print(facts: Facts) -> Iterator[Hit]:
         fix = ("use `run.print(...)`, which prints on rank 0 only" if facts.is_splitsync
                else f"print under {_guard(facts)}, or put the rank in the message if every "
                "process should report")
-        yield Hit(call, f"`{_short(call)}` {facts.scope_name(call)} runs on every rank: with "
+        yield Hit(call, f"`{facts.text(call)}` {facts.scope_name(call)} runs on every rank: with "
                   "N processes the line appears N times, interleaved.", f"{fix}.")
 
 
@@ -77,8 +73,8 @@ def unguarded_save(facts: Facts) -> Iterator[Hit]:
         if target is not None and (mentions_rank([target]) or dotted(target) in buffers
                                    or last_name(target) == "BytesIO"):
             continue  # one file per rank on purpose, or memory rather than a file
-        what = f"`{ast.unparse(target)}`" if target is not None else "the file"
-        yield Hit(c, f"`{_short(c)}` {facts.scope_name(c)} runs on every rank: N processes "
+        what = f"`{facts.text(target, 200)}`" if target is not None else "the file"
+        yield Hit(c, f"`{facts.text(c)}` {facts.scope_name(c)} runs on every rank: N processes "
                   f"write {what} at the same time, which can leave it truncated or mixed, and "
                   "N−1 of the writes are wasted.",
                   f"save under {_guard(facts)}, then `dist.barrier()` before any rank reads it "
@@ -105,7 +101,7 @@ def unguarded_logging(facts: Facts) -> Iterator[Hit]:
         if mentions_rank([*call.args, *call.keywords]):
             continue
         alt = " or `run.logger`, whose lines carry the rank" if facts.is_splitsync else ""
-        yield Hit(call, f"`{_short(call)}` {facts.scope_name(call)} logs on every rank: each "
+        yield Hit(call, f"`{facts.text(call)}` {facts.scope_name(call)} logs on every rank: each "
                   "record is written N times with nothing telling the copies apart.",
                   f"log under {_guard(facts)}, or put the rank in the format{alt}.")
 

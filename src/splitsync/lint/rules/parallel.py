@@ -19,8 +19,8 @@ _TRAINS = frozenset({"backward", "DistributedDataParallel", "init_process_group"
 def _target(facts: Facts, call: ast.Call) -> str:
     parent = facts.parents.get(call)
     if isinstance(parent, ast.Assign):
-        return f"`{ast.unparse(parent)}`"
-    return f"`{ast.unparse(call)}`"
+        return f"`{facts.text(parent, 200)}`"
+    return f"`{facts.text(call, 200)}`"
 
 
 def data_parallel(facts: Facts) -> Iterator[Hit]:
@@ -142,7 +142,7 @@ def nccl_hard_coded(facts: Facts) -> Iterator[Hit]:
         if availability_guarded(facts, found[1]) or availability_guarded(facts, call):
             continue
         via = "" if found[1] is arg else f" (set at line {found[1].lineno})"
-        yield Hit(call, f"`{ast.unparse(call)}` hard-codes the backend to \"nccl\" in its {how}"
+        yield Hit(call, f"`{facts.text(call, 200)}` hard-codes the backend to \"nccl\" in its {how}"
                   f"{via}: NCCL needs CUDA GPUs, so on a machine without them (a laptop, CPU CI) "
                   "this line raises.",
                   "choose it from the hardware, `backend=\"nccl\" if torch.cuda.is_available() "

@@ -79,7 +79,7 @@ def no_seed_before_model(facts: Facts) -> Iterator[Hit]:
                   else "no random seed is set before it")
         if facts.is_splitsync:
             detail = detail.replace("the seed is set", "splitsync.init seeds")
-        yield Hit(where, f"the model `{ast.unparse(ctor)}` is built at line {where.lineno} "
+        yield Hit(where, f"the model `{facts.text(ctor, 200)}` is built at line {where.lineno} "
                   f"{facts.scope_name(where)} and {detail}: each rank draws different initial "
                   "weights and different randomness (dropout, augmentation, random splits), so "
                   "runs are not reproducible. DDP copies rank 0's weights when it wraps the "
