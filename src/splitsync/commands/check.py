@@ -52,6 +52,8 @@ def main(args: argparse.Namespace) -> int:
     from splitsync.lint.model import SEVERITIES
     from splitsync.lint.report import render_json, render_rules, render_text, rules_json
 
+    if hasattr(sys.stdout, "reconfigure"):  # quoted source may not fit an ASCII console
+        sys.stdout.reconfigure(errors="backslashreplace")
     try:
         rules = select_rules(_codes(args.select), _codes(args.ignore))
     except ValueError as err:

@@ -82,7 +82,7 @@ class Facts:
         """The source of ``node`` as the author wrote it, on one line, shortened to ``limit``."""
         raw = ast.get_source_segment(self.source, node) or ast.unparse(node)
         text = " ".join(raw.split()) if "\n" in raw else raw
-        return text if len(text) <= limit else text[: limit - 1] + "…"
+        return text if len(text) <= limit else text[: limit - 3] + "..."
 
     # --- names -------------------------------------------------------------------------
     def resolve(self, expr: ast.AST) -> str | None:
@@ -141,7 +141,7 @@ class Facts:
         return self.tree
 
     def scope_name(self, node: ast.AST) -> str:
-        """``train()`` or ``module level`` — for messages."""
+        """``train()`` or ``module level`` - for messages."""
         scope = self.scope(node)
         if isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
             return f"in {scope.name}()"

@@ -65,7 +65,7 @@ def render_text(findings: Sequence[Finding], files: int, stream: TextIO | None =
 def render_json(findings: Sequence[Finding], files: int) -> str:
     """A JSON document: version, files checked, counts per severity, the findings."""
     return json.dumps({"version": 1, "files_checked": files, "summary": summary(findings),
-                       "findings": [f.as_dict() for f in findings]}, indent=2, ensure_ascii=False)
+                       "findings": [f.as_dict() for f in findings]}, indent=2)
 
 
 def rules_json(rules: Sequence[Rule]) -> str:

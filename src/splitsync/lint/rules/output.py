@@ -76,7 +76,7 @@ def unguarded_save(facts: Facts) -> Iterator[Hit]:
         what = f"`{facts.text(target, 200)}`" if target is not None else "the file"
         yield Hit(c, f"`{facts.text(c)}` {facts.scope_name(c)} runs on every rank: N processes "
                   f"write {what} at the same time, which can leave it truncated or mixed, and "
-                  "N−1 of the writes are wasted.",
+                  "N-1 of the writes are wasted.",
                   f"save under {_guard(facts)}, then `dist.barrier()` before any rank reads it "
                   "back (`run.barrier()` in splitsync).")
 

@@ -108,8 +108,8 @@ def training_never_run(facts: Facts) -> Iterator[Hit]:
         call = (f"`{name}(int(os.environ[\"RANK\"]), int(os.environ[\"WORLD_SIZE\"]))`"
                 if args[:2] == ["rank", "world_size"] else f"`{name}(...)`")
         yield Hit(fn, f"`{_signature(fn)}` (line {fn.lineno}) is the training function but "
-                  f"nothing calls or spawns it: {where}, so running this script — under "
-                  "torchrun or not — trains nothing.",
+                  f"nothing calls or spawns it: {where}, so running this script - under "
+                  "torchrun or not - trains nothing.",
                   f"call it from the `__main__` block with the launcher's values, {call}, or "
                   f"start the processes yourself with {spawn}.")
 
