@@ -105,3 +105,13 @@ def test_check_never_imports_torch(tmp_path: Path) -> None:
 def test_examples_directory_passes() -> None:
     out = check(ROOT / "examples")
     assert out.returncode == 0, out.stdout
+
+
+def test_ascii_console_gets_escapes_not_a_crash() -> None:
+    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT / "src"),
+           "PYTHONIOENCODING": "ascii"}
+    for extra in ([], ["--json"]):
+        out = subprocess.run([sys.executable, "-m", "splitsync", "check", str(EXAMPLE3), *extra],
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+        assert "\\u8bf7" in out.stdout  # the lesson's Chinese message, escaped
