@@ -18,9 +18,11 @@ def test_ss101_flags_dot_cuda_and_cuda_literals() -> None:
         device = torch.device("cuda:0")
         y = torch.ones(2).to("cuda")
         z = torch.zeros(2, device=f"cuda:{0}")
+        torch.set_default_device("cuda")
+        state = torch.load("ckpt.pt", map_location="cuda:0", weights_only=True)
     """)
     assert [(f.line, f.code) for f in found] == [(3, "SS101"), (4, "SS101"), (5, "SS101"),
-                                                  (6, "SS101")]
+                                                  (6, "SS101"), (7, "SS101"), (8, "SS101")]
     assert ".cuda()" in found[0].message and "torch.cuda.is_available()" in found[0].fix
     assert "'cuda:0'" in found[1].message
 

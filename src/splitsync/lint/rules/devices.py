@@ -42,7 +42,7 @@ def _device_position(facts: Facts, node: ast.AST) -> ast.AST | None:
     if isinstance(parent, ast.keyword) and parent.arg in {"device", "map_location"}:
         return facts.parents.get(parent)
     if isinstance(parent, ast.Call) and node in parent.args[:1]:
-        if facts.is_torch(parent, "device") or last_name(parent) == "to":
+        if facts.is_torch(parent, "device", "set_default_device") or last_name(parent) == "to":
             return parent
     if isinstance(parent, ast.Assign) and any(
             "dev" in (dotted(t) or "").lower() for t in parent.targets):
