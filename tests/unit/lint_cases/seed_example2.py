@@ -1,5 +1,5 @@
 # ruff: noqa
-# Verbatim from the lesson (seed 000_2bb891a3611562c5.txt); deliberately left as written.
+# Verbatim from the lesson; its mistakes are deliberately left as written.
 import torch
 import torch.nn as nn
 import torch.optim as optim

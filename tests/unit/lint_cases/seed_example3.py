@@ -1,5 +1,5 @@
 # ruff: noqa
-# Verbatim from the lesson (seed 000_2bb891a3611562c5.txt); deliberately left as written.
+# Verbatim from the lesson; its mistakes are deliberately left as written.
 # 注意：此示例需要使用 `torch.distributed.launch` 或 `torchrun` 命令启动
 # 例如：torchrun --nproc_per_node=2 你的脚本名.py
 

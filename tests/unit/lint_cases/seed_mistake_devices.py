@@ -1,5 +1,5 @@
 # ruff: noqa
-# Verbatim from the lesson (seed 000_2bb891a3611562c5.txt); deliberately left as written.
+# Verbatim from the lesson; its mistakes are deliberately left as written.
 # 错误示例
 model = SimpleNet()  # 在CPU上
 input_gpu = torch.randn(2, 10).cuda()  # 数据在GPU上
