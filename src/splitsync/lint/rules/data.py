@@ -153,7 +153,7 @@ def set_epoch_missing(facts: Facts) -> Iterator[Hit]:
                   "order on every rank.",
                   f"call `{target}.set_epoch(epoch)` at the start of each epoch, inside "
                   "`for epoch in ...:` before iterating the loader (splitsync's `run.epochs(n)` "
-                  "does it for you).")
+                  "does it for you); an evaluation-only sampler should pass `shuffle=False`.")
     yield from _splitsync_epochs(facts, calls)
 
 
