@@ -25,7 +25,7 @@ def main(batch: int = 8) -> tuple[int, ...]:
     model: nn.Module = SimpleNet()
     if num_gpus >= 2:
         device = torch.device("cuda", 0)      # DataParallel's inputs and outputs live on GPU 0
-        model = nn.DataParallel(model.to(device))
+        model = nn.DataParallel(model.to(device))  # splitsync: ignore[SS201] (the lesson)
         print(f"DataParallel over {num_gpus} GPUs")
     else:
         # The lesson wraps and moves to cuda:0 unconditionally, which fails without a GPU.
