@@ -38,22 +38,26 @@ def mixed_precision_policy(precision: str) -> Any:
 def default_blocks(module: nn.Module) -> list[nn.Module]:
     """Instances of the repeated submodule type holding the most parameters.
 
-    Transformer blocks in a ModuleList are the typical result; a plain MLP yields its
-    Linear layers. Nested instances of the chosen type are skipped (outermost only).
+    Repeated composite types (transformer blocks) win over repeated layers (the Linear
+    layers inside them); a plain MLP yields its Linear layers. Only the outermost
+    instances of the chosen type are returned.
     """
     counts: Counter[type[nn.Module]] = Counter()
     sizes: Counter[type[nn.Module]] = Counter()
+    composite: set[type[nn.Module]] = set()
     for sub in module.modules():
-        if sub is module:
+        if sub is module or isinstance(sub, (nn.ModuleList, nn.ModuleDict, nn.Sequential)):
             continue
         n = sum(p.numel() for p in sub.parameters())
-        if n and not isinstance(sub, (nn.ModuleList, nn.ModuleDict, nn.Sequential)):
+        if n:
             counts[type(sub)] += 1
             sizes[type(sub)] += n
+            if any(True for _ in sub.children()):
+                composite.add(type(sub))
     repeated = [t for t, c in counts.items() if c >= 2]
     if not repeated:
         return []
-    chosen = max(repeated, key=lambda t: sizes[t])
+    chosen = max(repeated, key=lambda t: (t in composite, sizes[t]))
     return list(_outermost(module, chosen))
 
 
