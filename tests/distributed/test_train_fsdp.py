@@ -49,8 +49,9 @@ def _reference(x: torch.Tensor, y: torch.Tensor, steps: int, clip: float | None)
 
 
 def fsdp_rank(rank: int, world: int, accumulate: int, clip: float | None) -> dict:
-    import splitsync as ss
     from torch.distributed.fsdp import FSDPModule
+
+    import splitsync as ss
 
     steps, micro = 3, 4
     g = torch.Generator().manual_seed(3)
