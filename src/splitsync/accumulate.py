@@ -9,13 +9,16 @@ model's forward reads it to decide whether this micro-step synchronises gradient
 decides that in forward: ``require_backward_grad_sync`` is what ``no_sync()`` toggles;
 FSDP2 reads ``set_requires_gradient_sync`` in backward), ``backward`` divides the loss by
 ``k`` and ``step`` steps only on every ``k``-th micro-batch. So the ordinary loop is
-correct with ``init(accumulate=k)`` alone.
+correct with ``init(accumulate=k)`` alone. The counter runs across epochs: when an epoch's
+batch count is not a multiple of ``k``, its last window is completed by the next epoch's
+first micro-batches (every optimizer step still sees exactly ``k``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -107,14 +110,18 @@ class StepPlan:
         return norm
 
     # --- models ------------------------------------------------------------------------
-    def install_forward(self, model: nn.Module) -> nn.Module:
+    def install_forward(self, model: nn.Module, autocast: bool = True) -> nn.Module:
         """Give ``model`` a forward with the precision's autocast and the accumulation sync.
 
         The forward is replaced on the instance (keys of ``state_dict`` are unchanged); when
-        neither is needed the model is returned untouched.
+        neither is needed the model is returned untouched. ``autocast=False`` leaves autocast
+        to the user (``run.autocast()``).
         """
+        if self.scaler is not None and _is_fsdp(model):
+            self.use_sharded_scaler()
         forward = model.forward
-        wrapped = forward_with(forward, self.precision)
+        precision = self.precision if autocast else replace(self.precision, autocast_dtype=None)
+        wrapped = forward_with(forward, precision)
         setter = sync_setter(model) if self.every > 1 else None
         if setter is not None:
             wrapped = _synced(wrapped, setter, self)
@@ -145,14 +152,18 @@ def sync_setter(model: nn.Module) -> SyncSetter | None:
             model.require_backward_grad_sync = flag  # what DDP.no_sync() toggles
 
         return set_ddp
-    from torch.distributed.fsdp import FSDPModule
-
-    if isinstance(model, FSDPModule):
+    if _is_fsdp(model):
         def set_fsdp(flag: bool) -> None:
             model.set_requires_gradient_sync(flag)  # read by FSDP2 in post-backward
 
         return set_fsdp
     return None
+
+
+def _is_fsdp(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
 
 
 def no_sync(model: nn.Module) -> AbstractContextManager[None]:

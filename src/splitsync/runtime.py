@@ -55,11 +55,12 @@ class Run:
     # --- model -------------------------------------------------------------------------
     def model(self, module: nn.Module, *, strategy: str | None = None,
               sync_batchnorm: bool = False, compile: bool | dict[str, Any] = False,
-              **options: Any) -> nn.Module:
+              autocast: bool = True, **options: Any) -> nn.Module:
         """Move ``module`` to the device and wrap it for the chosen strategy.
 
-        The forward then runs under the run's precision (autocast) and accumulation;
-        ``compile=True`` (or a dict of ``torch.compile`` options) compiles it after wrapping.
+        The forward then runs under the run's precision (autocast, unless ``autocast=False``)
+        and accumulation; ``compile=True`` (or a dict of ``torch.compile`` options) compiles
+        it after wrapping.
         """
         name = resolve(strategy or self.config.strategy, self.world_size)
         strat = get_strategy(name)
@@ -79,7 +80,7 @@ class Run:
         wrapped = strat.wrap(module, ctx, options)
         if compile:
             wrapped = compile_model(wrapped, name, compile)
-        return self._plan.install_forward(wrapped)
+        return self._plan.install_forward(wrapped, autocast)
 
     @staticmethod
     def unwrap(model: nn.Module) -> nn.Module:

@@ -51,6 +51,8 @@ def test_bf16_mixed_autocasts_forward_and_context() -> None:
         with run.autocast():
             assert (torch.randn(2, 2) @ torch.randn(2, 2)).dtype == torch.bfloat16
         assert run.unwrap(model).state_dict().keys() == _net().state_dict().keys()
+        plain = run.model(_net(), autocast=False)
+        assert plain(torch.randn(4, 5)).dtype == torch.float32
 
 
 def test_bf16_true_casts_parameters_and_inputs() -> None:
