@@ -181,3 +181,30 @@ def test_compile_wraps_inside_ddp_and_trains_the_same() -> None:
         assert res["outer"] == "DistributedDataParallel"
         assert res["inner_compiled"]
         assert res["diff"] < 1e-5
+
+
+def bf16_rank(rank: int, world: int) -> dict:
+    import splitsync as ss
+
+    x, y = _data(world, 2)
+    with ss.init(seed=0, precision="bf16-mixed", accumulate=2) as run:
+        model = run.model(_net())
+        opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+        losses, dtypes = [], set()
+        for i in range(8):
+            xb, yb = x[(2 * i + rank) * 4:(2 * i + rank + 1) * 4], y[(2 * i + rank) * 4:][:4]
+            pred = model(xb)
+            dtypes.add(str(pred.dtype))
+            loss = nn.functional.mse_loss(pred.float(), yb)
+            losses.append(float(run.mean(loss.detach())))
+            run.backward(loss)
+            run.step(opt, clip=1.0)
+        flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+        return {"dtypes": sorted(dtypes), "params": flat.tolist(), "losses": losses}
+
+
+def test_bf16_mixed_with_accumulation_under_ddp() -> None:
+    r0, r1 = spawn(bf16_rank, 2, timeout=150)
+    assert r0["dtypes"] == ["torch.bfloat16"]
+    assert r0["params"] == r1["params"]
+    assert r0["params"] != torch.cat([p.detach().flatten() for p in _net().parameters()]).tolist()

@@ -104,6 +104,10 @@ def fsdp_precision_rank(rank: int, world: int) -> dict:
             run.backward(nn.functional.mse_loss(pred.float(), y))
             run.step(opt, clip=1.0)
         out["param_dtype"] = str(next(model.parameters()).dtype)
+        try:
+            run.join(model)
+        except ValueError as exc:
+            out["join"] = str(exc)
         out["params"] = _full(model).tolist()
     return out
 
@@ -113,3 +117,4 @@ def test_fsdp_bf16_mixed_compiled_blocks_train_in_step() -> None:
     assert r0["pred_dtype"] == "torch.bfloat16"
     assert r0["param_dtype"] == "torch.float32"  # sharded master weights stay fp32
     assert r0["params"] == r1["params"]
+    assert "drop_last=True" in r0["join"]  # FSDP has no uneven-input support: said clearly
