@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -13,13 +14,17 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from splitsync import comm
+from splitsync.accumulate import StepPlan, prepare_module
+from splitsync.compiling import compile_model
 from splitsync.config import RunConfig
 from splitsync.data import DeviceLoader, build_loader, loader_kwargs_from
 from splitsync.device import choose_device, default_backend, move_to
 from splitsync.env import DistEnv, detect_env
 from splitsync.group import destroy_group, init_group
+from splitsync.join import join
 from splitsync.logs import attach_rank_handler, get_logger
 from splitsync.metrics import MetricsLog, average_metrics
+from splitsync.precision import get_precision
 from splitsync.progress import progress as _progress
 from splitsync.seeding import draw_seed, seed_everything
 from splitsync.strategies import WrapContext, get_strategy, resolve, unwrap
@@ -48,11 +53,19 @@ class Run:
         self._active: DeviceLoader | None = None
         self._closed = False
         self._metrics: MetricsLog | None = None
+        # backward/step functions for this precision and accumulation, chosen once
+        self._plan = StepPlan(get_precision(config.precision, device), config.accumulate)
 
     # --- model -------------------------------------------------------------------------
     def model(self, module: nn.Module, *, strategy: str | None = None,
-              sync_batchnorm: bool = False, **options: Any) -> nn.Module:
-        """Move ``module`` to the device and wrap it for the chosen strategy."""
+              sync_batchnorm: bool = False, compile: bool | dict[str, Any] = False,
+              autocast: bool = True, **options: Any) -> nn.Module:
+        """Move ``module`` to the device and wrap it for the chosen strategy.
+
+        The forward then runs under the run's precision (autocast, unless ``autocast=False``)
+        and accumulation; ``compile=True`` (or a dict of ``torch.compile`` options) compiles
+        it after wrapping.
+        """
         name = resolve(strategy or self.config.strategy, self.world_size)
         strat = get_strategy(name)
         unknown = set(options) - set(strat.options)
@@ -65,9 +78,13 @@ class Run:
             module = convert_sync_batchnorm(module, self.device)
         if name != "dp":  # DataParallel places replicas itself, from device 0
             module = module.to(self.device)
+        module = prepare_module(module, self._plan.precision)
         ctx = WrapContext(self.device, self.world_size, self.rank, self.config.precision)
         options = {**self.config.strategy_options, **options}
-        return strat.wrap(module, ctx, options)
+        wrapped = strat.wrap(module, ctx, options)
+        if compile:
+            wrapped = compile_model(wrapped, name, compile)
+        return self._plan.install_forward(wrapped, autocast)
 
     @staticmethod
     def unwrap(model: nn.Module) -> nn.Module:
@@ -111,13 +128,43 @@ class Run:
 
     # --- step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()``."""
-        loss.backward()
+        """``loss.backward()``, scaled under "16-mixed" and divided by ``accumulate``."""
+        self._plan.backward(loss)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Step the optimizer, then zero its gradients (set to None)."""
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    def step(self, optimizer: torch.optim.Optimizer,
+             clip: float | None = None) -> torch.Tensor | None:
+        """Step the optimizer, then zero its gradients (set to None).
+
+        With ``accumulate=k`` only every k-th call steps (the others return at once).
+        ``clip`` clips gradients to that global norm first (unscaled under "16-mixed") and
+        the norm before clipping is returned; without ``clip`` the result is None.
+        """
+        return self._plan.step(optimizer, clip)
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        """The precision's autocast context (models from ``run.model`` already use it)."""
+        return self._plan.precision.autocast()
+
+    def accumulate(self, model: nn.Module) -> AbstractContextManager[None]:
+        """Around one micro-step (forward and backward): no gradient sync unless it is the
+        ``accumulate``-th. Models from ``run.model`` decide this by themselves."""
+        return self._plan.accumulate(model)
+
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether the last backward completed an accumulation window (the step will step)."""
+        return self._plan.micro % self._plan.every == 0
+
+    @property
+    def scaler(self) -> Any:
+        """The GradScaler under "16-mixed" (for checkpoints), else None."""
+        return self._plan.scaler
+
+    def join(self, *models: nn.Module, enable: bool = True,
+             throw_on_early_termination: bool = False) -> AbstractContextManager[Any]:
+        """Uneven inputs: ranks that run out of batches keep shadowing the others' all-reduces
+        (``torch.distributed.algorithms.Join``) so that nobody hangs."""
+        return join(*models, enable=enable, throw_on_early_termination=throw_on_early_termination)
 
     # --- collectives -------------------------------------------------------------------
     def mean(self, x: Any) -> Any:
@@ -216,6 +263,7 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
                        strategy_options=strategy_options)
     env = detect_env()  # validated before any network call
     dev = choose_device(env, device)
+    get_precision(precision, dev)  # "16-mixed" on a CPU fails here, before any network call
     chosen_backend = backend or default_backend(dev)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)

@@ -12,7 +12,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from splitsync.strategies import Strategy, WrapContext
 
-OPTIONS = ("find_unused_parameters", "static_graph", "bucket_cap_mb", "broadcast_buffers")
+OPTIONS = ("find_unused_parameters", "static_graph", "bucket_cap_mb", "broadcast_buffers",
+           "comm_hook", "comm_hook_options")
 
 
 def _wrap(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
@@ -22,10 +23,20 @@ def _wrap(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn
             "(or torchrun), or use strategy='auto' to run unwrapped in one process."
         )
     device_ids = [ctx.device.index] if ctx.device.type in ("cuda", "xpu") else None
+    kwargs = dict(options)
+    hook = kwargs.pop("comm_hook", None)
+    hook_options = kwargs.pop("comm_hook_options", None)
     # gradient_as_bucket_view: gradients alias the buckets, so no second copy is kept.
-    return DistributedDataParallel(
-        module, device_ids=device_ids, gradient_as_bucket_view=True, **dict(options)
+    model = DistributedDataParallel(
+        module, device_ids=device_ids, gradient_as_bucket_view=True, **kwargs
     )
+    if hook is not None:
+        from splitsync.hooks import register_comm_hook
+
+        register_comm_hook(model, hook, hook_options)
+    elif hook_options:
+        raise ValueError("comm_hook_options given without comm_hook; name the hook too.")
+    return model
 
 
 def _no_sync(model: nn.Module) -> AbstractContextManager[None]:

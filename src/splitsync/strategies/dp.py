@@ -1,0 +1,89 @@
+"""Legacy ``nn.DataParallel``: one process drives every visible GPU.
+
+Each forward scatters the batch along dim 0 over the GPUs, replicates the module and
+gathers outputs on GPU 0. Simple, but slower than DDP (one Python thread per GPU, the
+replication every step, GPU 0 doing extra work), so a note recommends DDP once per process.
+Its classic traps get clear errors here: a tensor without a batch dimension, or a batch
+smaller than the number of GPUs. With fewer than two GPUs it falls back to one device.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DataParallel
+
+from splitsync.device import visible_device_count
+from splitsync.strategies import Strategy, WrapContext
+
+OPTIONS = ("device_ids",)
+
+DDP_NOTE = (
+    "strategy='dp' (nn.DataParallel) runs every GPU from one process and is slower than DDP. "
+    "Prefer `splitsync run -n {n} script.py` with strategy='ddp' (the default there)."
+)
+
+
+class DataParallelWarning(UserWarning):
+    """Notes about nn.DataParallel (shown once per process by the default filters)."""
+
+
+def check_batch(inputs: Any, n_devices: int, where: str = "input") -> None:
+    """Every tensor in a nested batch needs a batch dimension of at least ``n_devices``."""
+    if isinstance(inputs, torch.Tensor):
+        if inputs.dim() == 0:
+            raise ValueError(
+                f"strategy='dp': {where} is a tensor without a batch dimension (shape ()). "
+                "DataParallel splits inputs along dim 0; add one, e.g. x.unsqueeze(0), or "
+                "pass scalars as Python numbers."
+            )
+        if inputs.shape[0] < n_devices:
+            raise ValueError(
+                f"strategy='dp': {where} has batch size {inputs.shape[0]} (shape "
+                f"{tuple(inputs.shape)}) but DataParallel splits it over {n_devices} GPUs. "
+                f"Use a batch of at least {n_devices} (drop_last=True avoids a short last batch)."
+            )
+    elif isinstance(inputs, Mapping):
+        for k, v in inputs.items():
+            check_batch(v, n_devices, f"{where}[{k!r}]")
+    elif isinstance(inputs, (list, tuple)):
+        for i, v in enumerate(inputs):
+            check_batch(v, n_devices, f"{where}[{i}]")
+
+
+class CheckedDataParallel(DataParallel):
+    """DataParallel that checks the batch can be split before scattering it."""
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        check_batch(inputs, len(self.device_ids), "input")
+        check_batch(kwargs, len(self.device_ids), "input")
+        return super().forward(*inputs, **kwargs)
+
+
+def _wrap(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
+    if ctx.world_size > 1:
+        raise ValueError(
+            f"strategy='dp' is single-process but this run has {ctx.world_size} processes. "
+            "Use strategy='ddp' (or 'auto') with `splitsync run -n N`."
+        )
+    device_ids = options.get("device_ids")
+    count = visible_device_count("cuda")
+    if device_ids is None:
+        device_ids = list(range(count))
+    if ctx.device.type != "cuda" or len(device_ids) < 2:
+        warnings.warn(
+            f"strategy='dp' needs at least 2 CUDA GPUs; {count} visible on this machine "
+            f"(device {ctx.device}). Falling back to a single device.",
+            DataParallelWarning, stacklevel=3,
+        )
+        return module.to(ctx.device)
+    warnings.warn(DDP_NOTE.format(n=len(device_ids)), DataParallelWarning, stacklevel=3)
+    module = module.to(torch.device("cuda", device_ids[0]))
+    return CheckedDataParallel(module, device_ids=device_ids)
+
+
+STRATEGY = Strategy(name="dp", wrap=_wrap, options=OPTIONS)
