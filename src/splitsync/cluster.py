@@ -23,7 +23,7 @@ class ClusterDefaults:
     """What the cluster manager says about this node; ``None`` means "not known"."""
 
     source: str  # "slurm", "kubernetes" or "none"
-    nnodes: int | None = None
+    nnodes: str | None = None  # "N" or "MIN:MAX"
     node_rank: int | None = None
     endpoint: str | None = None  # host:port
     rdzv_id: str | None = None
@@ -55,7 +55,7 @@ def _slurm(env: Mapping[str, str]) -> ClusterDefaults:
     port = _int(env, "MASTER_PORT") or DEFAULT_RDZV_PORT
     return ClusterDefaults(
         source="slurm",
-        nnodes=nnodes,
+        nnodes=str(nnodes) if nnodes else None,
         node_rank=_int(env, "SLURM_NODEID"),
         endpoint=f"{host}:{port}" if host else None,
         rdzv_id=f"slurm-{job}" if job else None,
@@ -66,10 +66,7 @@ def _kubernetes(env: Mapping[str, str]) -> ClusterDefaults:
     # The training operator passes torchrun's own settings as PET_* variables.
     host = env.get("PET_MASTER_ADDR") or env.get("MASTER_ADDR")
     port = _int(env, "PET_MASTER_PORT") or _int(env, "MASTER_PORT") or DEFAULT_RDZV_PORT
-    nnodes_raw = env.get("PET_NNODES", "").strip()
-    nnodes = None
-    if nnodes_raw:
-        nnodes = _int({"PET_NNODES": nnodes_raw.split(":")[-1]}, "PET_NNODES")
+    nnodes = env.get("PET_NNODES", "").strip() or None  # "N" or "MIN:MAX", as torchrun takes
     return ClusterDefaults(
         source="kubernetes",
         nnodes=nnodes,

@@ -214,7 +214,7 @@ def build_spec(*, script: str, script_args: Sequence[str] = (), nproc: str = "1"
     nproc_per_node = parse_nproc(nproc, accelerators)
     used_cluster = False
     if nnodes is None and cluster.nnodes is not None:
-        nnodes, used_cluster = str(cluster.nnodes), True
+        nnodes, used_cluster = cluster.nnodes, True
     low, high = parse_nnodes(nnodes or "1")
     if max_restarts < 0:
         raise LaunchError(f"--max-restarts {max_restarts}: must be 0 or more.")
