@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -19,7 +20,7 @@ from typing import Any
 
 from splitsync.launch import LaunchError, LaunchSpec
 
-__all__ = ["reserve_endpoint", "loopback_store", "bind_or_explain"]
+__all__ = ["reserve_endpoint", "loopback_store", "bind_or_explain", "wait_for_endpoint"]
 
 
 def bind_or_explain(family: int, host: str, port: int, spec: LaunchSpec) -> socket.socket:
@@ -102,13 +103,52 @@ def reserve_endpoint(spec: LaunchSpec) -> Iterator[LaunchSpec]:
             del store
         return
     if spec.loopback:  # another node on this machine hosts; our workers' store stays local
+        wait_for_endpoint(spec)
         with _workers_store_on_loopback(host, spec):
             yield spec
         return
-    if spec.hosts_rendezvous and spec.rdzv_port and _is_local(spec.rdzv_host):
+    if spec.hosts_rendezvous and _is_local(spec.rdzv_host):
         family = socket.AF_INET6 if ":" in spec.rdzv_host else socket.AF_INET
         bind_or_explain(family, "", spec.rdzv_port, spec).close()
+    else:
+        wait_for_endpoint(spec)
     yield spec
+
+
+def wait_for_endpoint(spec: LaunchSpec, clock: Callable[[], float] = time.monotonic) -> None:
+    """Wait until the rendezvous host resolves and accepts TCP connections.
+
+    A node that does not host the store probes it first, so that a wrong or unreachable
+    ``--rdzv-endpoint`` is reported in one sentence within ``--rdzv-timeout`` seconds,
+    instead of after torchrun's retries and C++ traces. Raises LaunchError at the deadline.
+    """
+    deadline = clock() + spec.rdzv_timeout
+    reason = "no answer"
+    while True:
+        try:
+            infos = socket.getaddrinfo(spec.rdzv_host, spec.rdzv_port, type=socket.SOCK_STREAM)
+        except socket.gaierror:
+            infos, reason = [], "the host name does not resolve"
+        for family, kind, proto, _, address in infos:
+            try:
+                with socket.socket(family, kind, proto) as sock:
+                    sock.settimeout(max(0.1, min(2.0, deadline - clock())))
+                    sock.connect(address)
+                return
+            except OSError as exc:
+                reason = exc.strerror or type(exc).__name__.lower()
+        if clock() >= deadline:
+            break
+        time.sleep(min(0.5, max(0.0, deadline - clock())))
+    here = "" if spec.node_rank not in (None, 0) else (
+        f" Node rank 0 normally runs on {spec.rdzv_host} itself, and this machine is not it.")
+    raise LaunchError(
+        f"could not reach the rendezvous at host {spec.rdzv_host} port {spec.rdzv_port} within "
+        f"--rdzv-timeout {spec.rdzv_timeout}s ({reason}).{here} Check that node 0 runs "
+        "`splitsync run` with the same --rdzv-endpoint, that the host name resolves on this "
+        "node and that the port is open (firewall); `splitsync env` on each node shows its "
+        "names and addresses."
+    )
 
 
 def _is_local(host: str) -> bool:

@@ -1,0 +1,35 @@
+"""Shared helpers of the launcher tests: run the CLI in a clean environment with a timeout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from splitsync.testing import clean_env
+
+HERE = Path(__file__).resolve().parent
+SCRIPTS = HERE / "scripts"
+SRC = HERE.parent.parent / "src"
+
+
+def env(**extra: str) -> dict[str, str]:
+    """No launcher variables, splitsync's sources first, no GPU."""
+    e = clean_env()
+    e.pop("OMP_NUM_THREADS", None)  # let `splitsync run` choose and say so
+    e["PYTHONPATH"] = os.pathsep.join([str(SRC), e.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    e["CUDA_VISIBLE_DEVICES"] = ""
+    e.update(extra)
+    return e
+
+
+def splitsync(*args: str, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
+    """``python -m splitsync ARGS`` with a hard timeout; output captured."""
+    return subprocess.run([sys.executable, "-m", "splitsync", *args], env=env(**extra),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def ranks_in(out: Path) -> set[int]:
+    """The ranks that left a rank_<N> file."""
+    return {int(p.name.split("_")[1]) for p in out.glob("rank_*")}
