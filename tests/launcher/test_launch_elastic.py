@@ -23,7 +23,7 @@ from splitsync.group import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ELASTIC = str(SCRIPTS / "launch_elastic.py")
-STEPS = 40
+STEPS = 24
 
 
 def _node(rank: int, port: int, out: Path) -> subprocess.Popen[str]:

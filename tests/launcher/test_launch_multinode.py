@@ -29,19 +29,20 @@ def test_two_nodes_on_loopback_train_like_one_node_with_two_processes(tmp_path: 
     two_nodes.mkdir()
     one_node.mkdir()
     port = free_port()
-    nodes = [_node(1, port, two_nodes), _node(0, port, two_nodes)]  # node 1 waits for node 0
+    # node 1 first: it waits for node 0; the single-node reference run goes alongside
+    procs = [_node(1, port, two_nodes), _node(0, port, two_nodes),
+             subprocess.Popen([sys.executable, "-m", "splitsync", "run", "-n", "2", TRAIN,
+                               str(one_node)], env=env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)]
     try:
-        outputs = [p.communicate(timeout=240)[0] for p in nodes]
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
     finally:
-        for p in nodes:
+        for p in procs:
             if p.poll() is None:
                 p.kill()
-    assert [p.returncode for p in nodes] == [0, 0], "\n".join(outputs)
+    assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(outputs)
     assert ranks_in(two_nodes) == {0, 1}
     assert {(two_nodes / f"rank_{r}").read_text().split()[0] for r in (0, 1)} == {"2"}
-
-    r = splitsync("run", "-n", "2", TRAIN, str(one_node), timeout=180)
-    assert r.returncode == 0, r.stderr
     a = torch.load(two_nodes / "params.pt", weights_only=True)
     b = torch.load(one_node / "params.pt", weights_only=True)
     assert a["world_size"] == b["world_size"] == 2

@@ -86,7 +86,9 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
         rdzv_timeout=args.rdzv_timeout, rdzv_conf=args.rdzv_conf,
         max_restarts=args.max_restarts, monitor_interval=args.monitor_interval,
-        module=args.module, environ=os.environ, accelerators=_accelerators(),
+        module=args.module, environ=os.environ,
+        # Counting GPUs imports torch (seconds); only -n auto needs it, so bad input fails fast.
+        accelerators=_accelerators() if str(args.nproc).strip().lower() == "auto" else 0,
         cluster=launch_defaults(os.environ),
     )
 
