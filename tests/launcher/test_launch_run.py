@@ -94,3 +94,15 @@ def test_help_has_examples() -> None:
     r = splitsync("run", "--help", timeout=60)
     assert r.returncode == 0
     assert "examples:" in r.stdout and "--rdzv-endpoint" in r.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/net/tcp")
+def test_single_node_run_listens_on_loopback_only(tmp_path: Path) -> None:
+    r = splitsync("run", "-n", "2", str(SCRIPTS / "launch_listeners.py"), str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"listen_{rank}.json").read_text())
+        assert seen["agent"], "the agent hosts the rendezvous store, so it must listen"
+        for address in seen["agent"] + seen["worker"]:
+            host = address.rsplit(":", 1)[0]
+            assert host in ("127.0.0.1", "::1"), f"listening on {address}: {seen}"
