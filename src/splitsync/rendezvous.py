@@ -85,6 +85,15 @@ def _workers_store_on_loopback(host: str, spec: LaunchSpec) -> Iterator[None]:
         Handler._create_tcp_store_server = original  # type: ignore[method-assign]
 
 
+def _host_on_loopback(host: str, spec: LaunchSpec) -> Any:
+    try:
+        return loopback_store(host, spec.rdzv_port, timedelta(seconds=spec.rdzv_timeout), spec)
+    except LaunchError:
+        if spec.single_node or spec.node_rank is not None:
+            raise
+        return None  # no --node-rank: like torchrun, be a client when another node hosts
+
+
 @contextmanager
 def reserve_endpoint(spec: LaunchSpec) -> Iterator[LaunchSpec]:
     """Hold the rendezvous port for this node; yields the spec with the port filled in.
@@ -94,18 +103,15 @@ def reserve_endpoint(spec: LaunchSpec) -> Iterator[LaunchSpec]:
     once instead of after the rendezvous timeout.
     """
     host = "::1" if ":" in spec.rdzv_host else "127.0.0.1"
-    if spec.loopback and spec.hosts_rendezvous:
-        store = loopback_store(host, spec.rdzv_port, timedelta(seconds=spec.rdzv_timeout), spec)
+    if spec.loopback:
+        store = _host_on_loopback(host, spec) if spec.hosts_rendezvous else None
+        if store is None:  # another node on this machine hosts; our workers' store stays local
+            wait_for_endpoint(spec)
         try:
             with _workers_store_on_loopback(host, spec):
-                yield replace(spec, rdzv_port=int(store.port))
+                yield spec if store is None else replace(spec, rdzv_port=int(store.port))
         finally:
             del store
-        return
-    if spec.loopback:  # another node on this machine hosts; our workers' store stays local
-        wait_for_endpoint(spec)
-        with _workers_store_on_loopback(host, spec):
-            yield spec
         return
     if spec.hosts_rendezvous and _is_local(spec.rdzv_host):
         family = socket.AF_INET6 if ":" in spec.rdzv_host else socket.AF_INET
