@@ -33,3 +33,24 @@ def splitsync(*args: str, timeout: float = 120, **extra: str) -> subprocess.Comp
 def ranks_in(out: Path) -> set[int]:
     """The ranks that left a rank_<N> file."""
     return {int(p.name.split("_")[1]) for p in out.glob("rank_*")}
+
+
+def endpoint_port() -> int:
+    """A free loopback port below the kernel's ephemeral range.
+
+    Several agents must agree on the port before any of them binds it; a port from
+    ``bind(0)`` is released and could be handed out again to another process's
+    ``bind(0)`` in the meantime. Ports below 32768 are never handed out that way.
+    """
+    import random
+    import socket
+
+    for _ in range(100):
+        port = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port between 20000 and 32000 on 127.0.0.1")

@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch_helpers import SCRIPTS, env
-
-from splitsync.group import free_port
+from launch_helpers import SCRIPTS, endpoint_port, env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ELASTIC = str(SCRIPTS / "launch_elastic.py")
@@ -55,7 +53,7 @@ def _kill_node(proc: subprocess.Popen[str], out: Path, tag: str) -> None:
 
 
 def test_losing_a_node_continues_at_world_size_one_from_the_checkpoint(tmp_path: Path) -> None:
-    port = free_port()
+    port = endpoint_port()
     node1 = _node(1, port, tmp_path)
     node0 = _node(0, port, tmp_path)
     try:

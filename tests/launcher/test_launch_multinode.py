@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch_helpers import SCRIPTS, env, ranks_in, splitsync
+from launch_helpers import SCRIPTS, endpoint_port, env, ranks_in, splitsync
 
 from splitsync.group import free_port
 
@@ -28,7 +28,7 @@ def test_two_nodes_on_loopback_train_like_one_node_with_two_processes(tmp_path: 
     two_nodes, one_node = tmp_path / "two_nodes", tmp_path / "one_node"
     two_nodes.mkdir()
     one_node.mkdir()
-    port = free_port()
+    port = endpoint_port()
     # node 1 first: it waits for node 0; the single-node reference run goes alongside
     procs = [_node(1, port, two_nodes), _node(0, port, two_nodes),
              subprocess.Popen([sys.executable, "-m", "splitsync", "run", "-n", "2", TRAIN,
