@@ -27,6 +27,7 @@ class ClusterDefaults:
     node_rank: int | None = None
     endpoint: str | None = None  # host:port
     rdzv_id: str | None = None
+    nproc_per_node: str | None = None  # "N" or "auto"
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:
@@ -73,6 +74,7 @@ def _kubernetes(env: Mapping[str, str]) -> ClusterDefaults:
         node_rank=_int(env, "PET_NODE_RANK"),
         endpoint=f"{host}:{port}" if host else None,
         rdzv_id=env.get("PET_RDZV_ID") or None,
+        nproc_per_node=env.get("PET_NPROC_PER_NODE", "").strip() or None,
     )
 
 

@@ -98,10 +98,12 @@ def test_slurm_run_defaults_reject_several_agents_per_node() -> None:
 
 
 def test_kubernetes_pod_gives_run_defaults() -> None:
-    environ = {**KUBERNETES, "PET_NNODES": "1:4", "PET_NODE_RANK": "2", "PET_RDZV_ID": "mnist"}
+    environ = {**KUBERNETES, "PET_NNODES": "1:4", "PET_NODE_RANK": "2", "PET_RDZV_ID": "mnist",
+               "PET_NPROC_PER_NODE": "auto"}
     c = launch_defaults(environ)
     assert (c.source, c.nnodes, c.node_rank, c.endpoint, c.rdzv_id) == (
         "kubernetes", "1:4", 2, "mnist-master-0:23456", "mnist")
+    assert c.nproc_per_node == "auto"
 
 
 def test_plain_machine_has_no_run_defaults() -> None:

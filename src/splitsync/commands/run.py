@@ -37,8 +37,9 @@ examples:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``splitsync run``; SCRIPT ends them (later arguments belong to it)."""
-    parser.add_argument("-n", "--nproc-per-node", dest="nproc", default="1", metavar="N|auto",
-                        help="processes per node; 'auto' = visible GPUs, else 1 (default: 1)")
+    parser.add_argument("-n", "--nproc-per-node", dest="nproc", default=None, metavar="N|auto",
+                        help="processes per node; 'auto' = visible GPUs, else 1 (default: 1, "
+                        "or PET_NPROC_PER_NODE in a PyTorchJob pod)")
     parser.add_argument("--nnodes", default=None, metavar="N|MIN:MAX",
                         help="number of nodes, or a range for elastic runs (default: 1)")
     parser.add_argument("--node-rank", type=int, default=None, metavar="K",
@@ -81,15 +82,17 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
     from splitsync.cluster import launch_defaults
     from splitsync.launch import build_spec
 
+    cluster = launch_defaults(os.environ)
+    nproc = str(args.nproc or cluster.nproc_per_node or "1")
     return build_spec(
-        script=args.script, script_args=args.script_args, nproc=args.nproc, nnodes=args.nnodes,
+        script=args.script, script_args=args.script_args, nproc=nproc, nnodes=args.nnodes,
         node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
         rdzv_timeout=args.rdzv_timeout, rdzv_conf=args.rdzv_conf,
         max_restarts=args.max_restarts, monitor_interval=args.monitor_interval,
         module=args.module, environ=os.environ,
         # Counting GPUs imports torch (seconds); only -n auto needs it, so bad input fails fast.
-        accelerators=_accelerators() if str(args.nproc).strip().lower() == "auto" else 0,
-        cluster=launch_defaults(os.environ),
+        accelerators=_accelerators() if nproc.strip().lower() == "auto" else 0,
+        cluster=cluster,
     )
 
 
@@ -125,6 +128,10 @@ def _launch(spec: LaunchSpec) -> int:
 
     from splitsync.launch import torchrun_argv
 
+    for key in [k for k in os.environ if k.startswith("PET_")]:
+        # torchrun reads PET_<OPTION> for every option missing from its argv (a PyTorchJob
+        # sets several); they are folded into the spec already, so the argv is the whole truth.
+        del os.environ[key]
     for key, value in spec.env:
         os.environ[key] = value  # the agent passes its environment on to the workers
     for note in spec.notes:
