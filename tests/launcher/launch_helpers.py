@@ -24,10 +24,28 @@ def env(**extra: str) -> dict[str, str]:
     return e
 
 
+def stop(proc: subprocess.Popen[str]) -> None:
+    """End a launcher that is still running: SIGTERM first, so torchrun stops its workers
+    (they run in sessions of their own), then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=15)
+
+
 def splitsync(*args: str, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
     """``python -m splitsync ARGS`` with a hard timeout; output captured."""
-    return subprocess.run([sys.executable, "-m", "splitsync", *args], env=env(**extra),
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.Popen([sys.executable, "-m", "splitsync", *args], env=env(**extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        stop(proc)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def ranks_in(out: Path) -> set[int]:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from launch_helpers import SCRIPTS, endpoint_port, env, ranks_in, splitsync
+from launch_helpers import SCRIPTS, endpoint_port, env, ranks_in, splitsync, stop
 
 from splitsync.group import free_port
 
@@ -24,6 +25,7 @@ def _node(rank: int, port: int, out: Path) -> subprocess.Popen[str]:
         env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.timeout(300)  # above the 200 s the processes get, so they are always killed
 def test_two_nodes_on_loopback_train_like_one_node_with_two_processes(tmp_path: Path) -> None:
     two_nodes, one_node = tmp_path / "two_nodes", tmp_path / "one_node"
     two_nodes.mkdir()
@@ -34,12 +36,12 @@ def test_two_nodes_on_loopback_train_like_one_node_with_two_processes(tmp_path: 
              subprocess.Popen([sys.executable, "-m", "splitsync", "run", "-n", "2", TRAIN,
                                str(one_node)], env=env(), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)]
+    deadline = time.monotonic() + 200
     try:
-        outputs = [p.communicate(timeout=240)[0] for p in procs]
+        outputs = [p.communicate(timeout=max(1, deadline - time.monotonic()))[0] for p in procs]
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.kill()
+            stop(p)
     assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(outputs)
     assert ranks_in(two_nodes) == {0, 1}
     assert {(two_nodes / f"rank_{r}").read_text().split()[0] for r in (0, 1)} == {"2"}

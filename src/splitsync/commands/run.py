@@ -104,6 +104,8 @@ def main(args: argparse.Namespace) -> int:
         spec = spec_from_args(args)
         if args.dry_run:
             return _dry_run(spec)
+        import torch.distributed.run  # noqa: F401  (slow; before waiting, so a node joins at once)
+
         from splitsync.rendezvous import reserve_endpoint
 
         with reserve_endpoint(spec) as ready:
