@@ -25,7 +25,7 @@ class EnvError(ValueError):
 class DistEnv:
     """The identity of this process inside a (possibly one-process) job."""
 
-    launcher: str  # "none", "torchrun", "env", "slurm", "openmpi", "mpich"
+    launcher: str  # "none", "torchrun", "env", "slurm", "openmpi", "mpich", "kubernetes"
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
@@ -98,12 +98,29 @@ def _slurm_port(env: Mapping[str, str]) -> int:
     return _port(env, default)
 
 
+def _kubernetes(env: Mapping[str, str], rank: int, world: int) -> DistEnv:
+    # A PyTorchJob pod without torchrun: the operator sets RANK/WORLD_SIZE per pod, one
+    # process per pod, so the pod index is the node rank and the local rank is 0.
+    return DistEnv(
+        launcher="kubernetes",
+        rank=rank,
+        local_rank=0,
+        world_size=world,
+        local_world_size=1,
+        node_rank=rank,
+        master_addr=env.get("MASTER_ADDR") or DEFAULT_MASTER_ADDR,
+        master_port=_port(env, DEFAULT_MASTER_PORT),
+    )
+
+
 def _read(env: Mapping[str, str]) -> DistEnv:
     fix_torchrun = "Launch with `splitsync run -n N script.py` or torchrun, which set it for you."
     if "RANK" in env or "WORLD_SIZE" in env or "TORCHELASTIC_RUN_ID" in env:
         launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env or "GROUP_RANK" in env else "env"
         world = _int(env, "WORLD_SIZE", fix_torchrun)
         rank = _int(env, "RANK", fix_torchrun)
+        if launcher == "env" and "LOCAL_RANK" not in env and env.get("KUBERNETES_SERVICE_HOST"):
+            return _kubernetes(env, rank, world)
         local_world = _int(env, "LOCAL_WORLD_SIZE", fix_torchrun, default=world)
         local_rank = _int(env, "LOCAL_RANK", fix_torchrun, default=rank % max(local_world, 1))
         node_rank = _int(env, "GROUP_RANK", fix_torchrun, default=rank // max(local_world, 1))
@@ -174,6 +191,7 @@ def _validate(e: DistEnv) -> DistEnv:
     names = {
         "torchrun": ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
         "env": ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+        "kubernetes": ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
         "slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
         "openmpi": (
             "OMPI_COMM_WORLD_RANK",
