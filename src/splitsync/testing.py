@@ -66,11 +66,13 @@ def _child(fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple
         out.put((rank, True, pickle.dumps(fn(rank, world, *args))))
     except BaseException:  # report everything, including SystemExit, to the parent
         out.put((rank, False, traceback.format_exc()))
-    finally:
-        import torch.distributed as dist
+    # Deliver the result before tearing down: a teardown that blocks must not hold it back.
+    out.close()
+    out.join_thread()
+    import torch.distributed as dist
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0,
