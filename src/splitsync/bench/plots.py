@@ -30,8 +30,8 @@ def _overhead(plt: Any, res: dict, path: Path,
     labels, ratios, errs = [], [], []
     for o in res["overhead"]:
         for r in o["rows"]:
-            if r.get("ratio") is None:
-                continue
+            if r.get("ratio") is None or r["loop"] == o.get("baseline"):
+                continue  # the baseline is 1 by definition
             labels.append(f"{o['workload']} n={o['world_size']}\n{r.get('name', r['loop'])}")
             ratios.append(r["ratio"])
             errs.append((r["ratio"] - r["ratio_lo"], r["ratio_hi"] - r["ratio"]))
@@ -39,7 +39,7 @@ def _overhead(plt: Any, res: dict, path: Path,
     ax.bar(range(len(labels)), ratios, yerr=list(zip(*errs, strict=True)) if errs else None, capsize=3,
            color="#4c72b0")
     ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=30, ha="right")
     ax.set_ylabel("step time / baseline (95% CI)")
     ax.set_title(title)
     fig.tight_layout()
@@ -67,17 +67,25 @@ def _comm(plt: Any, res: dict, path: Path) -> None:
 
 def _scaling(plt: Any, res: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
+    ns = sorted({s["n"] for s in res["scaling"]})
+    ax.plot(ns, ns, ":", color="gray", label="ideal")
     for wl in sorted({s["workload"] for s in res["scaling"]}):
         rows = [s for s in res["scaling"] if s["workload"] == wl]
-        ax.plot([s["n"] for s in rows], [s["samples_per_s"] for s in rows], "o-",
-                label=f"{wl} measured")
-        pred = [(s["n"], s["predicted_samples_per_s"]) for s in rows
+        one = next((s for s in rows if s["n"] == 1), None)
+        if one is None:
+            continue
+        base = one["samples_per_s"]
+        line = ax.plot([s["n"] for s in rows], [s["samples_per_s"] / base for s in rows], "o-",
+                       label=f"{wl} measured")
+        pred = [(s["n"], s["predicted_samples_per_s"] / base) for s in rows
                 if s.get("predicted_samples_per_s")]
         if pred:
-            ax.plot(*zip(*pred, strict=True), "x--", label=f"{wl} cost model")
+            ax.plot(*zip(*pred, strict=True), "x--", color=line[0].get_color(),
+                    label=f"{wl} cost model")
+    ax.set_xticks(ns)
     ax.set_xlabel("processes")
-    ax.set_ylabel("samples/s (all processes)")
-    ax.set_title("Throughput vs processes: measured and predicted")
+    ax.set_ylabel("speed-up in samples/s over 1 process")
+    ax.set_title("Scaling: measured and predicted (fixed per-process batch)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -103,6 +103,15 @@ def _separate(rows: list[dict]) -> str:
     return "### Separate launches (for contrast: drift not cancelled)\n\n" + markdown_table(head, body)
 
 
+def _dp(rows: list[dict]) -> str:
+    if "note" in rows[0]:
+        return "### DataParallel vs DDP\n\n" + rows[0]["note"]
+    body = [[r["workload"], r["gpus"], _f(r["dp_step_ms"]), _f(r["ddp_step_ms"]),
+             _f(r["dp_over_ddp"], "{:.3f}x"), r["launches"]] for r in rows]
+    head = ["workload", "GPUs", "DataParallel step ms", "DDP step ms", "DP / DDP", "pairs"]
+    return "### DataParallel vs DDP (same samples per step)\n\n" + markdown_table(head, body)
+
+
 def render(res: dict[str, Any]) -> str:
     """All tables present in ``res``, as one markdown document."""
     parts = []
@@ -111,6 +120,8 @@ def render(res: dict[str, Any]) -> str:
                                     "Overhead: step time, side by side in one launch"))
     if res.get("naive"):
         parts.append(overhead_table(res["naive"], "DDP vs one all_reduce per parameter"))
+    if res.get("dp"):
+        parts.append(_dp(res["dp"]))
     if res.get("comm"):
         parts.append(_comm(res["comm"]))
     if res.get("plan_validation"):

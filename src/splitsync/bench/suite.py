@@ -16,7 +16,7 @@ from splitsync.bench.harness import median
 
 __all__ = ["BenchOptions", "run_suite", "SECTIONS", "plan_validation", "scaling_rows"]
 
-SECTIONS = ("overhead", "naive", "comm", "import", "launch", "separate", "scaling")
+SECTIONS = ("overhead", "naive", "dp", "comm", "import", "launch", "separate", "scaling")
 QUICK_SECTIONS = ("overhead", "naive", "comm", "scaling")
 COMM_SIZES = tuple(1024 * 4**k for k in range(10))  # 1 KiB .. 256 MiB, cut at 64 MiB below
 QUICK_COMM_SIZES = (1024, 64 * 1024, 1024**2, 16 * 1024**2)
@@ -48,7 +48,8 @@ class BenchOptions:
 
 def _spec(opts: BenchOptions, world: int) -> dict[str, Any]:
     naive = [w for w in opts.workloads if "naive" in opts.sections]
-    return {"seed": opts.seed, "workloads": list(opts.workloads), "budget": opts.budget,
+    return {"seed": opts.seed, "budget": opts.budget,
+            "workloads": list(opts.workloads) if "overhead" in opts.sections else [],
             "rounds": opts.rounds, "block": opts.block, "optional": opts.optional,
             "naive_workloads": naive[:1] if opts.quick else naive,
             "naive_budget": opts.budget * 0.6,
@@ -159,6 +160,9 @@ def run_suite(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
     if "separate" in opts.sections and max(opts.procs) > 1:
         echo("timing separate launches ...")
         res["separate"] = _separate(opts, spawn, single_loop_rank)
+    if "dp" in opts.sections:
+        echo("DataParallel vs DDP ...")
+        res["dp"] = dp_vs_ddp(opts, spawn, single_loop_rank)
     if "import" in opts.sections:
         from splitsync.bench.startup import import_times
 
@@ -187,6 +191,29 @@ def _separate(opts: BenchOptions, spawn: Any, fn: Any) -> list[dict]:
              "ratio": 1.0 if k == "hand" else median(ratios),
              "ratio_min": None if k == "hand" else min(ratios),
              "ratio_max": None if k == "hand" else max(ratios)} for k, v in times.items()]
+
+
+def dp_vs_ddp(opts: BenchOptions, spawn: Any, fn: Any) -> list[dict]:
+    """One process with nn.DataParallel over all GPUs vs one DDP process per GPU."""
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n < 2:
+        return [{"note": f"n/a: needs 2 or more GPUs ({n} visible)"}]
+    rows = []
+    for wl in opts.workloads:
+        times: dict[str, list[float]] = {"dp": [], "hand": []}
+        for i in range(max(2, opts.pairs // 2)):
+            for loop in (["dp", "hand"] if i % 2 == 0 else ["hand", "dp"]):
+                spec = {"seed": opts.seed, "workload": wl, "loop": loop, "block": 50,
+                        "steps": 300}
+                world = 1 if loop == "dp" else n
+                times[loop].append(spawn(fn, world, spec, timeout=opts.timeout)[0]["median_s"])
+        ratios = [a / b for a, b in zip(times["dp"], times["hand"], strict=True)]
+        rows.append({"workload": wl, "gpus": n, "dp_step_ms": 1e3 * median(times["dp"]),
+                     "ddp_step_ms": 1e3 * median(times["hand"]), "dp_over_ddp": median(ratios),
+                     "launches": len(ratios)})
+    return rows
 
 
 def write_results(res: dict[str, Any], out: Path) -> Path:

@@ -229,64 +229,17 @@ class NaiveLoop(HandLoop):
         self.opt.step()
 
 
-class AccelerateLoop(HandLoop):
-    """The same loop in Hugging Face Accelerate (optional)."""
-
-    name = "accelerate"
-
-    def setup(self, module: nn.Module, ctx: dict[str, Any]) -> None:
-        from accelerate import Accelerator
-
-        self.acc = Accelerator(cpu=self.device.type == "cpu")
-        opt = torch.optim.SGD(module.parameters(), lr=self.wl.lr, momentum=0.9)
-        loader = DataLoader(self.wl.dataset, batch_size=self.wl.batch_size, shuffle=True,
-                            drop_last=True)
-        self.model, self.opt, self.loader = self.acc.prepare(module, opt, loader)
-
-    def set_epoch(self, epoch: int) -> None:
-        if hasattr(self.loader, "set_epoch"):
-            self.loader.set_epoch(epoch)
-
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        self.opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model(x), y)
-        self.acc.backward(loss)
-        self.opt.step()
-
-
-class FabricLoop(AccelerateLoop):
-    """The same loop in Lightning Fabric (optional)."""
-
-    name = "lightning fabric"
-
-    def setup(self, module: nn.Module, ctx: dict[str, Any]) -> None:
-        try:
-            from lightning.fabric import Fabric
-        except ImportError:
-            from lightning_fabric import Fabric
-        accel = "cuda" if self.device.type == "cuda" else "cpu"
-        self.fabric = Fabric(accelerator=accel, devices=self.world,
-                             strategy="ddp" if self.world > 1 else "auto")
-        self.fabric.launch()
-        opt = torch.optim.SGD(module.parameters(), lr=self.wl.lr, momentum=0.9)
-        self.model, self.opt = self.fabric.setup(module, opt)
-        self.loader = self.fabric.setup_dataloaders(DataLoader(
-            self.wl.dataset, batch_size=self.wl.batch_size, shuffle=True, drop_last=True))
-
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        self.opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model(x), y)
-        self.fabric.backward(loss)
-        self.opt.step()
-
-
 LOOP_BUILDERS: dict[str, type[Loop]] = {
     "splitsync": SplitsyncLoop, "hand": HandLoop, "bare": BareLoop, "local": LocalLoop,
     "naive": NaiveLoop,
-    "accelerate": AccelerateLoop, "fabric": FabricLoop,
 }
+OTHER_LOOPS = ("accelerate", "fabric", "dp")  # in splitsync.bench.otherloops
 
 
 def build_loop(kind: str, wl: Workload, base: nn.Module, ctx: dict[str, Any]) -> Loop:
     """Instantiate the loop called ``kind`` on its own copy of ``base``."""
+    if kind in OTHER_LOOPS:
+        from splitsync.bench import otherloops
+
+        return otherloops.BUILDERS[kind](wl, base, ctx)
     return LOOP_BUILDERS[kind](wl, base, ctx)
