@@ -129,7 +129,8 @@ def measure_rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict | Non
     import splitsync
 
     torch.set_num_threads(1)
-    with splitsync.init(seed=spec.get("seed", 0), guards=False) as run:
+    # The user's defaults (guards on) unless the spec says otherwise.
+    with splitsync.init(seed=spec.get("seed", 0), guards=spec.get("guards", True)) as run:
         ctx = {"run": run, "device": run.device, "rank": run.rank,
                "world_size": run.world_size, "seed": run.seed}
         res: dict[str, Any] = {"world_size": run.world_size, "device": str(run.device),
@@ -158,7 +159,7 @@ def single_loop_rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict |
     import splitsync
 
     torch.set_num_threads(1)
-    with splitsync.init(seed=spec.get("seed", 0), guards=False) as run:
+    with splitsync.init(seed=spec.get("seed", 0), guards=spec.get("guards", True)) as run:
         ctx = {"run": run, "device": run.device, "rank": run.rank,
                "world_size": run.world_size, "seed": run.seed}
         wl = make_workload(spec["workload"])

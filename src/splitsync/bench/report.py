@@ -116,8 +116,10 @@ def render(res: dict[str, Any]) -> str:
     """All tables present in ``res``, as one markdown document."""
     parts = []
     if res.get("overhead"):
-        parts.append(overhead_table(res["overhead"],
-                                    "Overhead: step time, side by side in one launch"))
+        guards = res.get("meta", {}).get("options", {}).get("guards", True)
+        parts.append(overhead_table(
+            res["overhead"], "Overhead: step time, side by side in one launch "
+            f"(splitsync with guards {'on, the default' if guards else 'off'})"))
     if res.get("naive"):
         parts.append(overhead_table(res["naive"], "DDP vs one all_reduce per parameter"))
     if res.get("dp"):

@@ -37,6 +37,7 @@ class BenchOptions:
     pairs: int = 5  # alternations for whole-process timings
     seed: int = 0
     optional: bool = True  # try accelerate / lightning fabric
+    guards: bool = True  # splitsync's default; False measures the loop without guards
     timeout: float = 900.0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -51,6 +52,7 @@ def _spec(opts: BenchOptions, world: int) -> dict[str, Any]:
     return {"seed": opts.seed, "budget": opts.budget,
             "workloads": list(opts.workloads) if "overhead" in opts.sections else [],
             "rounds": opts.rounds, "block": opts.block, "optional": opts.optional,
+            "guards": opts.guards,
             "naive_workloads": naive[:1] if opts.quick else naive,
             "naive_budget": opts.budget * 0.6,
             "comm_sizes": list(opts.comm_sizes) if "comm" in opts.sections and world > 1 else [],
@@ -183,7 +185,7 @@ def _separate(opts: BenchOptions, spawn: Any, fn: Any) -> list[dict]:
     for i in range(max(2, opts.pairs // 2)):
         for loop in (["hand", "splitsync"] if i % 2 == 0 else ["splitsync", "hand"]):
             spec = {"seed": opts.seed, "workload": opts.workloads[0], "loop": loop,
-                    "block": 50, "steps": 400}
+                    "block": 50, "steps": 400, "guards": opts.guards}
             times[loop].append(spawn(fn, n, spec, timeout=opts.timeout)[0]["median_s"])
     ratios = [a / b for a, b in zip(times["splitsync"], times["hand"], strict=True)]
     return [{"workload": opts.workloads[0], "world_size": n, "loop": k,

@@ -38,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=None, help="fixed rounds (instead of budget)")
     parser.add_argument("--block", type=int, default=None, help="fixed steps per block")
     parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    parser.add_argument("--no-guards", action="store_true",
+                        help="measure splitsync with init(guards=False) (default: guards on)")
     parser.add_argument("--no-optional", action="store_true",
                         help="do not try accelerate / lightning fabric even if installed")
 
@@ -60,7 +62,8 @@ def options_from(args: argparse.Namespace):  # -> BenchOptions
     from splitsync.bench.workloads import WORKLOADS
 
     opts = BenchOptions.quick_defaults() if args.quick else BenchOptions()
-    changes: dict = {"procs": _ints(args.procs, "procs"), "optional": not args.no_optional}
+    changes: dict = {"procs": _ints(args.procs, "procs"), "optional": not args.no_optional,
+                     "guards": not args.no_guards}
     workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
     bad = [w for w in workloads if w not in WORKLOADS]
     if bad or not workloads:
