@@ -74,3 +74,23 @@ def test_plan_table_and_errors() -> None:
     assert bad.returncode != 0 and "carrier-pigeon" in bad.stderr and "nvlink4" in bad.stderr
     none = _cli("plan", "--step-ms", "900")
     assert none.returncode != 0 and "--params" in none.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_plan_measures_model_step_and_local_network(tmp_path: Path) -> None:
+    (tmp_path / "plan_tinynet.py").write_text(
+        "from torch import nn\n"
+        "def make():\n"
+        "    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))\n")
+    env = clean_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *sys.path])
+    p = subprocess.run([sys.executable, "-m", "splitsync", "plan", "--model",
+                        "plan_tinynet:make", "--measure", "--input-shape", "16",
+                        "--batch-size", "8", "--network", "measured", "--sizes", "1,2",
+                        "--json"], capture_output=True, text=True, timeout=180, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(p.stdout)
+    assert res["params"] == 16 * 32 + 32 + 32 * 4 + 4 and res["grad_bytes"] == 4 * res["params"]
+    assert res["step_time_s"] > 0 and res["network"]["name"].startswith("measured")
+    assert res["network"]["bandwidth"] > 0 and [r["n"] for r in res["predictions"]] == [1, 2]

@@ -99,12 +99,23 @@ def test_presets_are_sane_and_named() -> None:
 
 
 def test_advice_names_compression_and_fsdp_when_they_pay() -> None:
-    preds = cm.predict_many(0.9, 14e9, cm.NETWORKS["eth-100g"], (1, 2, 8))
-    notes = cm.advice(preds, 7_000_000_000, 14e9, memory_gb=80)
-    assert any("compression" in n and "From 2 devices" in n for n in notes)
+    eth = cm.NETWORKS["eth-100g"]
+    preds = cm.predict_many(0.9, 14e9, eth, (1, 2, 8))
+    notes = cm.advice(preds, 7_000_000_000, 14e9, net=eth, step_time=0.9, memory_gb=80)
+    comp = next(n for n in notes if "From 2 devices" in n)
+    half = cm.predict(0.9, 7e9, 2, eth)
+    assert "compression" in comp and f"{1e3 * half.step_time:.1f} ms" in comp
     assert any("FSDP" in n and "pays off" in n for n in notes)
-    small = cm.predict_many(1.0, 4e6, cm.NETWORKS["nvlink4"], (1, 2, 8))
-    quiet = cm.advice(small, 1_000_000, 4e6, memory_gb=80)
+    nv = cm.NETWORKS["nvlink4"]
+    small = cm.predict_many(1.0, 4e6, nv, (1, 2, 8))
+    quiet = cm.advice(small, 1_000_000, 4e6, net=nv, step_time=1.0, memory_gb=80)
     assert any("would not pay off" in n for n in quiet)
     assert any("only add communication" in n for n in quiet)
     assert math.isclose(small[0].efficiency, 1.0)
+
+
+def test_advice_on_latency_bound_communication_says_compression_does_not_help() -> None:
+    slow = cm.Network("slow-latency", 100e9, 1e-3)  # 1 ms per message, fast links
+    preds = cm.predict_many(1e-3, 1e4, slow, (1, 8))
+    notes = cm.advice(preds, 2500, 1e4, net=slow, step_time=1e-3)
+    assert any("latency-bound" in n and "would not help" in n for n in notes)

@@ -186,18 +186,33 @@ def parse_count(text: str | int | float) -> int:
 
 
 def advice(preds: Sequence[Prediction], params: int, grad_bytes: float, *,
-           memory_gb: float | None = None, state_bytes_per_param: float = 16.0) -> list[str]:
-    """When gradient compression or FSDP would pay off, in plain sentences."""
+           net: Network, step_time: float, memory_gb: float | None = None,
+           state_bytes_per_param: float = 16.0, **predict_kwargs: object) -> list[str]:
+    """When gradient compression or FSDP would pay off, in plain sentences.
+
+    Compression is judged by predicting the step again with half the gradient bytes
+    (bf16 compression); FSDP by whether weights, gradients and Adam state fit in memory.
+    """
     notes: list[str] = []
     hit = next((p for p in preds if p.n > 1 and p.exposed > 0.1 * p.step_time), None)
     if hit is None:
         notes.append("Communication stays hidden behind backward at every size shown: "
                      "gradient compression would not pay off.")
     else:
-        notes.append(
-            f"From {hit.n} devices exposed communication is {100 * hit.exposed / hit.step_time:.0f}% "
-            "of the step: bf16 gradient compression (a DDP comm hook, half the bytes) or "
-            "PowerSGD would pay off there; a larger per-device batch also helps.")
+        half = predict(step_time, grad_bytes / 2, hit.n, net, **predict_kwargs)  # type: ignore[arg-type]
+        gain = 1 - half.step_time / hit.step_time
+        share = f"{100 * hit.exposed / hit.step_time:.0f}%"
+        if gain > 0.05:
+            notes.append(
+                f"From {hit.n} devices exposed communication is {share} of the step: bf16 "
+                f"gradient compression (a DDP comm hook, half the bytes) would cut the step "
+                f"by {100 * gain:.0f}% there ({1e3 * hit.step_time:.1f} -> "
+                f"{1e3 * half.step_time:.1f} ms); PowerSGD by more.")
+        else:
+            notes.append(
+                f"From {hit.n} devices exposed communication is {share} of the step, but it "
+                "is latency-bound (many small messages): compression would not help; a larger "
+                "per-device batch or gradient accumulation (fewer all-reduces per sample) would.")
     if memory_gb is not None:
         state_gb = params * state_bytes_per_param / 1e9
         if state_gb > 0.5 * memory_gb:

@@ -162,10 +162,11 @@ def main(args: argparse.Namespace) -> int:
         step = args.step_ms / 1e3
     net = _network(args)
     grad = params * costmodel.DTYPE_BYTES[args.dtype]
-    preds = costmodel.predict_many(step, grad, net, sizes, backward_fraction=args.backward_fraction,
-                                   overlap=not args.no_overlap, bucket_cap_mb=args.bucket_cap_mb,
-                                   batch_size=args.batch_size)
-    notes = costmodel.advice(preds, params, grad, memory_gb=args.memory_gb)
+    kw = {"backward_fraction": args.backward_fraction, "overlap": not args.no_overlap,
+          "bucket_cap_mb": args.bucket_cap_mb, "batch_size": args.batch_size}
+    preds = costmodel.predict_many(step, grad, net, sizes, **kw)
+    notes = costmodel.advice(preds, params, grad, net=net, step_time=step,
+                             memory_gb=args.memory_gb, **kw)
     if args.json:
         print(json.dumps({"params": params, "grad_bytes": grad, "step_time_s": step,
                           "network": net.__dict__, "predictions": [p.as_dict() for p in preds],
