@@ -6,6 +6,8 @@
 #   4. splitsync plan for the same model on NVLink 4, for the record.
 # Results go to $OUT (or ./gpu-results): one text or JSON file per step, and summary.md.
 # Run from the repository root:  bash benchmarks/gpu_check.sh
+# Smoke test of the script itself on a CPU (tiny model):
+#   GPT_SIZE=tiny GPT_ARGS="--device cpu --precision 32 --compile off" bash benchmarks/gpu_check.sh
 set -uo pipefail
 DIR="${OUT:-gpu-results}"
 mkdir -p "$DIR"
@@ -16,7 +18,8 @@ SUMMARY="$DIR/summary.md"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 
 note "# GPU check $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$DIR/gpu.csv" 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$DIR/gpu.csv" 2>&1 \
+  || echo "name (no nvidia-smi)" > "$DIR/gpu.csv"
 note "GPU: $(tail -n +2 "$DIR/gpu.csv" | head -1)"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$SUMMARY"
 
@@ -28,9 +31,11 @@ else
 fi
 
 note ""
-note "## GPT-2 small (124M), bf16-mixed, one GPU"
-timeout 300 "$PY" benchmarks/gpt_mfu.py --size 124m --batch 16 --steps 30 --warmup 8 \
-  --compile both --out "$DIR/gpt_mfu.json" 2> "$DIR/gpt_mfu.log" | tee -a "$SUMMARY"
+note "## GPT-2 small (${GPT_SIZE:-124m}), bf16-mixed, one GPU"
+# shellcheck disable=SC2086  # GPT_ARGS is a list of options
+timeout 300 "$PY" benchmarks/gpt_mfu.py --size "${GPT_SIZE:-124m}" --batch 16 --steps 30 \
+  --warmup 8 --compile both ${GPT_ARGS:-} --out "$DIR/gpt_mfu.json" 2> "$DIR/gpt_mfu.log" \
+  | tee -a "$SUMMARY"
 note "gpt_mfu: exit ${PIPESTATUS[0]}"
 
 note ""
@@ -38,7 +43,7 @@ note "## Per-step overhead on the GPU (one process)"
 timeout 120 "$PY" -m splitsync bench --sections overhead --procs 1 --budget 8 \
   --out "$DIR/bench" > "$DIR/bench.md" 2>&1
 note "bench: exit $?"
-grep '^|' "$DIR/bench.md" >> "$SUMMARY"
+grep '^|' "$DIR/bench.md" | tee -a "$SUMMARY"
 
 note ""
 note "## splitsync plan, GPT-2 small on NVLink 4"
