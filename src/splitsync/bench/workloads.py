@@ -1,0 +1,245 @@
+"""Benchmark workloads and the training loops compared on them.
+
+W1 is a tiny MLP whose step is so short that any per-step overhead shows; W2 is a small
+CNN on the 8x8 digits images. Each loop owns its model copy, optimizer and loader, and
+``run(steps)`` returns the wall time of every step (batch fetch included).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
+
+__all__ = ["Workload", "WORKLOADS", "make_workload", "Loop", "LOOP_BUILDERS", "build_loop"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model factory, a dataset and the per-process batch size."""
+
+    name: str
+    title: str
+    build: Callable[[], nn.Module]
+    dataset: Dataset
+    batch_size: int
+    lr: float = 0.05
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                         nn.Linear(64, 10))
+
+
+def _cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def _synthetic(n: int, shape: tuple[int, ...], seed: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, *shape, generator=g), torch.randint(0, 10, (n,), generator=g))
+
+
+def _digits() -> tuple[TensorDataset, str]:
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:  # scikit-learn is optional: same shapes, random pixels
+        return _synthetic(1792, (1, 8, 8), 1), "synthetic 8x8 images (scikit-learn not installed)"
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    return TensorDataset(x, torch.tensor(d.target, dtype=torch.long)), "scikit-learn digits"
+
+
+def make_workload(name: str) -> Workload:
+    """W1 (tiny MLP, batch 32) or W2 (digits CNN, batch 64)."""
+    if name == "W1":
+        return Workload("W1", "tiny MLP 32-64-64-10, batch 32", _mlp, _synthetic(4096, (32,), 0), 32)
+    if name == "W2":
+        data, source = _digits()
+        return Workload("W2", f"digits CNN ({source}), batch 64", _cnn, data, 64)
+    raise ValueError(f"Unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}.")
+
+
+WORKLOADS = ("W1", "W2")
+
+
+class Loop:
+    """A training loop under test: ``run(steps)`` returns per-step seconds."""
+
+    name = "loop"
+
+    def __init__(self, wl: Workload, base: nn.Module, ctx: dict[str, Any]) -> None:
+        self.wl = wl
+        self.device: torch.device = ctx["device"]
+        self.rank: int = ctx["rank"]
+        self.world: int = ctx["world_size"]
+        self.seed: int = ctx["seed"]
+        self._sync = torch.cuda.synchronize if self.device.type == "cuda" else None
+        self.epoch = 0
+        self.setup(copy.deepcopy(base), ctx)
+        self._it = self._epoch_iter()
+
+    def setup(self, module: nn.Module, ctx: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def batches(self) -> Any:  # an iterable over this rank's batches
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def params(self) -> list[torch.Tensor]:
+        from splitsync.strategies import unwrap
+
+        return [p.detach().cpu() for p in unwrap(self.model).parameters()]
+
+    def _epoch_iter(self) -> Iterator[Any]:
+        self.set_epoch(self.epoch)
+        return iter(self.batches())
+
+    def run(self, steps: int) -> list[float]:
+        times = []
+        clock = time.perf_counter
+        for _ in range(steps):
+            t0 = clock()
+            try:
+                x, y = next(self._it)
+            except StopIteration:
+                self.epoch += 1
+                self._it = self._epoch_iter()
+                x, y = next(self._it)
+            self.train_step(x, y)
+            if self._sync is not None:
+                self._sync()
+            times.append(clock() - t0)
+        return times
+
+    def _hand_loader(self) -> DataLoader:
+        self.sampler = DistributedSampler(self.wl.dataset, num_replicas=self.world, rank=self.rank,
+                                          shuffle=True, seed=self.seed, drop_last=True)
+        return DataLoader(self.wl.dataset, batch_size=self.wl.batch_size, sampler=self.sampler,
+                          drop_last=True, pin_memory=self.device.type == "cuda")
+
+    def _to(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.device.type == "cpu" else x.to(self.device, non_blocking=True)
+
+    def _sgd(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.model.parameters(), lr=self.wl.lr, momentum=0.9)
+
+
+class SplitsyncLoop(Loop):
+    """The loop as a splitsync user writes it: run.model, run.loader, run.backward, run.step."""
+
+    name = "splitsync"
+
+    def setup(self, module: nn.Module, ctx: dict[str, Any]) -> None:
+        self.run_ = ctx["run"]
+        self.model = self.run_.model(module)
+        self.opt = self._sgd()
+        self.loader = self.run_.loader(self.wl.dataset, batch_size=self.wl.batch_size,
+                                       shuffle=True, drop_last=True)
+
+    def batches(self) -> Any:
+        return self.loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        loss = F.cross_entropy(self.model(x), y)
+        self.run_.backward(loss)
+        self.run_.step(self.opt)
+
+
+class HandLoop(Loop):
+    """Hand-written PyTorch: DistributedSampler + DataLoader, DDP when world size > 1."""
+
+    name = "hand-written DDP"
+
+    def setup(self, module: nn.Module, ctx: dict[str, Any]) -> None:
+        module = module.to(self.device)
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            module = DDP(module, device_ids=ids)
+        self.model = module
+        self.opt = self._sgd()
+        self.loader = self._hand_loader()
+
+    def batches(self) -> Any:
+        return self.loader
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(self.model(self._to(x)), self._to(y))
+        loss.backward()
+        self.opt.step()
+
+
+class BareLoop(HandLoop):
+    """One process, no DDP wrapper, no process group: the floor."""
+
+    name = "bare loop"
+
+
+class LocalLoop(HandLoop):
+    """Every rank trains alone on its shard, no gradient sync: per-device compute time
+    under the same machine load as the synchronised loops (the cost model's input)."""
+
+    name = "no sync (compute only)"
+
+    def setup(self, module: nn.Module, ctx: dict[str, Any]) -> None:
+        self.model = module.to(self.device)
+        self.opt = self._sgd()
+        self.loader = self._hand_loader()
+
+
+class NaiveLoop(HandLoop):
+    """The lesson's scheme: after backward, one all_reduce per parameter, then divide."""
+
+    name = "naive all_reduce"
+
+    def setup(self, module: nn.Module, ctx: dict[str, Any]) -> None:
+        self.model = module.to(self.device)
+        self.opt = self._sgd()
+        self.loader = self._hand_loader()
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        import torch.distributed as dist
+
+        self.opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(self.model(self._to(x)), self._to(y))
+        loss.backward()
+        for p in self.model.parameters():  # "sum and average the gradients"
+            dist.all_reduce(p.grad)
+            p.grad /= self.world
+        self.opt.step()
+
+
+LOOP_BUILDERS: dict[str, type[Loop]] = {
+    "splitsync": SplitsyncLoop, "hand": HandLoop, "bare": BareLoop, "local": LocalLoop,
+    "naive": NaiveLoop,
+}
+OTHER_LOOPS = ("accelerate", "fabric", "dp")  # in splitsync.bench.otherloops
+
+
+def build_loop(kind: str, wl: Workload, base: nn.Module, ctx: dict[str, Any]) -> Loop:
+    """Instantiate the loop called ``kind`` on its own copy of ``base``."""
+    if kind in OTHER_LOOPS:
+        from splitsync.bench import otherloops
+
+        return otherloops.BUILDERS[kind](wl, base, ctx)
+    return LOOP_BUILDERS[kind](wl, base, ctx)

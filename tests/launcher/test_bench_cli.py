@@ -1,0 +1,96 @@
+"""`splitsync bench` and `splitsync plan` end to end (tiny runs; timings never asserted)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from splitsync.testing import clean_env
+
+
+def _cli(*args: str, timeout: float = 200) -> subprocess.CompletedProcess[str]:
+    env = clean_env()
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    return subprocess.run([sys.executable, "-m", "splitsync", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_tiny_run_writes_tables_json_and_plots(tmp_path: Path) -> None:
+    out = tmp_path / "res"
+    p = _cli("bench", "--quick", "--sections", "overhead,naive,comm,scaling", "--workloads", "W1",
+             "--procs", "1,2", "--rounds", "2", "--block", "2", "--no-optional", "--out", str(out),
+             timeout=280)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "| W1 " in p.stdout and "hand-written DDP" in p.stdout and "bare loop" in p.stdout
+    assert "naive all_reduce" in p.stdout and "All-reduce bandwidth" in p.stdout
+    res = json.loads((out / "results.json").read_text())
+    assert {o["world_size"] for o in res["overhead"]} == {1, 2}
+    two = next(o for o in res["overhead"] if o["world_size"] == 2)
+    loops = {r["loop"]: r for r in two["rows"]}
+    assert set(loops) == {"hand", "splitsync", "local"}
+    assert loops["hand"]["ratio"] == 1.0 and loops["splitsync"]["steps"] == 4
+    assert loops["splitsync"]["max_param_diff"] == 0.0  # same final parameters as hand DDP
+    assert [c["bytes"] for c in res["comm"]] == [1024, 65536, 1024**2, 16 * 1024**2]
+    assert res["plan_validation"][0]["n"] == 2 and "predicted_ms" in res["plan_validation"][0]
+    assert [s["n"] for s in res["scaling"]] == [1, 2]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert {"overhead.png", "allreduce.png", "scaling.png", "naive_vs_ddp.png"} <= {
+        f.name for f in out.iterdir()}
+
+
+def test_bench_rejects_unknown_section(tmp_path: Path) -> None:
+    p = _cli("bench", "--sections", "overhead,speed", "--out", str(tmp_path))
+    assert p.returncode != 0 and "unknown section" in p.stderr and "speed" in p.stderr
+
+
+def test_plan_json_predictions() -> None:
+    p = _cli("plan", "--params", "124M", "--step-ms", "180", "--network", "ib-400g",
+             "--batch-size", "16", "--json")
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["params"] == 124_000_000 and res["grad_bytes"] == 496_000_000
+    assert [r["n"] for r in res["predictions"]] == [1, 2, 8, 64, 512, 4096]
+    first = res["predictions"][0]
+    assert first["efficiency"] == 1.0 and first["throughput"] == pytest.approx(16 / 0.18)
+    assert res["advice"]
+
+
+def test_plan_table_and_errors() -> None:
+    p = _cli("plan", "--params", "7B", "--dtype", "bf16", "--step-ms", "900", "--network",
+             "eth-100g", "--memory-gb", "80")
+    assert p.returncode == 0, p.stderr
+    assert "| 4096 " in p.stdout and "FSDP" in p.stdout and "compression" in p.stdout
+    bad = _cli("plan", "--params", "7B", "--step-ms", "900", "--network", "carrier-pigeon")
+    assert bad.returncode != 0 and "carrier-pigeon" in bad.stderr and "nvlink4" in bad.stderr
+    none = _cli("plan", "--step-ms", "900")
+    assert none.returncode != 0 and "--params" in none.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_plan_measures_model_step_and_local_network(tmp_path: Path) -> None:
+    (tmp_path / "plan_tinynet.py").write_text(
+        "from torch import nn\n"
+        "def make():\n"
+        "    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))\n")
+    env = clean_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *sys.path])
+    p = subprocess.run([sys.executable, "-m", "splitsync", "plan", "--model",
+                        "plan_tinynet:make", "--measure", "--input-shape", "16",
+                        "--batch-size", "8", "--network", "measured", "--sizes", "1,2",
+                        "--json"], capture_output=True, text=True, timeout=180, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(p.stdout)
+    assert res["params"] == 16 * 32 + 32 + 32 * 4 + 4 and res["grad_bytes"] == 4 * res["params"]
+    assert res["step_time_s"] > 0 and res["network"]["name"].startswith("measured")
+    assert res["network"]["bandwidth"] > 0 and [r["n"] for r in res["predictions"]] == [1, 2]
