@@ -31,6 +31,11 @@ _ALLOWED_MODULES = (
     "torch.distributed.checkpoint._extension",
 )
 _ALLOWED_TORCH = {"Size", "device", "dtype", "layout", "memory_format"}
+_ALLOWED_EXACT = {
+    ("torch.serialization", "_get_layout"),  # looks a layout up by name
+    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict"),
+}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -38,7 +43,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         if module in _ALLOWED_MODULES or (module == "torch" and name in _ALLOWED_TORCH) or (
-                module == "collections" and name == "OrderedDict") or (
+                (module, name) in _ALLOWED_EXACT) or (
                 module == "builtins" and name in {"set", "frozenset", "tuple", "list", "dict"}):
             return super().find_class(module, name)
         if module == "torch" and (name.endswith("Storage") or isinstance(
