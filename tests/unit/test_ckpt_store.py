@@ -95,6 +95,9 @@ def test_damaged_newest_is_skipped_with_named_warning(tmp_path: Path, damage, ta
     with pytest.warns(CheckpointWarning, match=f"step-000004.*{reason}"):
         state, model = _resume(tmp_path)
     assert state.step == 2
+    # Set aside, so keep-last-k cannot delete the good one in favour of it.
+    assert (tmp_path / ".skipped-step-000004").is_dir()
+    assert not (tmp_path / "step-000004").exists()
     for a, b in zip(model.parameters(), saved[2], strict=True):
         assert torch.equal(a, b)
 
@@ -163,3 +166,33 @@ def test_export_writes_one_safetensors_file(tmp_path: Path) -> None:
     loaded = load_file(out)
     assert set(loaded) == {"0.weight", "1.weight"}
     assert torch.equal(loaded["1.weight"], net[0].weight.detach())
+
+
+def test_scheduler_and_scaler_state_round_trip(tmp_path: Path) -> None:
+    def build() -> tuple[ss.Run, nn.Module, torch.optim.Optimizer, object, object]:
+        run, model, opt = _setup()
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        return run, model, opt, sched, scaler
+
+    run, model, opt, sched, scaler = build()
+    with run:
+        run.resume(tmp_path, model=model, optimizer=opt, scheduler=sched, scaler=scaler)
+        for _ in range(3):
+            scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+            scaler.step(opt)
+            scaler.update(new_scale=scaler.get_scale() * 2)
+            sched.step()
+        run.save()
+    run, model, opt, sched2, scaler2 = build()
+    with run:
+        state = run.resume(tmp_path, model=model, optimizer=opt, scheduler=sched2, scaler=scaler2)
+    assert state.step == 3  # counted through the scaler's optimizer steps
+    assert sched2.get_last_lr() == sched.get_last_lr() == [0.1 * 0.5**3]
+    assert scaler2.get_scale() == scaler.get_scale() == 2.0**13
+
+
+def test_objects_without_state_dict_are_rejected(tmp_path: Path) -> None:
+    run, model, _ = _setup()
+    with run, pytest.raises(TypeError, match="notes=.*state_dict"):
+        run.resume(tmp_path, model=model, notes=[1, 2])

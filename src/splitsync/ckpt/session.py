@@ -36,6 +36,7 @@ from splitsync.ckpt.store import (
     committed_steps,
     newest_valid,
     prune,
+    set_aside,
     step_dirname,
     tmp_dirname,
     write_manifest,
@@ -229,7 +230,11 @@ class Checkpointer:
                      [(str(p), why) for p, why in cand.skipped],
                      len(committed_steps(self.root)))
             for p, why in found[2]:
-                warnings.warn(f"skipping checkpoint {p}: {why}", CheckpointWarning, stacklevel=3)
+                aside = ""
+                if cand.path is not None:  # set it aside so keep-last-k never counts it
+                    aside = set_aside(Path(p))
+                warnings.warn(f"skipping checkpoint {p}: {why}{aside}", CheckpointWarning,
+                              stacklevel=3)
         path_s, body, skipped, total = comm.broadcast_object(found)
         if path_s is None:
             if total:

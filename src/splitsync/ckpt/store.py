@@ -20,7 +20,7 @@ from typing import Any
 __all__ = [
     "CheckpointError", "Candidate", "MANIFEST", "LATEST", "FORMAT", "step_dirname", "tmp_dirname",
     "sha256_file", "fsync_file", "fsync_dir", "write_manifest", "read_manifest", "verify",
-    "commit", "prune", "committed_steps", "newest_valid", "clear_stale",
+    "commit", "prune", "set_aside", "committed_steps", "newest_valid", "clear_stale",
 ]
 
 MANIFEST = "manifest.json"
@@ -178,6 +178,17 @@ def clear_stale(root: Path) -> None:
         for p in root.iterdir():
             if p.is_dir() and p.name.startswith((".tmp-step-", ".old-step-")):
                 shutil.rmtree(p, ignore_errors=True)
+
+
+def set_aside(path: Path) -> str:
+    """Rename a bad checkpoint to ``.skipped-<name>`` (kept for inspection, never loaded)."""
+    target = path.with_name(f".skipped-{path.name}")
+    try:
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(path, target)
+    except OSError as e:
+        return f" (could not move it aside: {e})"
+    return f"; moved to {target.name}"
 
 
 def commit(tmp: Path, root: Path, step: int) -> Path:
