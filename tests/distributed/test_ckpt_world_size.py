@@ -53,7 +53,9 @@ def test_resume_mid_epoch_at_other_world_sizes(tmp_path: Path) -> None:
     before = [i for _, seen in first for i in seen]
     assert len(before) == 2 * 2 * 4  # 2 ranks x 2 steps x batch 4
     for world in (1, 3):
-        second = spawn(phase, world, root, None, timeout=60)
+        # One rank needs no process group: run it here, which also keeps the test quick.
+        second = [phase(0, 1, root, None)] if world == 1 else spawn(phase, world, root, None,
+                                                                    timeout=60)
         assert all(epoch == 0 for epoch, _ in second)
         after = [i for _, seen in second for i in seen]
         counts = Counter(before + after)

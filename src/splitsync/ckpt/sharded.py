@@ -88,6 +88,12 @@ def _safe_planner() -> Any:
     return _SafePlanner()
 
 
+def _dist_active() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
 def _template(models: Mapping[str, nn.Module],
               optims: Mapping[str, tuple[torch.optim.Optimizer, str]]) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import (
@@ -106,7 +112,8 @@ def save_sharded(path: Path, models: Mapping[str, nn.Module],
     """Collective: every rank writes its shards of all models and optimizers under ``path``."""
     from torch.distributed.checkpoint import FileSystemWriter, save
 
-    save(_template(models, optims), storage_writer=FileSystemWriter(path / DCP_DIR, sync_files=True))
+    save(_template(models, optims), storage_writer=FileSystemWriter(path / DCP_DIR, sync_files=True),
+         no_dist=not _dist_active())
 
 
 def read_shapes(path: Path, prefix: str) -> dict[str, tuple[int, ...]]:
@@ -137,7 +144,8 @@ def load_sharded(path: Path, models: Mapping[str, nn.Module],
         check_shapes(name, read_shapes(path, f"model.{name}."), current, path.name)
     sd = _template(models, optims)
     try:
-        load(sd, storage_reader=safe_reader(path / DCP_DIR), planner=_safe_planner())
+        load(sd, storage_reader=safe_reader(path / DCP_DIR), planner=_safe_planner(),
+             no_dist=not _dist_active())
     except pickle.UnpicklingError as e:
         raise CheckpointError(f"{path}: refused to unpickle a value ({e})") from None
     for name, m in models.items():
