@@ -32,13 +32,13 @@ SCRIPT = textwrap.dedent("""
         run.step(opt)
         if step == 4:
             if point == "files":  # half of state.pt is on disk
-                real = session._write_pt
+                real = session.write_pt
                 def half(path, obj):
                     real(path, obj)
                     if path.name == "state.pt":
                         path.write_bytes(path.read_bytes()[:100])
                         die()
-                session._write_pt = half
+                session.write_pt = half
             elif point == "manifest":  # every file written, no manifest yet
                 session.write_manifest = die
             elif point == "latest":  # renamed into place, `latest` not yet updated

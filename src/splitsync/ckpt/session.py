@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import json
-import os
-import pickle
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,14 +12,13 @@ import torch
 from torch import nn
 
 from splitsync import comm
+from splitsync.ckpt.full import load_full, load_pt, split_extra, write_pt
 from splitsync.ckpt.sharded import load_sharded, save_sharded
 from splitsync.ckpt.state import (
     capture_rng,
-    check_shapes,
     is_sharded,
     loader_position,
     module_state,
-    optimizer_from_fqn,
     optimizer_to_fqn,
     owner_of,
     restore_loader,
@@ -42,7 +37,6 @@ from splitsync.ckpt.store import (
     write_manifest,
 )
 from splitsync.data import DeviceLoader
-from splitsync.strategies import unwrap
 
 __all__ = ["ResumeState", "Checkpointer", "CheckpointWarning", "STATE_FILE", "rank_file"]
 
@@ -71,47 +65,6 @@ class ResumeState:
     @property
     def resumed(self) -> bool:
         return self.path is not None
-
-
-def _write_pt(path: Path, obj: Any) -> None:
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def load_pt(path: Path) -> Any:
-    """``torch.load(weights_only=True)``; a pickled payload is refused, never executed."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(
-            f"refused to load {path}: it holds pickled objects other than tensors and plain "
-            f"containers, and loading them could run code ({first}). Only resume from "
-            "checkpoints you trust.") from None
-
-
-def _split_extra(extra: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """JSON-serialisable extras go into the manifest, tensors (or containers of them) to a file."""
-    plain, tensors = {}, {}
-    for key, value in extra.items():
-        try:
-            json.dumps(value)
-            plain[key] = value
-            continue
-        except (TypeError, ValueError):
-            pass
-        try:  # tensors in plain containers survive a weights_only round trip
-            buf = io.BytesIO()
-            torch.save(value, buf)
-            buf.seek(0)
-            torch.load(buf, weights_only=True)
-        except Exception:
-            raise TypeError(f"run.save(..., {key}=...): a {type(value).__name__} is neither "
-                            "JSON-serialisable nor tensors in plain containers.") from None
-        tensors[key] = value
-    return plain, tensors
 
 
 class Checkpointer:
@@ -177,7 +130,7 @@ class Checkpointer:
                 raise TypeError("run.save(...) cannot count steps without a registered "
                                 "optimizer; pass step=<number of steps done>.")
             step = self.step
-        plain, tensors = _split_extra(extra)
+        plain, tensors = split_extra(extra)
         positions = [loader_position(ld) for ld in loaders]
         if epoch is None:
             epoch = max((p["epoch"] for p, _ in positions), default=0)
@@ -192,7 +145,7 @@ class Checkpointer:
                     save_sharded(tmp, self.models, self.optims)
                 finally:
                     self._counting = True
-            _write_pt(tmp / rank_file(self.rank),
+            write_pt(tmp / rank_file(self.rank),
                       {"rng": capture_rng(), "generators": [g for _, g in positions]})
             if self.rank == 0:
                 state: dict[str, Any] = {
@@ -203,7 +156,7 @@ class Checkpointer:
                     state["model"] = {n: module_state(m) for n, m in self.models.items()}
                     state["optim"] = {n: optimizer_to_fqn(self.models[owner], o)
                                       for n, (o, owner) in self.optims.items()}
-                _write_pt(tmp / STATE_FILE, state)
+                write_pt(tmp / STATE_FILE, state)
 
         _collective_ok(self.rank, write, "write")
         body = {
@@ -281,38 +234,10 @@ class Checkpointer:
         if body["layout"] == "sharded":
             load_sharded(path, self.models, self.optims)
         else:
-            _load_full(path.name, state, self.models, self.optims)
+            load_full(path.name, state, self.models, self.optims)
         for n, o in self.others.items():
             o.load_state_dict(state["objects"][n])
         return {**body["extra"], **state["extra"]}
-
-
-def _load_full(where: str, state: Mapping[str, Any], models: Mapping[str, nn.Module],
-               optims: Mapping[str, tuple[torch.optim.Optimizer, str]]) -> None:
-    """Load an unsharded checkpoint into plain, DDP or sharded models (shapes checked first)."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    full = StateDictOptions(full_state_dict=True)
-    for name, m in models.items():
-        current = get_model_state_dict(m) if is_sharded(m) else unwrap(m).state_dict()
-        check_shapes(name, {k: v.shape for k, v in state["model"][name].items()},
-                     {k: v.shape for k, v in current.items()}, where)
-    for name, m in models.items():
-        if is_sharded(m):
-            set_model_state_dict(m, state["model"][name], options=full)
-        else:
-            unwrap(m).load_state_dict(state["model"][name])
-    for name, (o, owner) in optims.items():
-        m = models[owner]
-        if is_sharded(m):
-            set_optimizer_state_dict(m, o, state["optim"][name], options=full)
-        else:
-            o.load_state_dict(optimizer_from_fqn(m, o, state["optim"][name]))
 
 
 def _prepare(root: Path, tmp: Path) -> None:
