@@ -112,6 +112,10 @@ class DeviceLoader:
         self.batches_seen = 0  # in the current pass
         self.last_batch = False
         self._cpu = device.type == "cpu"
+        # Where the current pass began, for checkpoints: a mid-pass resume must restore the
+        # generator to this state so the new iterator draws the same worker base seed.
+        self.pass_epoch: int | None = None
+        self.pass_generator_state: torch.Tensor | None = None
 
     @property
     def sampler(self) -> ShardSampler | None:
@@ -143,6 +147,9 @@ class DeviceLoader:
     def __iter__(self) -> Iterator[Any]:
         self.batches_seen = 0
         self.last_batch = False
+        gen = self.loader.generator
+        self.pass_epoch = self.sampler.epoch if self.sampler is not None else 0
+        self.pass_generator_state = gen.get_state() if gen is not None else None
         if self.on_iter is not None:
             self.on_iter(self)
         total = len(self.loader)

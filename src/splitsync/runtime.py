@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -30,6 +31,11 @@ from splitsync.seeding import draw_seed, seed_everything
 from splitsync.strategies import WrapContext, get_strategy, resolve, unwrap
 from splitsync.syncbn import convert_sync_batchnorm
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from splitsync.ckpt import Checkpointer, ResumeState
+
 __all__ = ["init", "Run"]
 
 
@@ -51,6 +57,7 @@ class Run:
         self._owns_group = owns_group
         self._loaders: list[DeviceLoader] = []
         self._active: DeviceLoader | None = None
+        self._ckpt: Checkpointer | None = None
         self._closed = False
         self._metrics: MetricsLog | None = None
         # backward/step functions for this precision and accumulation, chosen once
@@ -110,6 +117,8 @@ class Run:
         loader = build_loader(rank=self.rank, world_size=self.world_size, seed=self.seed,
                               device=self.device, on_iter=self._set_active, **kwargs)
         self._loaders.append(loader)
+        if self._ckpt is not None:  # made after run.resume: continue where the checkpoint left it
+            self._ckpt.attach_loader(loader, len(self._loaders) - 1)
         return loader
 
     def _set_active(self, loader: DeviceLoader) -> None:
@@ -165,6 +174,49 @@ class Run:
         """Uneven inputs: ranks that run out of batches keep shadowing the others' all-reduces
         (``torch.distributed.algorithms.Join``) so that nobody hangs."""
         return join(*models, enable=enable, throw_on_early_termination=throw_on_early_termination)
+
+    # --- checkpoints -------------------------------------------------------------------
+    def resume(self, dir: str | os.PathLike[str], *, keep: int = 3, **objects: Any) -> ResumeState:
+        """Register ``objects`` (model=, optimizer=, scheduler=, scaler=, ...) for
+        :meth:`save` and load the newest complete checkpoint under ``dir``, if any.
+
+        RNG states and the position of every loader made by :meth:`loader` are restored too,
+        so the loop continues exactly where the checkpoint was taken. Collective.
+        """
+        from pathlib import Path
+
+        from splitsync.ckpt import Checkpointer
+
+        if self._ckpt is not None:
+            self._ckpt.close()
+        self._ckpt = Checkpointer(Path(dir), objects, keep=keep, rank=self.rank,
+                                  world_size=self.world_size)
+        return self._ckpt.load(self._loaders)
+
+    def save(self, dir: str | os.PathLike[str] | None = None, *, step: int | None = None,
+             epoch: int | None = None, **extra: Any) -> Path:
+        """Atomically save everything registered by :meth:`resume`, plus ``extra`` (JSON or
+        tensors), as ``dir/step-<step>/``; older checkpoints beyond ``keep`` are removed.
+        Collective: call it on every rank."""
+        from pathlib import Path
+
+        if self._ckpt is None:
+            raise RuntimeError("run.save() saves the objects registered by run.resume(dir, "
+                               "model=..., optimizer=...); call run.resume first.")
+        root = self._ckpt.root if dir is None else Path(dir)
+        return self._ckpt.save(root, self._loaders, step=step, epoch=epoch, extra=extra)
+
+    def export(self, path: str | os.PathLike[str], model: nn.Module | None = None) -> Path:
+        """Write the model's final weights to ``path`` as one unsharded safetensors file."""
+        from splitsync.ckpt.export import export_safetensors
+
+        if model is None:
+            models = list(self._ckpt.models.values()) if self._ckpt is not None else []
+            if len(models) != 1:
+                raise TypeError("run.export(path) exports the model registered by run.resume; "
+                                f"{len(models)} are registered, so pass model=...")
+            model = models[0]
+        return export_safetensors(model, path, self.rank)
 
     # --- collectives -------------------------------------------------------------------
     def mean(self, x: Any) -> Any:
@@ -231,6 +283,8 @@ class Run:
         self._closed = True
         if self._metrics is not None:
             self._metrics.close()
+        if self._ckpt is not None:
+            self._ckpt.close()
         if self.log_handler is not None:
             get_logger().removeHandler(self.log_handler)
         if self._owns_group:

@@ -1,0 +1,94 @@
+"""Unsharded state files: written with torch.save, read back with ``weights_only=True``."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from splitsync.ckpt.state import check_shapes, is_sharded, optimizer_from_fqn
+from splitsync.ckpt.store import CheckpointError
+from splitsync.strategies import unwrap
+
+__all__ = ["write_pt", "load_pt", "split_extra", "load_full"]
+
+
+def write_pt(path: Path, obj: Any) -> None:
+    """``torch.save`` to ``path``, flushed and fsynced before returning."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def load_pt(path: Path) -> Any:
+    """``torch.load(weights_only=True)``; a pickled payload is refused, never executed."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"refused to load {path}: it holds pickled objects other than tensors and plain "
+            f"containers, and loading them could run code ({first}). Only resume from "
+            "checkpoints you trust.") from None
+
+
+def split_extra(extra: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """JSON-serialisable extras go into the manifest, tensors (or containers of them) to a file."""
+    plain, tensors = {}, {}
+    for key, value in extra.items():
+        try:
+            json.dumps(value)
+            plain[key] = value
+            continue
+        except (TypeError, ValueError):
+            pass
+        try:  # tensors in plain containers survive a weights_only round trip
+            buf = io.BytesIO()
+            torch.save(value, buf)
+            buf.seek(0)
+            torch.load(buf, weights_only=True)
+        except Exception:
+            raise TypeError(f"run.save(..., {key}=...): a {type(value).__name__} is neither "
+                            "JSON-serialisable nor tensors in plain containers.") from None
+        tensors[key] = value
+    return plain, tensors
+
+
+def load_full(where: str, state: Mapping[str, Any], models: Mapping[str, nn.Module],
+               optims: Mapping[str, tuple[torch.optim.Optimizer, str]]) -> None:
+    """Load an unsharded checkpoint into plain, DDP or sharded models (shapes checked first)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    full = StateDictOptions(full_state_dict=True)
+    for name, m in models.items():
+        current = get_model_state_dict(m) if is_sharded(m) else unwrap(m).state_dict()
+        check_shapes(name, {k: v.shape for k, v in state["model"][name].items()},
+                     {k: v.shape for k, v in current.items()}, where)
+    # Convert every optimizer state first: a misfit raises before anything is loaded.
+    converted = {name: state["optim"][name] if is_sharded(models[owner]) else
+                 optimizer_from_fqn(models[owner], o, state["optim"][name])
+                 for name, (o, owner) in optims.items()}
+    for name, m in models.items():
+        if is_sharded(m):
+            set_model_state_dict(m, state["model"][name], options=full)
+        else:
+            unwrap(m).load_state_dict(state["model"][name])
+    for name, (o, owner) in optims.items():
+        m = models[owner]
+        if is_sharded(m):
+            set_optimizer_state_dict(m, o, converted[name], options=full)
+        else:
+            o.load_state_dict(converted[name])

@@ -1,0 +1,156 @@
+"""Collecting and restoring training state in forms that load with ``weights_only=True``."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from splitsync.ckpt.store import CheckpointError
+from splitsync.data import DeviceLoader
+from splitsync.strategies import unwrap
+
+__all__ = [
+    "capture_rng", "restore_rng", "loader_position", "restore_loader", "is_sharded",
+    "module_state", "optimizer_to_fqn", "optimizer_from_fqn", "check_shapes", "owner_of",
+]
+
+
+# --- RNG ---------------------------------------------------------------------------------
+def capture_rng() -> dict[str, Any]:
+    """This process's python, numpy, torch and CUDA generator states (plain containers)."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+    except ImportError:
+        np = None  # type: ignore[assignment]
+    if np is not None:
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        # numpy arrays need pickle's globals; a tensor copy loads under weights_only.
+        state["numpy"] = (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    """Inverse of :func:`capture_rng`."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        states = state["cuda"]
+        torch.cuda.set_rng_state_all(states[: torch.cuda.device_count()])
+
+
+# --- loaders -----------------------------------------------------------------------------
+def loader_position(loader: DeviceLoader) -> tuple[dict[str, int], torch.Tensor | None]:
+    """(epoch, global positions consumed) to continue from, and the generator state to restore.
+
+    Mid-pass the generator is restored to its state *before* the pass began, so the resumed
+    iterator draws the same worker base seed as the interrupted one did.
+    """
+    s = loader.sampler
+    epoch = s.epoch if s is not None else 0
+    gen = loader.loader.generator
+    now = gen.get_state() if gen is not None else None
+    if loader.pass_epoch != epoch or loader.batches_seen == 0:  # this epoch not begun yet
+        return {"epoch": epoch, "consumed": s.start if s is not None else 0}, now
+    if loader.batches_seen >= len(loader):  # epoch finished: continue at the next one
+        return {"epoch": epoch + 1, "consumed": 0}, now
+    return {"epoch": epoch, "consumed": loader.consumed()}, loader.pass_generator_state
+
+
+def restore_loader(loader: DeviceLoader, pos: Mapping[str, int],
+                   generator_state: torch.Tensor | None) -> None:
+    """Make ``loader`` continue at ``pos``: positions already consumed are skipped by index."""
+    s = loader.sampler
+    if s is None:
+        raise CheckpointError(
+            "cannot resume a loader without splitsync's ShardSampler; build it with run.loader().")
+    s.resume_at(int(pos["epoch"]), int(pos["consumed"]))
+    gen = loader.loader.generator
+    if gen is not None and generator_state is not None:
+        gen.set_state(generator_state)
+
+
+# --- models and optimizers ----------------------------------------------------------------
+def is_sharded(model: nn.Module) -> bool:
+    """True when any parameter is a DTensor (FSDP2 / tensor parallel), whatever the strategy."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def module_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The user's module's state dict (no DDP/compile prefixes), detached on CPU."""
+    return {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
+
+
+def _param_fqns(model: nn.Module) -> dict[int, str]:
+    return {id(p): name for name, p in unwrap(model).named_parameters()}
+
+
+def optimizer_to_fqn(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``optimizer.state_dict()`` keyed by parameter names instead of positions.
+
+    Names make the state independent of parameter order and loadable into a sharded model
+    (the layout of torch.distributed.checkpoint's get_optimizer_state_dict).
+    """
+    names = _param_fqns(model)
+    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    raw = optimizer.state_dict()
+    state = {order[pid]: {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                          for k, v in st.items()}
+             for pid, st in raw["state"].items()}
+    groups = [{**g, "params": [order[pid] for pid in g["params"]]} for g in raw["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def optimizer_from_fqn(model: nn.Module, optimizer: torch.optim.Optimizer,
+                       osd: Mapping[str, Any]) -> dict[str, Any]:
+    """Inverse of :func:`optimizer_to_fqn` for ``optimizer`` (positions of its own params)."""
+    names = _param_fqns(model)
+    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    pid = {name: i for i, name in enumerate(order)}
+    try:
+        state = {pid[name]: st for name, st in osd["state"].items()}
+        groups = [{**g, "params": [pid[n] for n in g["params"]]} for g in osd["param_groups"]]
+    except KeyError as e:
+        raise CheckpointError(f"the optimizer state names parameter {e.args[0]!r}, which this "
+                              "optimizer does not hold") from None
+    return {"state": state, "param_groups": groups}
+
+
+def check_shapes(name: str, saved: Mapping[str, Sequence[int]],
+                 current: Mapping[str, Sequence[int]], where: str) -> None:
+    """Raise naming the first key whose presence or shape differs (nothing is loaded)."""
+    for key in sorted(set(saved) | set(current)):
+        if key not in current:
+            raise CheckpointError(f"checkpoint {where} does not fit {name!r}: it has {key!r} "
+                                  f"(shape {tuple(saved[key])}), which the model lacks")
+        if key not in saved:
+            raise CheckpointError(f"checkpoint {where} does not fit {name!r}: the model's "
+                                  f"{key!r} (shape {tuple(current[key])}) is not in it")
+        if tuple(saved[key]) != tuple(current[key]):
+            raise CheckpointError(
+                f"checkpoint {where} does not fit {name!r}: {key!r} has shape "
+                f"{tuple(saved[key])} in the checkpoint but {tuple(current[key])} in the model")
+
+
+def owner_of(optimizer: torch.optim.Optimizer, models: Mapping[str, nn.Module]) -> str:
+    """The registered model holding every parameter of ``optimizer``."""
+    params = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    for name, m in models.items():
+        if params <= {id(p) for p in m.parameters()}:
+            return name
+    raise CheckpointError("an optimizer's parameters do not all belong to one registered model; "
+                          "pass the model that owns them to run.resume(...) as well.")

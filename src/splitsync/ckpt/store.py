@@ -1,0 +1,217 @@
+"""Checkpoint directories on disk: atomic commit, verifiable manifest, ``latest``, keep-last-k.
+
+A checkpoint is written into ``.tmp-step-000123/`` next to the committed ones; every file is
+fsynced, then ``manifest.json`` (size and SHA-256 of every file, plus the run's position) is
+written last, the directory is renamed to ``step-000123/`` and only then is ``latest``
+updated. A crash at any moment leaves every earlier committed checkpoint untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CheckpointError", "Candidate", "MANIFEST", "LATEST", "FORMAT", "step_dirname", "tmp_dirname",
+    "sha256_file", "fsync_file", "fsync_dir", "write_manifest", "read_manifest", "verify",
+    "commit", "prune", "set_aside", "committed_steps", "newest_valid", "clear_stale",
+]
+
+MANIFEST = "manifest.json"
+LATEST = "latest"
+FORMAT = 1
+_STEP_RE = re.compile(r"^step-(\d+)$")
+_CHUNK = 1 << 20
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or does not fit what it should be loaded into."""
+
+
+def step_dirname(step: int) -> str:
+    """``step-000123``: zero-padded so names sort like numbers."""
+    return f"step-{step:06d}"
+
+
+def tmp_dirname(step: int) -> str:
+    """Hidden work directory for a checkpoint being written."""
+    return f".tmp-{step_dirname(step)}"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Persist a directory's entries (a rename is durable only after this)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories; nothing more to do there
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _body_digest(body: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    part = path.with_name(path.name + ".part")
+    with open(part, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(part, path)
+    fsync_dir(path.parent)
+
+
+def write_manifest(tmp: Path, body: dict[str, Any]) -> dict[str, Any]:
+    """Checksum every file under ``tmp`` and write the manifest (the last file written)."""
+    files: dict[str, dict[str, Any]] = {}
+    for p in sorted(tmp.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            fsync_file(p)
+            files[p.relative_to(tmp).as_posix()] = {"size": p.stat().st_size,
+                                                     "sha256": sha256_file(p)}
+    for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, reverse=True):
+        fsync_dir(d)
+    body = {"format": FORMAT, **body, "files": files}
+    # The manifest carries its own digest, so a flipped bit in it is caught too.
+    _write_atomic(tmp / MANIFEST, json.dumps({"body": body, "sha256": _body_digest(body)},
+                                             indent=1, sort_keys=True))
+    return body
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest body of checkpoint ``path``; raises CheckpointError saying what is wrong."""
+    mf = path / MANIFEST
+    if not mf.is_file():
+        raise CheckpointError(f"{MANIFEST} is missing (the save did not finish)")
+    if mf.stat().st_size == 0:
+        raise CheckpointError(f"{MANIFEST} is zero bytes")
+    try:
+        doc = json.loads(mf.read_text(encoding="utf-8"))
+        body, digest = doc["body"], doc["sha256"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{MANIFEST} is unreadable ({type(e).__name__}: {e})") from None
+    if _body_digest(body) != digest:
+        raise CheckpointError(f"{MANIFEST} fails its own checksum (corrupted)")
+    if body.get("format") != FORMAT:
+        raise CheckpointError(f"{MANIFEST} has format {body.get('format')!r}, expected {FORMAT}")
+    return body
+
+
+def verify(path: Path) -> dict[str, Any]:
+    """Check every file against the manifest; return the manifest body or raise CheckpointError."""
+    body = read_manifest(path)
+    for rel, info in body["files"].items():
+        f = path / rel
+        if not f.is_file():
+            raise CheckpointError(f"{rel} is missing")
+        size = f.stat().st_size
+        if size != info["size"]:
+            what = "zero bytes" if size == 0 else f"{size} bytes"
+            raise CheckpointError(f"{rel} is {what}, the manifest says {info['size']} "
+                                  "(truncated or overwritten)")
+        if sha256_file(f) != info["sha256"]:
+            raise CheckpointError(f"{rel} fails its SHA-256 checksum (corrupted)")
+    return body
+
+
+def committed_steps(root: Path) -> list[tuple[int, Path]]:
+    """Committed checkpoint directories under ``root``, newest first."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir()
+             if p.is_dir() and (m := _STEP_RE.match(p.name))]
+    return sorted(found, reverse=True)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """The checkpoint chosen for resuming and the ones skipped on the way (with reasons)."""
+
+    path: Path | None
+    body: dict[str, Any] | None
+    skipped: tuple[tuple[Path, str], ...]
+
+
+def newest_valid(root: Path) -> Candidate:
+    """The newest checkpoint whose manifest and files all verify."""
+    skipped: list[tuple[Path, str]] = []
+    for _, path in committed_steps(root):
+        try:
+            return Candidate(path, verify(path), tuple(skipped))
+        except CheckpointError as e:
+            skipped.append((path, str(e)))
+        except OSError as e:
+            skipped.append((path, f"unreadable ({e})"))
+    return Candidate(None, None, tuple(skipped))
+
+
+def clear_stale(root: Path) -> None:
+    """Remove work directories left behind by saves that were killed."""
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.is_dir() and p.name.startswith((".tmp-step-", ".old-step-")):
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def set_aside(path: Path) -> str:
+    """Rename a bad checkpoint to ``.skipped-<name>`` (kept for inspection, never loaded)."""
+    target = path.with_name(f".skipped-{path.name}")
+    try:
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(path, target)
+    except OSError as e:
+        return f" (could not move it aside: {e})"
+    return f"; moved to {target.name}"
+
+
+def commit(tmp: Path, root: Path, step: int) -> Path:
+    """Rename the finished work directory into place, then point ``latest`` at it."""
+    final = root / step_dirname(step)
+    old = None
+    if final.exists():  # saving the same step again (e.g. after a resume): replace it
+        old = root / f".old-{final.name}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    fsync_dir(root)
+    _write_atomic(root / LATEST, final.name + "\n")
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def prune(root: Path, keep: int, newest: Path) -> list[Path]:
+    """Delete committed checkpoints beyond the ``keep`` newest; never ``newest`` itself."""
+    removed = []
+    for _, path in committed_steps(root)[keep:]:
+        if path != newest:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
