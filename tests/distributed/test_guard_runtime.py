@@ -13,7 +13,6 @@ import splitsync
 from splitsync.guards import (
     CollectiveTimeoutError,
     ConfigMismatchError,
-    DeviceMismatchError,
     ParameterMismatchError,
 )
 from splitsync.testing import spawn
