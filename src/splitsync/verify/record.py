@@ -47,7 +47,8 @@ class ScriptRecorder:
                  steps: int, epochs: int) -> None:
         self.path = out_dir / f"rank{rank}.json"
         self.rank, self.world = rank, world
-        self.batch, self.nproc, self.steps, self.epochs = batch, nproc, steps, epochs
+        self.batch, self.nproc = batch, nproc
+        self.steps_per_epoch, self.max_epochs = steps, epochs
         self.data: dict[str, Any] = {"rank": rank, "world_size": world, "steps": [],
                                      "passes": [], "init_hash": None, "modules": [],
                                      "used_run_loader": False, "per_rank_batch": None}
@@ -65,7 +66,7 @@ class ScriptRecorder:
                              f"by {self.world} processes; pass --batch a multiple of it.")
         per_rank = global_batch // self.world
         dataset = kwargs["dataset"]
-        keep = min(len(dataset), self.steps * global_batch)
+        keep = min(len(dataset), self.steps_per_epoch * global_batch)
         self.data["used_run_loader"] = True
         self.data["per_rank_batch"] = per_rank
         return {**kwargs, "batch_size": per_rank, "dataset": Subset(dataset, range(keep))}
@@ -92,7 +93,7 @@ class ScriptRecorder:
                                     "epoch": getattr(sampler, "epoch", None)})
 
     def epochs(self, start: int, n: int) -> int:
-        return min(n, start + self.epochs)
+        return min(n, start + self.max_epochs)
 
     def on_backward(self, loss: torch.Tensor, active: Any) -> None:
         self._pending["losses"].append(float(loss.detach().float().item()))
@@ -108,12 +109,13 @@ class ScriptRecorder:
         losses = self._pending["losses"]
         self.data["steps"].append({"loss": sum(losses) / len(losses) if losses else None,
                                    "grad_norm": norm, "rows": self._pending["rows"],
-                                   "indices": self._pending["indices"]})
+                                   "indices": self._pending["indices"],
+                                   "pass": len(self.data["passes"])})
         self._pending = {"losses": [], "rows": [], "indices": []}
         self.flush()
 
     def on_step_end(self) -> None:
-        if len(self.data["steps"]) >= self.steps * self.epochs:
+        if len(self.data["steps"]) >= self.steps_per_epoch * self.max_epochs:
             raise SystemExit(0)  # enough steps recorded: end the script quietly
 
     def flush(self) -> None:
