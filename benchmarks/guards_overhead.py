@@ -1,0 +1,93 @@
+"""Cost of splitsync's runtime guards (and of debug mode) per training step.
+
+Two gloo ranks train the same small CNN through two Run handles over one process group: one
+with guards on (the default), one with ``guards=False``. Blocks of steps alternate A/B/A/B in
+one launch, so machine noise hits both alike; the report gives each variant's median step
+time and the ratio. Debug mode (desync recording) is measured the same way against guards off.
+Each step: forward, run.backward, run.step and a run.mean(loss) for logging.
+
+    PYTHONPATH=src python benchmarks/guards_overhead.py [--steps 20] [--repeats 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch import nn
+
+import splitsync
+from splitsync.testing import spawn
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 16, 3), nn.ReLU(), nn.Conv2d(16, 32, 3), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(32 * 4 * 4, 10))
+
+
+def _block(run: splitsync.Run, model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+           y: torch.Tensor, steps: int) -> float:
+    run.barrier()
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = nn.functional.cross_entropy(model(x), y)
+        run.backward(loss)
+        run.step(opt)
+        run.mean(loss.detach())
+    return (time.perf_counter() - start) / steps
+
+
+def _rank(rank: int, world: int, steps: int, repeats: int) -> dict[str, list[float]]:
+    runs = {"guards off": splitsync.init(seed=0, guards=False),
+            "guards on": splitsync.init(seed=0, guards=True),
+            "debug mode": splitsync.init(seed=0, guards=True, debug=True)}
+    recorder = runs["debug mode"]._guards.recorder
+    recorder.uninstall()  # debug patches torch.distributed globally: on only in its own blocks
+    x = torch.randn(32, 1, 8, 8)
+    y = torch.randint(0, 10, (32,))
+    setups = {}
+    for name, run in runs.items():
+        model = run.model(_net())
+        setups[name] = (run, model, torch.optim.SGD(model.parameters(), lr=0.01))
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for name in runs:
+        _block(*setups[name], x, y, 3)  # warm-up
+    for _ in range(repeats):
+        for name in runs:
+            if name == "debug mode":
+                recorder.install()
+            times[name].append(_block(*setups[name], x, y, steps))
+            if name == "debug mode":
+                recorder.uninstall()
+    for run in runs.values():
+        run.close(clean=False)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20, help="steps per block")
+    parser.add_argument("--repeats", type=int, default=9, help="A/B rounds")
+    args = parser.parse_args()
+    times = spawn(_rank, 2, args.steps, args.repeats, timeout=600)[0]
+    from rich.console import Console
+    from rich.table import Table
+
+    base = statistics.median(times["guards off"])
+    table = Table(title=f"guard overhead, 2 gloo ranks, {args.repeats} interleaved rounds of "
+                        f"{args.steps} steps (rank 0)")
+    for col in ("variant", "median step (ms)", "ratio vs guards off"):
+        table.add_column(col)
+    for name, values in times.items():
+        med = statistics.median(values)
+        table.add_row(name, f"{med * 1e3:.3f}", f"{med / base:.4f}")
+    paired = [on / off for on, off in zip(times["guards on"], times["guards off"], strict=True)]
+    Console().print(table)
+    print(f"guards on / off, median of per-round ratios: {statistics.median(paired):.4f}")
+
+
+if __name__ == "__main__":
+    main()
