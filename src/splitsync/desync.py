@@ -53,13 +53,14 @@ def debug_from_environ(environ: dict[str, str] | Any) -> bool:
 
 
 def _describe_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """Shapes and dtypes of the first argument only: it is the same kind on every rank for
+    every collective (the root's extra list in gather/scatter differs by design)."""
+    first = args[0] if args else next(iter(kwargs.values()), None)
+    items = first if isinstance(first, (list, tuple)) else [first]
     parts = []
-    for a in (*args, *kwargs.values()):
-        items = a if isinstance(a, (list, tuple)) else [a]
-        for t in items:
-            if isinstance(t, torch.Tensor):
-                dtype = str(t.dtype).replace("torch.", "")
-                parts.append(f"{dtype}{list(t.shape)}")
+    for t in items:
+        if isinstance(t, torch.Tensor):
+            parts.append(f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}")
     return ", ".join(parts)
 
 

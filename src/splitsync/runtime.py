@@ -79,7 +79,7 @@ class Run:
         ctx = WrapContext(self.device, self.world_size, self.rank, self.config.precision)
         options = {**self.config.strategy_options, **options}
         wrapped = strat.wrap(module, ctx, options)
-        return guard_forward(wrapped, self.device) if self.config.guards else wrapped
+        return guard_forward(wrapped, self.device, self._watch) if self.config.guards else wrapped
 
     @staticmethod
     def unwrap(model: nn.Module) -> nn.Module:

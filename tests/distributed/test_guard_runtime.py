@@ -138,3 +138,23 @@ def _good_run(rank: int, world: int) -> float:
 
 def test_guards_stay_silent_on_a_correct_run() -> None:
     assert spawn(_good_run, 2) == [0.5, 0.5]
+
+
+def _uneven_backward(rank: int, world: int) -> str:
+    with splitsync.init(seed=0, timeout=3) as run:
+        model = run.model(Net())
+        batches = 2 if rank == 0 else 1  # uneven data: rank 0 has one batch more
+        try:
+            for _ in range(batches):
+                run.backward(model(torch.ones(2, 3)).sum())
+            time.sleep(6)  # rank 1 is done and busy elsewhere
+        except CollectiveTimeoutError as exc:
+            return str(exc)
+    return "no error"
+
+
+def test_extra_backward_on_one_rank_names_the_absent_rank() -> None:
+    msg = spawn(_uneven_backward, 2, timeout=90)[0]
+    # DDP's next forward already communicates (bucket rebuild), so that is where rank 0 waits
+    assert "Rank 0: collective call #2 forward at" in msg
+    assert "rank 1 never arrived" in msg

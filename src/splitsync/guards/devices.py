@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from splitsync.guards.hangs import is_comm_failure
+
 __all__ = ["DeviceMismatchError", "guard_forward", "is_device_error", "describe_devices"]
 
 _PATTERNS = ("same device", "not on the expected device")
@@ -84,9 +86,10 @@ class GuardedForward:
     the copy, never to the original.
     """
 
-    def __init__(self, module: nn.Module, expected: torch.device) -> None:
+    def __init__(self, module: nn.Module, expected: torch.device, watch: Any = None) -> None:
         self.module = module
         self.expected = expected
+        self.watch = watch  # hangs.Watch: DDP's forward communicates (buffers, buckets)
         inner = module.__dict__.get("forward")
         self.inner = inner if inner is not None else type(module).forward.__get__(module)
 
@@ -94,6 +97,8 @@ class GuardedForward:
         try:
             return self.inner(*args, **kwargs)
         except RuntimeError as exc:
+            if self.watch is not None and is_comm_failure(exc):
+                raise self.watch.explain(exc, "forward", counted=False) from exc
             if not is_device_error(exc):
                 raise
             raise DeviceMismatchError(
@@ -103,14 +108,14 @@ class GuardedForward:
         twin = memo.get(id(self.module))
         if twin is None:
             twin = copy.deepcopy(self.module, memo)
-        return GuardedForward(twin, self.expected)
+        return GuardedForward(twin, self.expected)  # a copy is not part of the job's group
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (GuardedForward, (self.module, self.expected))
 
 
-def guard_forward(module: nn.Module, expected: torch.device) -> nn.Module:
+def guard_forward(module: nn.Module, expected: torch.device, watch: Any = None) -> nn.Module:
     """Install the guard on ``module`` (the outermost wrapper the user calls); returns it."""
     if not isinstance(module.__dict__.get("forward"), GuardedForward):
-        module.forward = GuardedForward(module, expected)  # type: ignore[method-assign]
+        module.forward = GuardedForward(module, expected, watch)  # type: ignore[method-assign]
     return module

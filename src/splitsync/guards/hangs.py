@@ -154,9 +154,12 @@ class Watch:
                 raise
             raise self.explain(exc, op) from exc
 
-    def explain(self, exc: BaseException, op: str) -> CollectiveTimeoutError:
+    def explain(self, exc: BaseException, op: str, counted: bool = True
+                ) -> CollectiveTimeoutError:
+        """``counted=False``: a call that communicates only sometimes (DDP's forward); it is
+        reported as the next call without shifting the count."""
         history = self.recorder.history() if self.recorder is not None else ()
-        me = Position(self.rank, self.calls, op, user_site(), history)
+        me = Position(self.rank, self.calls + (0 if counted else 1), op, user_site(), history)
         return explain_failure(exc, me, self.world, self.timeout, self.store)
 
     def barrier(self) -> None:

@@ -2,7 +2,7 @@
 
 ``init()`` calls :func:`from_environ` once. When ``SPLITSYNC_VERIFY_DIR`` is set the run:
 
-- gives ``run.loader`` a per-process batch of B/N, where B (``SPLITSYNC_VERIFY_BATCH``, or the
+- gives each shuffled ``run.loader`` (the training data) a per-process batch of B/N, where B (``SPLITSYNC_VERIFY_BATCH``, or the
   script's own batch size times ``SPLITSYNC_VERIFY_NPROC``) is the global batch, and limits the
   dataset to ``steps x B`` samples, so each epoch is ``steps`` optimizer steps at any N;
 - runs at most ``SPLITSYNC_VERIFY_EPOCHS`` epochs and stops the script (``SystemExit(0)``)
@@ -58,7 +58,10 @@ class ScriptRecorder:
 
     # --- hooks called by Run -------------------------------------------------------------
     def loader_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Per-process batch B/N and a dataset of steps x B samples."""
+        """Per-process batch B/N and a dataset of steps x B samples (shuffled loaders only:
+        an unshuffled loader is taken for evaluation and left whole)."""
+        if not kwargs.get("shuffle"):
+            return kwargs
         own = int(kwargs["batch_size"])
         global_batch = self.batch or own * self.nproc
         if global_batch % self.world:
