@@ -96,8 +96,8 @@ def compare_runs(single: Record, multi: Sequence[Record], n: int) -> list[Result
 def _epochs(record: Record) -> Result:
     name = "set_epoch advanced"
     if not record["used_run_loader"]:
-        return Result(name, False, "not checkable: the script does not read data with "
-                                   "run.loader, so splitsync cannot shard it")
+        return Result(name, False, "not checkable: the training data (a shuffled loader) is "
+                                   "not read with run.loader, so splitsync cannot shard it")
     by_loader: dict[Any, list[Any]] = {}
     for p in record["passes"]:
         if p["shuffle"]:
