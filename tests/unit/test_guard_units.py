@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,3 +136,25 @@ def test_comparison_names_dropout_and_overlap() -> None:
     assert "Dropout" in likely_cause(compare_runs(single, noisy, 2), single, noisy, 2)
     same = [_record([2.0], [4.0], [[0, 1]]), _record([2.0], [4.0], [[0, 1]])]
     assert "Unsharded data" in likely_cause(compare_runs(single, same, 2), single, same, 2)
+
+
+def test_verify_recorder_splits_the_global_batch(tmp_path: Path) -> None:
+    data = torch.utils.data.TensorDataset(torch.arange(100.0))
+    env = {"SPLITSYNC_VERIFY_DIR": str(tmp_path), "SPLITSYNC_VERIFY_NPROC": "2",
+           "SPLITSYNC_VERIFY_STEPS": "3"}
+    one, two = from_environ(env, 0, 1), from_environ(env, 1, 2)
+    kw = {"dataset": data, "batch_size": 8, "shuffle": True}
+    a, b = one.loader_kwargs(dict(kw)), two.loader_kwargs(dict(kw))
+    assert (a["batch_size"], b["batch_size"]) == (16, 8)  # B = 8 x 2, then B/N per rank
+    assert len(a["dataset"]) == len(b["dataset"]) == 48  # 3 steps of the global batch
+    evaluation = {"dataset": data, "batch_size": 50, "shuffle": False}
+    assert one.loader_kwargs(dict(evaluation)) == evaluation
+    with pytest.raises(ValueError, match="not divisible"):
+        from_environ({**env, "SPLITSYNC_VERIFY_BATCH": "15"}, 0, 2).loader_kwargs(dict(kw))
+
+
+def test_launch_outcome_shows_the_traceback_end() -> None:
+    from splitsync.verify.launch import Outcome
+
+    out = "noise\nTraceback (most recent call last):\n  File x\n    y()\nValueError: bad\nmore"
+    assert Outcome(("x",), 1, out).tail().splitlines()[-1] == "ValueError: bad"
