@@ -17,6 +17,7 @@ import statistics
 import time
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import splitsync
@@ -31,7 +32,7 @@ def _net() -> nn.Module:
 
 def _block(run: splitsync.Run, model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
            y: torch.Tensor, steps: int) -> float:
-    run.barrier()
+    dist.barrier()  # the same plain barrier for every variant: equal skew between ranks
     start = time.perf_counter()
     for _ in range(steps):
         loss = nn.functional.cross_entropy(model(x), y)
@@ -41,12 +42,16 @@ def _block(run: splitsync.Run, model: nn.Module, opt: torch.optim.Optimizer, x: 
     return (time.perf_counter() - start) / steps
 
 
-def _rank(rank: int, world: int, steps: int, repeats: int) -> dict[str, list[float]]:
+def _rank(rank: int, world: int, steps: int, repeats: int, debug: bool,
+          calibrate: bool) -> dict[str, list[float]]:
+    # calibrate: an A/A run (both variants guards off) shows the method's own bias and noise
     runs = {"guards off": splitsync.init(seed=0, guards=False),
-            "guards on": splitsync.init(seed=0, guards=True),
-            "debug mode": splitsync.init(seed=0, guards=True, debug=True)}
-    recorder = runs["debug mode"]._guards.recorder
-    recorder.uninstall()  # debug patches torch.distributed globally: on only in its own blocks
+            "guards on": splitsync.init(seed=0, guards=not calibrate)}
+    recorder = None
+    if debug:
+        runs["debug mode"] = splitsync.init(seed=0, guards=True, debug=True)
+        recorder = runs["debug mode"]._guards.recorder
+        recorder.uninstall()  # debug patches torch.distributed globally: on in its blocks only
     x = torch.randn(32, 1, 8, 8)
     y = torch.randint(0, 10, (32,))
     setups = {}
@@ -60,22 +65,53 @@ def _rank(rank: int, world: int, steps: int, repeats: int) -> dict[str, list[flo
     for i in range(repeats):
         order = names[i % len(names):] + names[:i % len(names)]  # rotate: no variant always first
         for name in order:
-            if name == "debug mode":
+            if name == "debug mode" and recorder is not None:
                 recorder.install()
             times[name].append(_block(*setups[name], x, y, steps))
-            if name == "debug mode":
+            if name == "debug mode" and recorder is not None:
                 recorder.uninstall()
     for run in runs.values():
         run.close(clean=False)
     return times
 
 
+def _per_call_cost(calls: int = 200_000) -> float:
+    """Seconds the guards add per step, timed in isolation (no noise from communication):
+    one guarded forward plus two guarded calls (run.backward and run.mean)."""
+    from splitsync.guards import Watch, guard_forward
+
+    plain = nn.Identity()
+    guarded = guard_forward(nn.Identity(), torch.device("cpu"))
+    watch = Watch(0, 1, None, None, None)  # type: ignore[arg-type]
+    x = torch.zeros(1)
+
+    def noop(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def best(fn: object) -> float:
+        runs = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()  # type: ignore[operator]
+            runs.append((time.perf_counter() - start) / calls)
+        return min(runs)
+
+    forward = best(lambda: guarded(x)) - best(lambda: plain(x))
+    wrapped = best(lambda: watch.call("all_reduce", noop, x)) - best(lambda: noop(x))
+    return max(0.0, forward) + 2 * max(0.0, wrapped)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30, help="steps per block")
     parser.add_argument("--repeats", type=int, default=15, help="interleaved rounds")
+    parser.add_argument("--no-debug", action="store_true", help="measure guards only")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="A/A: the 'guards on' variant runs with guards off too")
     args = parser.parse_args()
-    times = spawn(_rank, 2, args.steps, args.repeats, timeout=600)[0]
+    times = spawn(_rank, 2, args.steps, args.repeats, not args.no_debug, args.calibrate,
+                  timeout=600)[0]
     from rich.console import Console
     from rich.table import Table
 
@@ -88,7 +124,10 @@ def main() -> None:
         med = statistics.median(values)
         table.add_row(name, f"{med * 1e3:.3f}", f"{med / base:.4f}")
     Console().print(table)
-    for name in ("guards on", "debug mode"):
+    added = _per_call_cost()
+    print(f"guards' own work per step, timed in isolation: {added * 1e6:.2f} us = "
+          f"{100 * added / base:.3f}% of the guards-off step")
+    for name in [n for n in times if n != "guards off"]:
         paired = [a / b for a, b in zip(times[name], times["guards off"], strict=True)]
         print(f"{name} / guards off, median of per-round ratios: {statistics.median(paired):.4f}")
 
