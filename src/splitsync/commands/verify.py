@@ -52,8 +52,8 @@ def main(args: argparse.Namespace) -> int:
         from splitsync.verify.selftest import selftest
 
         results = selftest(args.nproc, args.backend, args.timeout)
-        return 0 if print_table(f"splitsync verify (1 and {args.nproc} processes)", results,
-                                console) else 1
+        title = "1 process" if args.nproc == 1 else f"1 and {args.nproc} processes"
+        return 0 if print_table(f"splitsync verify ({title})", results, console) else 1
     if args.nproc < 2:
         console.print("[red]verify script.py compares 1 with N processes: give -n 2 or more.[/]")
         return 2
