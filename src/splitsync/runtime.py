@@ -20,7 +20,7 @@ from splitsync.device import choose_device, default_backend, move_to
 from splitsync.env import DistEnv, detect_env
 from splitsync.group import destroy_group, init_group
 from splitsync.guards import check_same_parameters, guard_forward
-from splitsync.guards.session import GuardSession
+from splitsync.guards.session import GuardSession, collective_timeout
 from splitsync.guards.session import start as start_guards
 from splitsync.logs import attach_rank_handler, get_logger
 from splitsync.seeding import draw_seed, seed_everything
@@ -245,7 +245,8 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         torch.cuda.set_device(dev)
     owns = False
     if env.launcher != "none":
-        owns = init_group(env, chosen_backend, dev, timeout)
+        # with guards on, collectives wait a little less so the explained error fits in
+        owns = init_group(env, chosen_backend, dev, collective_timeout(config, env.world_size))
     try:
         if deterministic:
             torch.use_deterministic_algorithms(True)

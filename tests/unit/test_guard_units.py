@@ -158,3 +158,20 @@ def test_launch_outcome_shows_the_traceback_end() -> None:
 
     out = "noise\nTraceback (most recent call last):\n  File x\n    y()\nValueError: bad\nmore"
     assert Outcome(("x",), 1, out).tail().splitlines()[-1] == "ValueError: bad"
+
+
+def test_collective_wait_plus_grace_fit_in_the_timeout() -> None:
+    from datetime import timedelta
+
+    from splitsync.guards.hangs import split_timeout
+    from splitsync.guards.session import collective_timeout
+
+    for seconds in (1, 3, 60, 600, 3600):
+        wait, grace = split_timeout(timedelta(seconds=seconds))
+        assert wait.total_seconds() + grace == pytest.approx(seconds) and grace > 0
+    config = RunConfig(timeout=timedelta(seconds=60))
+    assert collective_timeout(config, 2, {}) == timedelta(seconds=54)
+    assert collective_timeout(config, 1, {}) == timedelta(seconds=60)  # no guards at world 1
+    off = RunConfig(timeout=timedelta(seconds=60), guards=False)
+    assert collective_timeout(off, 2, {}) == timedelta(seconds=60)
+    assert collective_timeout(off, 2, {"SPLITSYNC_DEBUG": "1"}) == timedelta(seconds=54)

@@ -21,7 +21,7 @@ from splitsync.guards.site import user_site
 
 __all__ = [
     "CollectiveTimeoutError", "Position", "Watch", "is_comm_failure", "explain_failure",
-    "default_store", "grace_seconds",
+    "default_store", "split_timeout",
 ]
 
 T = TypeVar("T")
@@ -66,9 +66,12 @@ def is_comm_failure(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(w in text for w in _FAILURE_WORDS)
 
 
-def grace_seconds(timeout: timedelta) -> float:
-    """How long a failed rank waits for the others' positions: a fraction of the timeout."""
-    return min(10.0, max(1.0, timeout.total_seconds() / 2))
+def split_timeout(timeout: timedelta) -> tuple[timedelta, float]:
+    """(how long a collective waits, grace to find the missing ranks): they add up to the
+    user's timeout, so the error arrives within it. Grace: 10% of it, 0.5 to 10 seconds."""
+    total = timeout.total_seconds()
+    grace = min(10.0, max(0.5, total / 10), total / 2)
+    return timedelta(seconds=total - grace), grace
 
 
 def _read_positions(store: Any, world: int, me: Position, grace: float) -> dict[int, Position]:
@@ -92,7 +95,7 @@ def _decode(raw: bytes) -> Position:
 def explain_failure(exc: BaseException, me: Position, world: int, timeout: timedelta,
                     store: Any | None) -> CollectiveTimeoutError:
     """Post this rank's position, gather the others', and build the error to raise."""
-    grace = grace_seconds(timeout)
+    grace = split_timeout(timeout)[1]
     seen: dict[int, Position] = {me.rank: me}
     note = ""
     if store is not None:
@@ -105,8 +108,9 @@ def explain_failure(exc: BaseException, me: Position, world: int, timeout: timed
     key = {r: (p.call, p.op) for r, p in seen.items()}
     mine = key[me.rank]
     out_of_step = sorted(r for r in seen if key[r] != mine)
-    lines = [f"Rank {me.rank}: collective {me.describe()} did not complete within "
-             f"{timeout.total_seconds():g}s ({type(exc).__name__}: {str(exc).strip()[:200]})."]
+    lines = [f"Rank {me.rank}: collective {me.describe()} did not complete within the "
+             f"{timeout.total_seconds():g}s timeout ({type(exc).__name__}: "
+             f"{str(exc).strip()[:200]})."]
     for r in missing:
         lines.append(f"  rank {r} never arrived: it is not waiting in any splitsync collective "
                      f"(it skipped this call, is stuck in its own code, or has exited).")
@@ -166,7 +170,8 @@ class Watch:
         """A monitored barrier on the side gloo group: names every rank that did not arrive."""
         if self.recorder is not None:
             self.recorder.record("barrier", "", user_site())
-        self.call("barrier", dist.monitored_barrier, self.side_group, self.timeout, True)
+        wait = split_timeout(self.timeout)[0]
+        self.call("barrier", dist.monitored_barrier, self.side_group, wait, True)
 
 
 def default_store() -> Any | None:
