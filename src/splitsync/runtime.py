@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from types import TracebackType
@@ -22,6 +22,9 @@ from splitsync.data import DeviceLoader, build_loader, loader_kwargs_from
 from splitsync.device import choose_device, default_backend, move_to
 from splitsync.env import DistEnv, detect_env
 from splitsync.group import destroy_group, init_group
+from splitsync.guards import check_same_parameters, guard_forward
+from splitsync.guards.session import GuardSession, collective_timeout
+from splitsync.guards.session import start as start_guards
 from splitsync.join import join
 from splitsync.logs import attach_rank_handler, get_logger
 from splitsync.metrics import MetricsLog, average_metrics
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from splitsync.ckpt import Checkpointer, ResumeState
+from splitsync.verify.record import ScriptRecorder
+from splitsync.verify.record import from_environ as verify_recorder
 
 __all__ = ["init", "Run"]
 
@@ -43,7 +48,9 @@ class Run:
     """Who this process is, plus the helpers that make a loop data-parallel."""
 
     def __init__(self, config: RunConfig, env: DistEnv, device: torch.device, backend: str,
-                 seed: int, owns_group: bool, handler: logging.Handler | None) -> None:
+                 seed: int, owns_group: bool, handler: logging.Handler | None,
+                 guards: GuardSession | None = None, verify: ScriptRecorder | None = None
+                 ) -> None:
         self.config = config
         self.env = env
         self.device = device
@@ -62,6 +69,9 @@ class Run:
         self._metrics: MetricsLog | None = None
         # backward/step functions for this precision and accumulation, chosen once
         self._plan = StepPlan(get_precision(config.precision, device), config.accumulate)
+        self._guards = guards
+        self._watch = guards.watch if guards is not None else None
+        self._verify = verify  # set only under `splitsync verify script.py`
 
     # --- model -------------------------------------------------------------------------
     def model(self, module: nn.Module, *, strategy: str | None = None,
@@ -85,13 +95,18 @@ class Run:
             module = convert_sync_batchnorm(module, self.device)
         if name != "dp":  # DataParallel places replicas itself, from device 0
             module = module.to(self.device)
+        if self._watch is not None:
+            check_same_parameters(module, self.device)
+        if self._verify is not None:
+            self._verify.on_model(module)
         module = prepare_module(module, self._plan.precision)
         ctx = WrapContext(self.device, self.world_size, self.rank, self.config.precision)
         options = {**self.config.strategy_options, **options}
         wrapped = strat.wrap(module, ctx, options)
         if compile:
             wrapped = compile_model(wrapped, name, compile)
-        return self._plan.install_forward(wrapped, autocast)
+        wrapped = self._plan.install_forward(wrapped, autocast)
+        return guard_forward(wrapped, self.device, self._watch) if self.config.guards else wrapped
 
     @staticmethod
     def unwrap(model: nn.Module) -> nn.Module:
@@ -114,6 +129,8 @@ class Run:
             kwargs = dict(dataset=data, batch_size=batch_size, shuffle=shuffle,
                           drop_last=drop_last, num_workers=num_workers, collate_fn=collate_fn,
                           **extra)
+        if self._verify is not None:
+            kwargs = self._verify.loader_kwargs(kwargs)
         loader = build_loader(rank=self.rank, world_size=self.world_size, seed=self.seed,
                               device=self.device, on_iter=self._set_active, **kwargs)
         self._loaders.append(loader)
@@ -123,9 +140,13 @@ class Run:
 
     def _set_active(self, loader: DeviceLoader) -> None:
         self._active = loader
+        if self._verify is not None:
+            self._verify.on_iter(loader)
 
     def epochs(self, n: int, start: int = 0) -> Iterator[int]:
         """Yield epoch numbers start..n-1, calling set_epoch on every loader first."""
+        if self._verify is not None:
+            n = self._verify.epochs(start, n)
         for epoch in range(start, n):
             for loader in self._loaders:
                 loader.set_epoch(epoch)
@@ -138,7 +159,12 @@ class Run:
     # --- step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()``, scaled under "16-mixed" and divided by ``accumulate``."""
-        self._plan.backward(loss)
+        if self._verify is not None:
+            self._verify.on_backward(loss, self._active)
+        if self._watch is not None and self.world_size > 1:
+            self._watch.call("backward (gradient all-reduce)", self._plan.backward, loss)
+        else:
+            self._plan.backward(loss)
 
     def step(self, optimizer: torch.optim.Optimizer,
              clip: float | None = None) -> torch.Tensor | None:
@@ -148,7 +174,12 @@ class Run:
         ``clip`` clips gradients to that global norm first (unscaled under "16-mixed") and
         the norm before clipping is returned; without ``clip`` the result is None.
         """
-        return self._plan.step(optimizer, clip)
+        if self._verify is None:
+            return self._plan.step(optimizer, clip)
+        self._verify.on_step_begin()
+        norm = self._plan.step(optimizer, clip)
+        self._verify.on_step_end()  # may end the script once enough steps are recorded
+        return norm
 
     def autocast(self) -> AbstractContextManager[Any]:
         """The precision's autocast context (models from ``run.model`` already use it)."""
@@ -219,35 +250,42 @@ class Run:
         return export_safetensors(model, path, self.rank)
 
     # --- collectives -------------------------------------------------------------------
+    def _collective(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
+        # The hang guard only counts calls; it acts when one fails.
+        return fn(*args) if self._watch is None else self._watch.call(op, fn, *args)
+
     def mean(self, x: Any) -> Any:
         """Average over ranks (tensor or number)."""
-        return comm.reduce(x, "mean", self.device)
+        return self._collective("all_reduce", comm.reduce, x, "mean", self.device)
 
     def sum(self, x: Any) -> Any:
         """Sum over ranks."""
-        return comm.reduce(x, "sum", self.device)
+        return self._collective("all_reduce", comm.reduce, x, "sum", self.device)
 
     def max(self, x: Any) -> Any:
         """Maximum over ranks."""
-        return comm.reduce(x, "max", self.device)
+        return self._collective("all_reduce", comm.reduce, x, "max", self.device)
 
     def gather(self, x: Any) -> torch.Tensor:
         """Concatenate along dim 0 from all ranks, in rank order."""
-        return comm.all_gather(x, self.device)
+        return self._collective("all_gather", comm.all_gather, x, self.device)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Rank ``src``'s object on every rank."""
-        return comm.broadcast_object(obj, src)
+        return self._collective("broadcast", comm.broadcast_object, obj, src)
 
     def barrier(self) -> None:
-        """Wait for every rank."""
-        comm.barrier()
+        """Wait for every rank (with guards: a monitored barrier that names absent ranks)."""
+        if self._watch is not None:
+            self._watch.barrier()
+        else:
+            comm.barrier()
 
     def gather_for_metrics(self, x: torch.Tensor) -> torch.Tensor:
         """Gather results of the current batch without the sampler's padded duplicates."""
         if self._active is not None:
             x = self._active.trim_padding(x)
-        return comm.all_gather(x, self.device)
+        return self._collective("all_gather", comm.all_gather, x, self.device)
 
     # --- output ------------------------------------------------------------------------
     def print(self, *args: Any, **kwargs: Any) -> None:
@@ -276,26 +314,32 @@ class Run:
         return get_logger()
 
     # --- teardown ----------------------------------------------------------------------
-    def close(self) -> None:
+    def close(self, *, clean: bool = True) -> None:
         """Destroy the process group this run created; safe to call twice."""
         if self._closed:
             return
         self._closed = True
-        if self._metrics is not None:
-            self._metrics.close()
-        if self._ckpt is not None:
-            self._ckpt.close()
-        if self.log_handler is not None:
-            get_logger().removeHandler(self.log_handler)
-        if self._owns_group:
-            destroy_group()
+        try:
+            if self._verify is not None:
+                self._verify.flush()
+            if self._guards is not None:
+                self._guards.close(clean)  # debug mode: last cross-check, then unpatch
+        finally:
+            if self._metrics is not None:
+                self._metrics.close()
+            if self._ckpt is not None:
+                self._ckpt.close()
+            if self.log_handler is not None:
+                get_logger().removeHandler(self.log_handler)
+            if self._owns_group:
+                destroy_group()
 
     def __enter__(self) -> Run:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.close()
+        self.close(clean=exc_type is None)
 
     def __repr__(self) -> str:
         return (f"Run(rank={self.rank}, world_size={self.world_size}, device={self.device}, "
@@ -323,17 +367,20 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         torch.cuda.set_device(dev)
     owns = False
     if env.launcher != "none":
-        owns = init_group(env, chosen_backend, dev, timeout)
+        # with guards on, collectives wait a little less so the explained error fits in
+        owns = init_group(env, chosen_backend, dev, collective_timeout(config, env.world_size))
     try:
         if deterministic:
             torch.use_deterministic_algorithms(True)
         final_seed = seed if seed is not None else comm.broadcast_object(draw_seed())
         seed_everything(final_seed)
         handler = attach_rank_handler(env.rank, env.world_size)
+        guards_on = start_guards(config, env.rank, env.world_size, dev)
+        verify = verify_recorder(os.environ, env.rank, env.world_size)
     except BaseException:
         if owns:
             destroy_group()
         raise
-    return Run(config, env, dev, chosen_backend, final_seed, owns, handler)
+    return Run(config, env, dev, chosen_backend, final_seed, owns, handler, guards_on, verify)
 
 

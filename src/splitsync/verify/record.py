@@ -1,0 +1,143 @@
+"""In-script recorder for ``splitsync verify script.py``; inert unless the environment asks.
+
+``init()`` calls :func:`from_environ` once. When ``SPLITSYNC_VERIFY_DIR`` is set the run:
+
+- gives each shuffled ``run.loader`` (the training data) a per-process batch of B/N, where B (``SPLITSYNC_VERIFY_BATCH``, or the
+  script's own batch size times ``SPLITSYNC_VERIFY_NPROC``) is the global batch, and limits the
+  dataset to ``steps x B`` samples, so each epoch is ``steps`` optimizer steps at any N;
+- runs at most ``SPLITSYNC_VERIFY_EPOCHS`` epochs and stops the script (``SystemExit(0)``)
+  after ``steps x epochs`` optimizer steps;
+- records per step: the loss, the gradient norm, the sample indices (``run.loader``) and
+  hashes of the rows the model saw; plus the initial-weight hash and each pass's
+  ``set_epoch`` value, into ``<dir>/rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Subset
+
+__all__ = ["ScriptRecorder", "from_environ", "ENV_DIR"]
+
+ENV_DIR = "SPLITSYNC_VERIFY_DIR"
+ENV_BATCH = "SPLITSYNC_VERIFY_BATCH"
+ENV_NPROC = "SPLITSYNC_VERIFY_NPROC"
+ENV_STEPS = "SPLITSYNC_VERIFY_STEPS"
+ENV_EPOCHS = "SPLITSYNC_VERIFY_EPOCHS"
+
+
+def _row_hashes(x: torch.Tensor) -> list[str]:
+    rows = x.detach().to("cpu").contiguous()
+    rows = rows.reshape(rows.shape[0], -1) if rows.dim() else rows.reshape(1, 1)
+    return [hashlib.sha1(r.numpy().tobytes()).hexdigest()[:16] for r in rows]
+
+
+class ScriptRecorder:
+    """Collects one rank's trace of a verify run and writes it as JSON."""
+
+    def __init__(self, out_dir: Path, rank: int, world: int, batch: int | None, nproc: int,
+                 steps: int, epochs: int) -> None:
+        self.path = out_dir / f"rank{rank}.json"
+        self.rank, self.world = rank, world
+        self.batch, self.nproc = batch, nproc
+        self.steps_per_epoch, self.max_epochs = steps, epochs
+        self.data: dict[str, Any] = {"rank": rank, "world_size": world, "steps": [],
+                                     "passes": [], "init_hash": None, "modules": [],
+                                     "used_run_loader": False, "per_rank_batch": None}
+        self._module: nn.Module | None = None
+        self._pending: dict[str, Any] = {"losses": [], "rows": [], "indices": []}
+        self._orders: dict[int, tuple[list[int], int]] = {}  # id(loader) -> order, batch
+
+    # --- hooks called by Run -------------------------------------------------------------
+    def loader_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Per-process batch B/N and a dataset of steps x B samples (shuffled loaders only:
+        an unshuffled loader is taken for evaluation and left whole)."""
+        if not kwargs.get("shuffle"):
+            return kwargs
+        own = int(kwargs["batch_size"])
+        global_batch = self.batch or own * self.nproc
+        if global_batch % self.world:
+            raise ValueError(f"splitsync verify: global batch {global_batch} is not divisible "
+                             f"by {self.world} processes; pass --batch a multiple of it.")
+        per_rank = global_batch // self.world
+        dataset = kwargs["dataset"]
+        keep = min(len(dataset), self.steps_per_epoch * global_batch)
+        self.data["used_run_loader"] = True
+        self.data["per_rank_batch"] = per_rank
+        return {**kwargs, "batch_size": per_rank, "dataset": Subset(dataset, range(keep))}
+
+    def on_model(self, module: nn.Module) -> None:
+        from splitsync.guards.consistency import param_fingerprints
+
+        self._module = module
+        _, fp = param_fingerprints(module)
+        self.data["init_hash"] = hashlib.sha1(str(fp.tolist()).encode()).hexdigest()[:16]
+        self.data["modules"] = sorted({type(m).__name__ for m in module.modules()})
+        module.register_forward_pre_hook(self._on_forward)
+
+    def _on_forward(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        if module.training and args and isinstance(args[0], torch.Tensor):
+            self._pending["rows"].extend(_row_hashes(args[0]))
+
+    def on_iter(self, loader: Any) -> None:
+        sampler = loader.sampler
+        order = list(iter(sampler)) if sampler is not None else []
+        self._orders[id(loader)] = (order, loader.batch_size or 1)
+        self.data["passes"].append({"loader": id(loader) % 100003,
+                                    "shuffle": bool(getattr(sampler, "shuffle", False)),
+                                    "epoch": getattr(sampler, "epoch", None)})
+
+    def epochs(self, start: int, n: int) -> int:
+        return min(n, start + self.max_epochs)
+
+    def on_backward(self, loss: torch.Tensor, active: Any) -> None:
+        self._pending["losses"].append(float(loss.detach().float().item()))
+        if active is not None and id(active) in self._orders:
+            order, bs = self._orders[id(active)]
+            seen = active.batches_seen
+            self._pending["indices"].extend(order[(seen - 1) * bs: seen * bs])
+
+    def on_step_begin(self) -> None:
+        """Before optimizer.step(): gradients are final (all-reduced) here."""
+        grads = [p.grad.detach().float().norm() for p in self._params() if p.grad is not None]
+        norm = float(torch.stack(grads).norm().item()) if grads else 0.0
+        losses = self._pending["losses"]
+        self.data["steps"].append({"loss": sum(losses) / len(losses) if losses else None,
+                                   "grad_norm": norm, "rows": self._pending["rows"],
+                                   "indices": self._pending["indices"],
+                                   "pass": len(self.data["passes"])})
+        self._pending = {"losses": [], "rows": [], "indices": []}
+        self.flush()
+
+    def on_step_end(self) -> None:
+        if len(self.data["steps"]) >= self.steps_per_epoch * self.max_epochs:
+            raise SystemExit(0)  # enough steps recorded: end the script quietly
+
+    def flush(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data))
+        os.replace(tmp, self.path)
+
+    def _params(self) -> list[nn.Parameter]:
+        return list(self._module.parameters()) if self._module is not None else []
+
+
+def from_environ(environ: Mapping[str, str], rank: int, world: int) -> ScriptRecorder | None:
+    """The recorder when ``splitsync verify`` launched this script, else None."""
+    out = environ.get(ENV_DIR)
+    if not out:
+        return None
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    batch = environ.get(ENV_BATCH)
+    return ScriptRecorder(path, rank, world, int(batch) if batch else None,
+                          int(environ.get(ENV_NPROC, "1")), int(environ.get(ENV_STEPS, "3")),
+                          int(environ.get(ENV_EPOCHS, "2")))

@@ -1,0 +1,160 @@
+"""Each runtime guard provoked on 2 real gloo ranks; the messages must name what went wrong."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import splitsync
+from splitsync.guards import (
+    CollectiveTimeoutError,
+    ConfigMismatchError,
+    ParameterMismatchError,
+)
+from splitsync.testing import spawn
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def _config_mismatch(rank: int, world: int) -> str:
+    sys.argv = ["train.py", "--lr", "0.1" if rank == 0 else "0.01"]
+    try:
+        splitsync.init(seed=0)
+    except ConfigMismatchError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_different_arguments_name_the_rank_and_argument() -> None:
+    for msg in spawn(_config_mismatch, 2):
+        assert "rank 1: argument 2 = '0.01'" in msg
+        assert "(rank 0: '0.1')" in msg
+
+
+def _params_mismatch(rank: int, world: int, guards: bool) -> str:
+    with splitsync.init(seed=0, guards=guards) as run:
+        torch.manual_seed(rank)  # the lesson's mistake: each rank initialises its own weights
+        try:
+            run.model(Net())
+        except ParameterMismatchError as exc:
+            return str(exc)
+    return "no error"
+
+
+def test_different_initial_parameters_name_parameter_and_ranks() -> None:
+    for msg in spawn(_params_mismatch, 2, True):
+        assert "first differing parameter 'fc.weight'" in msg
+        assert "rank(s) [1] differ from rank(s) [0]" in msg
+        assert "init(seed=0)" in msg
+
+
+def test_guards_false_turns_the_parameter_check_off() -> None:
+    assert spawn(_params_mismatch, 2, False) == ["no error", "no error"]
+
+
+def _device_mismatch(rank: int, world: int, guards: bool) -> tuple[str, str]:
+    with splitsync.init(seed=0, guards=guards) as run:
+        model = run.model(Net())
+        x = torch.zeros(2, 3, device="meta")  # a batch left on another device
+        try:
+            model(x)
+        except RuntimeError as exc:
+            return type(exc).__name__, str(exc)
+    return "none", ""
+
+
+def test_device_mismatch_names_parameters_inputs_and_devices() -> None:
+    for kind, msg in spawn(_device_mismatch, 2, True):
+        assert kind == "DeviceMismatchError"
+        assert "parameters on cpu: fc.weight, fc.bias" in msg
+        assert "inputs on meta: input[0]" in msg
+        assert "run.to_device(batch)" in msg
+
+
+def test_device_guard_is_off_with_guards_false() -> None:
+    for kind, msg in spawn(_device_mismatch, 2, False):
+        assert kind == "RuntimeError" and "fc.weight" not in msg
+
+
+def _skip_collective(rank: int, world: int) -> str:
+    with splitsync.init(seed=0, timeout=3) as run:
+        if rank == 1:
+            time.sleep(8)  # rank 1 skips the collective and is busy elsewhere
+            return "skipped"
+        try:
+            run.mean(1.0)
+        except CollectiveTimeoutError as exc:
+            return str(exc)
+    return "no error"
+
+
+def test_rank_that_skips_a_collective_is_named_instead_of_a_hang() -> None:
+    msg, skipped = spawn(_skip_collective, 2, timeout=90)
+    assert skipped == "skipped"
+    assert "Rank 0: collective call #1 all_reduce at" in msg
+    assert "test_guard_runtime.py" in msg
+    assert "rank 1 never arrived" in msg
+
+
+def _out_of_step(rank: int, world: int) -> str:
+    with splitsync.init(seed=0, timeout=3) as run:
+        try:
+            if rank == 0:
+                run.mean(1.0)
+            else:
+                run.barrier()
+        except CollectiveTimeoutError as exc:
+            return str(exc)
+    return "no error"
+
+
+def test_ranks_at_different_collectives_are_reported_out_of_step() -> None:
+    msg0, msg1 = spawn(_out_of_step, 2, timeout=90)
+    assert "rank 1 is at call #1 barrier" in msg0
+    assert "rank 0 is at call #1 all_reduce" in msg1
+
+
+def _good_run(rank: int, world: int) -> float:
+    with splitsync.init(seed=0, timeout=30) as run:
+        model = run.model(Net())
+        loss = model(torch.ones(2, 3)).sum()
+        run.backward(loss)
+        run.barrier()
+        return float(run.mean(float(rank)))
+
+
+def test_guards_stay_silent_on_a_correct_run() -> None:
+    assert spawn(_good_run, 2) == [0.5, 0.5]
+
+
+def _uneven_backward(rank: int, world: int) -> str:
+    with splitsync.init(seed=0, timeout=3) as run:
+        model = run.model(Net())
+        batches = 2 if rank == 0 else 1  # uneven data: rank 0 has one batch more
+        try:
+            for _ in range(batches):
+                run.backward(model(torch.ones(2, 3)).sum())
+            time.sleep(6)  # rank 1 is done and busy elsewhere
+        except CollectiveTimeoutError as exc:
+            return str(exc)
+    return "no error"
+
+
+def test_extra_backward_on_one_rank_names_the_absent_rank() -> None:
+    msg = spawn(_uneven_backward, 2, timeout=90)[0]
+    # DDP's next forward already communicates (bucket rebuild), so that is where rank 0 waits
+    assert "Rank 0: collective call #2 forward at" in msg
+    assert "rank 1 never arrived" in msg
