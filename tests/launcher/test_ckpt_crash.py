@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from ckpt_crash_script import spawn_entry
+from launchkit import launch_command
 from safetensors.torch import load_file
 
 from splitsync.testing import clean_env, spawn
@@ -17,19 +17,15 @@ SCRIPT = Path(__file__).with_name("ckpt_crash_script.py")
 
 
 def elastic_command(script: Path, *args: str, nproc: int = 2, max_restarts: int = 1) -> list[str]:
-    """The launch command (torchrun's elastic agent, as ``splitsync run`` uses underneath)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
-            str(script), *args]
+    """``splitsync run -n N --max-restarts R script``: torchrun's elastic agent underneath."""
+    return launch_command(script, nproc, *args, max_restarts=max_restarts)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_killed_rank_restarts_and_resumes_exactly(tmp_path: Path) -> None:
     crashed = tmp_path / "crashed.safetensors"
-    # torchrun's agent keeps one TCPStore across restarts by default; the restarted workers
-    # then read the dead workers' addresses left in it. A fresh store per attempt avoids that.
-    env = {**clean_env(), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    env = clean_env()  # `splitsync run` gives each restart a fresh store by itself
     proc = subprocess.run(elastic_command(SCRIPT, str(tmp_path / "ck"), str(crashed), "--crash"),
                           env=env, capture_output=True, text=True, timeout=200)
     log = proc.stdout + proc.stderr

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-from splitsync.testing import clean_env
+from launchkit import launch as launch_script
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "digits.py"
@@ -21,21 +16,7 @@ pytestmark = pytest.mark.slow
 
 def launch(script: Path, nproc: int, *args: str, timeout: float = 150) -> str:
     """Run ``script`` on ``nproc`` processes; return its output; fail on error or timeout."""
-    if nproc == 1:
-        cmd = [sys.executable, str(script), *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(nproc), str(script), *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every worker it started
-        out, _ = proc.communicate()
-        pytest.fail(f"{script.name} on {nproc} processes did not finish in {timeout}s:\n{out}")
-    assert proc.returncode == 0, f"{script.name} exited {proc.returncode}:\n{out}"
-    return out
+    return launch_script(script, nproc, *args, cwd=ROOT, timeout=timeout)
 
 
 def _accuracy(out: str) -> float:
@@ -59,3 +40,16 @@ def test_digits_one_process_with_flags() -> None:
     out = launch(DEMO, 1, "--epochs", "2", "--batch-size", "64", "--lr", "5e-3", "--seed", "1")
     assert "1 process(es)" in out and "batch 64 per process" in out
     assert _accuracy(out) >= 80.0  # two epochs on one process: well above chance (10%)
+
+
+@pytest.mark.parametrize(
+    ("nproc", "flags"),
+    [
+        (2, ("--strategy", "fsdp")),
+        (1, ("--precision", "bf16-mixed")),
+        (1, ("--accumulate", "2")),
+    ],
+)
+def test_digits_training_features_keep_95_percent(nproc: int, flags: tuple[str, ...]) -> None:
+    out = launch(DEMO, nproc, *flags)
+    assert _accuracy(out) >= 95.0

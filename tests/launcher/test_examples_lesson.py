@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from launchkit import launch as launch_script
 
 from splitsync.testing import clean_env
 
@@ -19,22 +18,7 @@ pytestmark = pytest.mark.slow
 
 def launch(name: str, nproc: int, *args: str, timeout: float = 120) -> str:
     """Run ``examples/lesson/<name>`` on ``nproc`` processes and return its output."""
-    script = str(LESSON / name)
-    if nproc == 1:
-        cmd = [sys.executable, script, *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(nproc), script, *args]
-    proc = subprocess.Popen(cmd, cwd=LESSON.parents[1], env=clean_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"{name} on {nproc} processes did not finish in {timeout}s:\n{out}")
-    assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{out}"
-    return out
+    return launch_script(LESSON / name, nproc, *args, cwd=LESSON.parents[1], timeout=timeout)
 
 
 def _losses(out: str) -> tuple[float, float]:

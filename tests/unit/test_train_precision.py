@@ -35,9 +35,14 @@ def test_bad_names_and_values_name_the_valid_ones() -> None:
 
 
 def test_precision_32_adds_nothing_to_the_hot_path() -> None:
-    with ss.init(seed=0) as run:
+    with ss.init(seed=0, guards=False) as run:
         model = run.model(_net())
         assert "forward" not in vars(model)  # forward untouched: no wrapper, no autocast
+    with ss.init(seed=0) as run:
+        model = run.model(_net())
+        # with guards on (the default) only the device-mismatch guard wraps forward
+        assert type(vars(model)["forward"]).__name__ == "GuardedForward"
+        assert vars(model)["forward"].inner.__func__ is type(model).forward  # no autocast
         assert run._plan.backward.__name__ == "_plain_backward"
         assert run._plan.step.__name__ == "_step_plain"
 

@@ -136,6 +136,10 @@ def _launch(spec: LaunchSpec) -> int:
         del os.environ[key]
     for key, value in spec.env:
         os.environ[key] = value  # the agent passes its environment on to the workers
+    if spec.max_restarts > 0 or spec.min_nodes != spec.max_nodes:
+        # Restarted workers must not reuse the agent's store: they would read the dead
+        # workers' gloo addresses and fail to connect (pytorch issues 135712, 167288).
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     for note in spec.notes:
         _say(note)
     if not spec.single_node:
