@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -25,26 +24,26 @@ from splitsync.group import destroy_group, init_group
 from splitsync.guards import check_same_parameters, guard_forward
 from splitsync.guards.session import GuardSession, collective_timeout
 from splitsync.guards.session import start as start_guards
-from splitsync.join import join
 from splitsync.logs import attach_rank_handler, get_logger
 from splitsync.metrics import MetricsLog, average_metrics
 from splitsync.precision import get_precision
 from splitsync.progress import progress as _progress
+from splitsync.run_checkpoints import CheckpointMethods
+from splitsync.run_collectives import CollectiveMethods
+from splitsync.run_training import TrainingMethods
 from splitsync.seeding import draw_seed, seed_everything
 from splitsync.strategies import WrapContext, get_strategy, resolve, unwrap
 from splitsync.syncbn import convert_sync_batchnorm
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from splitsync.ckpt import Checkpointer, ResumeState
 from splitsync.verify.record import ScriptRecorder
 from splitsync.verify.record import from_environ as verify_recorder
+
+if TYPE_CHECKING:
+    from splitsync.ckpt import Checkpointer
 
 __all__ = ["init", "Run"]
 
 
-class Run:
+class Run(TrainingMethods, CollectiveMethods, CheckpointMethods):
     """Who this process is, plus the helpers that make a loop data-parallel."""
 
     def __init__(self, config: RunConfig, env: DistEnv, device: torch.device, backend: str,
@@ -155,137 +154,6 @@ class Run:
     def to_device(self, obj: Any) -> Any:
         """Move a (nested) batch to the run's device."""
         return move_to(obj, self.device)
-
-    # --- step --------------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()``, scaled under "16-mixed" and divided by ``accumulate``."""
-        if self._verify is not None:
-            self._verify.on_backward(loss, self._active)
-        if self._watch is not None and self.world_size > 1:
-            self._watch.call("backward (gradient all-reduce)", self._plan.backward, loss)
-        else:
-            self._plan.backward(loss)
-
-    def step(self, optimizer: torch.optim.Optimizer,
-             clip: float | None = None) -> torch.Tensor | None:
-        """Step the optimizer, then zero its gradients (set to None).
-
-        With ``accumulate=k`` only every k-th call steps (the others return at once).
-        ``clip`` clips gradients to that global norm first (unscaled under "16-mixed") and
-        the norm before clipping is returned; without ``clip`` the result is None.
-        """
-        if self._verify is None:
-            return self._plan.step(optimizer, clip)
-        self._verify.on_step_begin()
-        norm = self._plan.step(optimizer, clip)
-        self._verify.on_step_end()  # may end the script once enough steps are recorded
-        return norm
-
-    def autocast(self) -> AbstractContextManager[Any]:
-        """The precision's autocast context (models from ``run.model`` already use it)."""
-        return self._plan.precision.autocast()
-
-    def accumulate(self, model: nn.Module) -> AbstractContextManager[None]:
-        """Around one micro-step (forward and backward): no gradient sync unless it is the
-        ``accumulate``-th. Models from ``run.model`` decide this by themselves."""
-        return self._plan.accumulate(model)
-
-    @property
-    def sync_gradients(self) -> bool:
-        """Whether the last backward completed an accumulation window (the step will step)."""
-        return self._plan.micro % self._plan.every == 0
-
-    @property
-    def scaler(self) -> Any:
-        """The GradScaler under "16-mixed" (for checkpoints), else None."""
-        return self._plan.scaler
-
-    def join(self, *models: nn.Module, enable: bool = True,
-             throw_on_early_termination: bool = False) -> AbstractContextManager[Any]:
-        """Uneven inputs: ranks that run out of batches keep shadowing the others' all-reduces
-        (``torch.distributed.algorithms.Join``) so that nobody hangs."""
-        return join(*models, enable=enable, throw_on_early_termination=throw_on_early_termination)
-
-    # --- checkpoints -------------------------------------------------------------------
-    def resume(self, dir: str | os.PathLike[str], *, keep: int = 3, **objects: Any) -> ResumeState:
-        """Register ``objects`` (model=, optimizer=, scheduler=, scaler=, ...) for
-        :meth:`save` and load the newest complete checkpoint under ``dir``, if any.
-
-        RNG states and the position of every loader made by :meth:`loader` are restored too,
-        so the loop continues exactly where the checkpoint was taken. Collective.
-        """
-        from pathlib import Path
-
-        from splitsync.ckpt import Checkpointer
-
-        if self._ckpt is not None:
-            self._ckpt.close()
-        self._ckpt = Checkpointer(Path(dir), objects, keep=keep, rank=self.rank,
-                                  world_size=self.world_size)
-        return self._ckpt.load(self._loaders)
-
-    def save(self, dir: str | os.PathLike[str] | None = None, *, step: int | None = None,
-             epoch: int | None = None, **extra: Any) -> Path:
-        """Atomically save everything registered by :meth:`resume`, plus ``extra`` (JSON or
-        tensors), as ``dir/step-<step>/``; older checkpoints beyond ``keep`` are removed.
-        Collective: call it on every rank."""
-        from pathlib import Path
-
-        if self._ckpt is None:
-            raise RuntimeError("run.save() saves the objects registered by run.resume(dir, "
-                               "model=..., optimizer=...); call run.resume first.")
-        root = self._ckpt.root if dir is None else Path(dir)
-        return self._ckpt.save(root, self._loaders, step=step, epoch=epoch, extra=extra)
-
-    def export(self, path: str | os.PathLike[str], model: nn.Module | None = None) -> Path:
-        """Write the model's final weights to ``path`` as one unsharded safetensors file."""
-        from splitsync.ckpt.export import export_safetensors
-
-        if model is None:
-            models = list(self._ckpt.models.values()) if self._ckpt is not None else []
-            if len(models) != 1:
-                raise TypeError("run.export(path) exports the model registered by run.resume; "
-                                f"{len(models)} are registered, so pass model=...")
-            model = models[0]
-        return export_safetensors(model, path, self.rank)
-
-    # --- collectives -------------------------------------------------------------------
-    def _collective(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
-        # The hang guard only counts calls; it acts when one fails.
-        return fn(*args) if self._watch is None else self._watch.call(op, fn, *args)
-
-    def mean(self, x: Any) -> Any:
-        """Average over ranks (tensor or number)."""
-        return self._collective("all_reduce", comm.reduce, x, "mean", self.device)
-
-    def sum(self, x: Any) -> Any:
-        """Sum over ranks."""
-        return self._collective("all_reduce", comm.reduce, x, "sum", self.device)
-
-    def max(self, x: Any) -> Any:
-        """Maximum over ranks."""
-        return self._collective("all_reduce", comm.reduce, x, "max", self.device)
-
-    def gather(self, x: Any) -> torch.Tensor:
-        """Concatenate along dim 0 from all ranks, in rank order."""
-        return self._collective("all_gather", comm.all_gather, x, self.device)
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        """Rank ``src``'s object on every rank."""
-        return self._collective("broadcast", comm.broadcast_object, obj, src)
-
-    def barrier(self) -> None:
-        """Wait for every rank (with guards: a monitored barrier that names absent ranks)."""
-        if self._watch is not None:
-            self._watch.barrier()
-        else:
-            comm.barrier()
-
-    def gather_for_metrics(self, x: torch.Tensor) -> torch.Tensor:
-        """Gather results of the current batch without the sampler's padded duplicates."""
-        if self._active is not None:
-            x = self._active.trim_padding(x)
-        return self._collective("all_gather", comm.all_gather, x, self.device)
 
     # --- output ------------------------------------------------------------------------
     def print(self, *args: Any, **kwargs: Any) -> None:
