@@ -19,19 +19,38 @@ _EXPORTS = {
     "detect_env": "splitsync.env",
     "move_to": "splitsync.device",
     "seed_everything": "splitsync.seeding",
+    "Throughput": "splitsync.throughput",
+    "ResumeState": "splitsync.ckpt.session",
+    "CheckpointError": "splitsync.ckpt.store",
+    "GroupError": "splitsync.group",
+    "DesyncError": "splitsync.desync",
+    "DeviceMismatchError": "splitsync.guards.devices",
+    "ConfigMismatchError": "splitsync.guards.consistency",
+    "ParameterMismatchError": "splitsync.guards.consistency",
+    "CollectiveTimeoutError": "splitsync.guards.hangs",
 }
 
 __all__ = [
     "init", "Run", "RunConfig", "DistEnv", "EnvError", "detect_env", "move_to",
-    "seed_everything", "__version__",
+    "seed_everything", "Throughput", "ResumeState", "CheckpointError", "GroupError",
+    "DesyncError", "DeviceMismatchError", "ConfigMismatchError", "ParameterMismatchError",
+    "CollectiveTimeoutError", "__version__",
 ]
 
 if TYPE_CHECKING:
+    from splitsync.ckpt.session import ResumeState
+    from splitsync.ckpt.store import CheckpointError
     from splitsync.config import RunConfig
+    from splitsync.desync import DesyncError
     from splitsync.device import move_to
     from splitsync.env import DistEnv, EnvError, detect_env
+    from splitsync.group import GroupError
+    from splitsync.guards.consistency import ConfigMismatchError, ParameterMismatchError
+    from splitsync.guards.devices import DeviceMismatchError
+    from splitsync.guards.hangs import CollectiveTimeoutError
     from splitsync.runtime import Run, init
     from splitsync.seeding import seed_everything
+    from splitsync.throughput import Throughput
 
 
 def __getattr__(name: str) -> Any:

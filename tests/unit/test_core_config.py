@@ -56,3 +56,8 @@ def test_import_is_lazy() -> None:
     code = "import sys, splitsync; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_every_public_name_resolves() -> None:
+    for name in splitsync.__all__:
+        assert getattr(splitsync, name) is not None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,21 +78,28 @@ def train_tiny(run: Any, global_batch: int = 16, epochs: int = 2) -> tuple[nn.Mo
     return model, opt
 
 
-def roundtrip_checkpoint(model: nn.Module, opt: torch.optim.Optimizer, path: Path) -> Result:
-    """Save model and optimizer state, load it back with weights_only=True, compare."""
-    from splitsync.strategies import unwrap
+def roundtrip_checkpoint(run: Any, model: nn.Module, opt: torch.optim.Optimizer,
+                         directory: Path) -> Result:
+    """run.save, wipe the weights, run.resume: the weights and optimizer state come back.
 
-    state = {"model": unwrap(model).state_dict(), "optim": opt.state_dict()}
+    Collective (every rank calls it); ``directory`` must be the same on all ranks.
+    """
+    name = "checkpoint round trip"
     try:
-        torch.save(state, path)
-        back = torch.load(path, weights_only=True)
-        same = all(torch.equal(v, back["model"][k]) for k, v in state["model"].items())
-        same = same and back["optim"]["param_groups"] == state["optim"]["param_groups"]
+        run.resume(directory, model=model, optimizer=opt)  # registers; nothing to load yet
+        weights = {k: v.detach().clone() for k, v in run.unwrap(model).state_dict().items()}
+        run.save(directory)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+        state = run.resume(directory, model=model, optimizer=opt)
+        back = run.unwrap(model).state_dict()
+        same = state.resumed and all(torch.equal(v, back[k]) for k, v in weights.items())
     except Exception as exc:
-        return Result("checkpoint round trip", False, f"{type(exc).__name__}: {exc}")
+        return Result(name, False, f"{type(exc).__name__}: {exc}")
     if not same:
-        return Result("checkpoint round trip", False, "loaded state differs from saved state")
-    return Result("checkpoint round trip", True, f"{len(state['model'])} tensors + optimizer")
+        return Result(name, False, "the resumed weights differ from the saved ones")
+    return Result(name, True, f"{len(weights)} tensors + optimizer, atomic save and verified load")
 
 
 def compare_params(one: dict[str, torch.Tensor], many: dict[str, torch.Tensor], n: int,
@@ -107,9 +113,3 @@ def compare_params(one: dict[str, torch.Tensor], many: dict[str, torch.Tensor], 
         return Result(name, False, f"parameters differ by up to {worst:.2e} (> {atol:g}): "
                                    "data parallelism is not reproducing 1-process training")
     return Result(name, True, f"same parameters (max |diff| {worst:.1e})")
-
-
-def temp_path(directory: Path, name: str) -> Path:
-    """A file name in ``directory`` (created) for one rank's scratch data."""
-    directory.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkstemp(prefix=name, dir=directory)[1])

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 import splitsync
-from splitsync.verify.checks import check_backend, roundtrip_checkpoint, temp_path, train_tiny
+from splitsync.verify.checks import check_backend, roundtrip_checkpoint, train_tiny
 
 __all__ = ["main"]
 
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         if run.world_size > 1:
             results += [check_backend(b, run.rank, run.world_size) for b in args.backend]
         model, opt = train_tiny(run)
-        results.append(roundtrip_checkpoint(model, opt, temp_path(args.out, f"ckpt{run.rank}")))
+        results.append(roundtrip_checkpoint(run, model, opt, args.out / "checkpoint"))
         if run.is_main:
             params = {k: v.detach().cpu() for k, v in run.unwrap(model).state_dict().items()}
             torch.save(params, args.out / "params.pt")
