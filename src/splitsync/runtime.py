@@ -192,6 +192,8 @@ class Run(TrainingMethods, CollectiveMethods, CheckpointMethods):
                 self._verify.flush()
             if self._guards is not None:
                 self._guards.close(clean)  # debug mode: last cross-check, then unpatch
+            if clean and self._owns_group and self.world_size > 1:
+                self._barrier_before_teardown()
         finally:
             if self._metrics is not None:
                 self._metrics.close()
@@ -201,6 +203,15 @@ class Run(TrainingMethods, CollectiveMethods, CheckpointMethods):
                 get_logger().removeHandler(self.log_handler)
             if self._owns_group:
                 destroy_group()
+
+    def _barrier_before_teardown(self) -> None:
+        # Every rank finishes its communication before any tears its group down: a rank
+        # that exits early can abort a peer still inside gloo. Best effort: a rank that
+        # does not arrive is reported, and teardown goes on.
+        try:
+            self.barrier()
+        except Exception as exc:  # the collective's own error says which rank and why
+            get_logger().warning("not every rank reached close(): %s", exc)
 
     def __enter__(self) -> Run:
         return self

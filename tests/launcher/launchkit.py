@@ -23,15 +23,20 @@ def launch_command(script: Path | str, nproc: int, *args: str, max_restarts: int
 
 def launch(script: Path | str, nproc: int, *args: str, cwd: Path | None = None,
            timeout: float = 150, max_restarts: int = 0) -> str:
-    """Run ``script`` on ``nproc`` processes; return its output; fail on error or timeout."""
+    """Run ``script`` on ``nproc`` processes; return its standard output.
+
+    Standard error is kept apart (warnings written there could land inside a stdout line
+    of another rank) and shown when the run fails or times out.
+    """
     cmd = launch_command(script, nproc, *args, max_restarts=max_restarts)
     proc = subprocess.Popen(cmd, cwd=cwd, env=clean_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every worker it started
-        out, _ = proc.communicate()
-        pytest.fail(f"{Path(script).name} on {nproc} processes did not finish in {timeout}s:\n{out}")
-    assert proc.returncode == 0, f"{Path(script).name} exited {proc.returncode}:\n{out}"
+        out, err = proc.communicate()
+        pytest.fail(f"{Path(script).name} on {nproc} processes did not finish in {timeout}s:"
+                    f"\n{out}\n{err}")
+    assert proc.returncode == 0, f"{Path(script).name} exited {proc.returncode}:\n{out}\n{err}"
     return out
