@@ -6,7 +6,7 @@ import random
 
 import torch
 
-__all__ = ["seed_everything", "worker_init_fn", "draw_seed", "capture_rng", "restore_rng"]
+__all__ = ["seed_everything", "worker_init_fn", "draw_seed"]
 
 _MAX_SEED = 2**32 - 1
 
@@ -40,29 +40,3 @@ def worker_init_fn(worker_id: int) -> None:
     except ImportError:
         return
     np.random.seed(seed)
-
-
-def capture_rng() -> dict[str, object]:
-    """RNG states of python, numpy, torch and cuda, as tensors and plain objects."""
-    state: dict[str, object] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    try:
-        import numpy as np
-
-        state["numpy"] = np.random.get_state()
-    except ImportError:
-        pass
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: dict[str, object]) -> None:
-    """Inverse of :func:`capture_rng`."""
-    random.setstate(state["python"])  # type: ignore[arg-type]
-    torch.set_rng_state(state["torch"])  # type: ignore[arg-type]
-    if "numpy" in state:
-        import numpy as np
-
-        np.random.set_state(state["numpy"])  # type: ignore[arg-type]
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])  # type: ignore[arg-type]
