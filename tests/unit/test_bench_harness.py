@@ -131,3 +131,23 @@ def test_plan_validation_and_scaling_rows_from_results() -> None:
     assert rows[1]["efficiency"] == pytest.approx(0.5)
     assert rows[1]["samples_per_s"] == pytest.approx(2 * 32 / 2.0e-3)
     assert "plan" in render({"plan_validation": val, "scaling": rows})
+
+
+def test_plan_validation_prefers_the_between_compute_fit() -> None:
+    from splitsync.bench import costmodel as cm
+
+    fast, slow = cm.Network("b2b", 1e9, 1e-4), cm.Network("train", 1e9, 4e-4)
+    sizes = (1024, 1 << 20, 1 << 24)
+    comm = [{"bytes": b, "allreduce_s": cm.ring_allreduce_time(b, 2, fast), "world_size": 2}
+            for b in sizes]
+    train = [{"bytes": b, "allreduce_s": cm.ring_allreduce_time(b, 2, slow), "world_size": 2}
+             for b in sizes]
+    overhead = [_fake_overhead("W1", 1, 1.0), _fake_overhead("W1", 2, 2.0, local=1.2)]
+    v = plan_validation(overhead, comm, train)[0]
+    assert v["fit_latency_us"] == pytest.approx(400) and v["b2b_latency_us"] == pytest.approx(100)
+    assert v["network_pattern"] == "between compute"
+    grad = v["grad_bytes"]
+    assert v["predicted_straggler_ms"] == pytest.approx(1.8 + 1e3 * cm.predict(1.8e-3, grad, 2, slow).exposed)
+    assert v["predicted_b2b_ms"] == pytest.approx(1.8 + 1e3 * cm.predict(1.8e-3, grad, 2, fast).exposed)
+    assert v["predicted_b2b_ms"] < v["predicted_straggler_ms"]
+    assert "back-to-back fit" in render({"plan_validation": [v]})

@@ -21,10 +21,13 @@ from dataclasses import dataclass
 __all__ = [
     "Network", "NETWORKS", "Prediction", "ring_allreduce_time", "bus_bandwidth",
     "ddp_buckets", "exposed_comm", "predict", "predict_many", "fit_network",
-    "parse_count", "DTYPE_BYTES", "advice", "PLAN_SIZES",
+    "parse_count", "DTYPE_BYTES", "advice", "PLAN_SIZES", "TRAIN_COMM_SIZES",
 ]
 
 PLAN_SIZES: tuple[int, ...] = (1, 2, 8, 64, 512, 4096)
+# Message sizes of the training-pattern all-reduce sweep (bytes): a latency-bound end and
+# the sizes of DDP's first (1 MiB) and later buckets.
+TRAIN_COMM_SIZES: tuple[int, ...] = (1024, 32 * 1024, 256 * 1024, 1024**2, 4 * 1024**2)
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "tf32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2,
                "float16": 2, "fp64": 8, "float64": 8, "fp8": 1}
 FIRST_BUCKET_MB = 1.0  # DDP's torch.distributed._DEFAULT_FIRST_BUCKET_BYTES

@@ -15,10 +15,11 @@ from splitsync.bench.harness import interleave, median, percentile, summarize
 from splitsync.bench.workloads import build_loop, make_workload
 
 __all__ = ["measure_rank", "single_loop_rank", "comm_rank", "compare_loops", "comm_sweep",
-           "OPTIONAL_LOOPS"]
+           "comm_between_compute", "OPTIONAL_LOOPS", "COMPUTE_GAP_S"]
 
 OPTIONAL_LOOPS = ("accelerate", "fabric")
 MIN_ROUNDS, MAX_ROUNDS = 6, 2000
+COMPUTE_GAP_S = 1e-3  # compute before each all-reduce in the training-pattern sweep
 
 
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -124,6 +125,51 @@ def comm_sweep(sizes: list[int], device: torch.device, budget: float) -> list[di
     return out
 
 
+def _busy(seconds: float, a: torch.Tensor) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        torch.mm(a, a)
+
+
+def comm_between_compute(sizes: list[int], device: torch.device, budget: float,
+                         gap_s: float = COMPUTE_GAP_S) -> list[dict]:
+    """All-reduce time per size when every rank computes ``gap_s`` seconds before each call.
+
+    This is the pattern of training: between two steps' all-reduces the ranks compute, the
+    backend's threads go idle and the first rank to arrive waits for the others. Per call
+    the time counted is that of the rank that arrived last (the smallest of the ranks' call
+    times), so waiting for a slower rank is left out: that belongs to the per-device step.
+    No clock is compared across processes.
+    """
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    a = torch.randn(64, 64, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    out = []
+    for nbytes in sizes:
+        numel = max(1, nbytes // 4)
+        buf = torch.ones(numel, device=device)
+        dist.barrier()
+        dist.all_reduce(buf)
+        own = []
+        for _ in range(max(50, _reps(nbytes, budget))):
+            _busy(gap_s, a)
+            sync()
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            sync()
+            own.append(time.perf_counter() - t0)
+        mine = torch.tensor(own, dtype=torch.float64, device=device)
+        every = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)
+        last = torch.stack([t.cpu() for t in every]).min(0).values  # the last to arrive
+        t_ar = float(last.median())
+        out.append({"bytes": numel * 4, "allreduce_s": t_ar, "gap_s": gap_s,
+                    "own_median_s": median(own), "world_size": world})
+    return out
+
+
 def measure_rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict | None:
     """Run ``spec`` on this rank: overhead comparisons, naive-vs-DDP, all-reduce sweep."""
     import splitsync
@@ -151,6 +197,9 @@ def measure_rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict | Non
                     rounds=spec.get("rounds"), block=spec.get("block"), warmup=1))
         if spec.get("comm_sizes"):
             res["comm"] = comm_sweep(spec["comm_sizes"], run.device, spec.get("comm_budget", 0.05))
+        if spec.get("train_comm_sizes") and world_size > 1:
+            res["comm_train"] = comm_between_compute(
+                spec["train_comm_sizes"], run.device, spec.get("comm_budget", 0.05))
         return res if rank == 0 else None
 
 
@@ -171,10 +220,10 @@ def single_loop_rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict |
 
 
 def comm_rank(rank: int, world_size: int, sizes: list[int]) -> list[dict] | None:
-    """All-reduce sweep alone (for ``splitsync plan --network measured``)."""
+    """All-reduce between compute, alone (for ``splitsync plan --network measured``)."""
     import splitsync
 
     torch.set_num_threads(1)
     with splitsync.init(seed=0, guards=False) as run:
-        rows = comm_sweep(sizes, run.device, 0.05)
+        rows = comm_between_compute(sizes, run.device, 0.05)
         return rows if rank == 0 else None

@@ -123,15 +123,18 @@ def _network(args: argparse.Namespace) -> Any:
 
 
 def measure_network(world: int = 2) -> Any:
-    """Fit alpha and B to all-reduce times of ``world`` local gloo processes."""
-    from splitsync.bench.costmodel import fit_network
+    """Fit alpha and B to all-reduce times of ``world`` local gloo processes.
+
+    The all-reduces are timed between stretches of compute, as in training (see
+    :func:`splitsync.bench.measure.comm_between_compute`), not back to back.
+    """
+    from splitsync.bench.costmodel import TRAIN_COMM_SIZES, fit_network
     from splitsync.bench.measure import comm_rank
     from splitsync.testing import spawn
 
-    sizes = [1024, 64 * 1024, 1024**2, 16 * 1024**2]
-    rows = spawn(comm_rank, world, sizes, timeout=300)[0]
+    rows = spawn(comm_rank, world, list(TRAIN_COMM_SIZES), timeout=300)[0]
     return fit_network([r["bytes"] for r in rows], [r["allreduce_s"] for r in rows], world,
-                       name=f"measured (gloo, {world} local processes)")
+                       name=f"measured (gloo, {world} local processes, between compute)")
 
 
 def main(args: argparse.Namespace) -> int:
