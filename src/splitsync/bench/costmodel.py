@@ -8,7 +8,24 @@ where alpha is the per-message latency and B the bandwidth of the slowest link i
 DDP splits the gradients into buckets (the first one small, then ``bucket_cap_mb`` each) and
 starts each bucket's all-reduce as soon as backward has produced it, so communication
 hides behind the rest of backward; what is left after backward ends is "exposed" and adds
-to the step time.
+to the step time:
+
+    step(N) = s·c + exposed(buckets, backward = f·s·c)
+
+with s the single-device step, f the backward share of it, and two measured terms:
+
+- ``c`` (``compute_scale``): per-device compute at N > 1 devices over the single-device
+  step. 1 on separate devices. Where the N processes share cores, memory bandwidth or
+  the backend's progress threads (N processes on one CPU host), each one computes
+  slower; c is then measured as the median of the slowest of N ranks training at once
+  without gradient sync, over the 1-process step (a synchronised step waits for the
+  slowest rank, so the slowest is what counts).
+- ``alpha`` as a training step pays it: a message sent after a stretch of compute, when
+  the backend's threads and the peer have gone idle and must be woken, not a message in
+  a back-to-back loop that keeps them spinning. ``splitsync plan --network measured`` and
+  ``splitsync bench`` fit alpha and B to all-reduces timed between compute
+  (:func:`splitsync.bench.measure.comm_between_compute`); on a shared 2-core host this
+  alpha is 2-4x the back-to-back one. Presets are nominal link figures.
 """
 
 from __future__ import annotations
@@ -131,15 +148,22 @@ def exposed_comm(buckets: Sequence[float], n: int, net: Network, backward_time: 
 
 def predict(step_time: float, grad_bytes: float, n: int, net: Network, *,
             backward_fraction: float = 0.6, overlap: bool = True, bucket_cap_mb: float = 25.0,
-            batch_size: int | None = None) -> Prediction:
-    """Step time at ``n`` devices from the single-device ``step_time`` (seconds)."""
+            batch_size: int | None = None, compute_scale: float = 1.0) -> Prediction:
+    """Step time at ``n`` devices from the single-device ``step_time`` (seconds).
+
+    ``compute_scale`` is the per-device compute at ``n`` > 1 over ``step_time`` (1 on
+    separate devices; measured above 1 when processes share a host's cores).
+    """
     if step_time <= 0:
         raise ValueError(f"step_time={step_time!r}: give the single-device step time in seconds.")
     if not 0 < backward_fraction <= 1:
         raise ValueError(f"backward_fraction={backward_fraction}: must be in (0, 1].")
+    if not compute_scale > 0:
+        raise ValueError(f"compute_scale={compute_scale}: must be > 0 (1 on separate devices).")
+    compute = step_time * (compute_scale if n > 1 else 1.0)
     buckets = ddp_buckets(grad_bytes, bucket_cap_mb)
-    comm, exposed = exposed_comm(buckets, n, net, backward_fraction * step_time, overlap)
-    step = step_time + exposed
+    comm, exposed = exposed_comm(buckets, n, net, backward_fraction * compute, overlap)
+    step = compute + exposed
     per_step = batch_size if batch_size is not None else 1
     return Prediction(n, step, comm, exposed, step_time / step, n * per_step / step)
 

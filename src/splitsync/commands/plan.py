@@ -14,7 +14,10 @@ devices from a single-device step time, the gradient size and the interconnect.
 Model: one ring all-reduce of b bytes over N devices takes 2(N-1)*alpha + 2(N-1)/N * b/B.
 Gradients go out in DDP's buckets (1 MiB first, then --bucket-cap-mb) as backward produces
 them, so communication overlaps the rest of backward; only what outlasts backward adds to
-the step. Weak scaling: the per-device batch stays fixed."""
+the step. Weak scaling: the per-device batch stays fixed. Measured terms: alpha and B
+timed between compute, as a training step pays them (--network measured), and
+--compute-scale, the per-device compute at N over the single-device step (1 on separate
+devices; above 1 when the N processes share one host's cores)."""
 
 EPILOG = """\
 examples:
@@ -56,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size (MiB)")
     parser.add_argument("--backward-fraction", type=float, default=0.6,
                         help="share of the step spent in backward (default: 0.6)")
+    parser.add_argument("--compute-scale", type=float, default=1.0, metavar="C",
+                        help="per-device compute at N > 1 over the single-device step: 1 on "
+                        "separate devices (default), measured when processes share cores")
     parser.add_argument("--no-overlap", action="store_true",
                         help="all-reduce only after backward (no overlap)")
     parser.add_argument("--memory-gb", type=float, default=None,
@@ -163,10 +169,14 @@ def main(args: argparse.Namespace) -> int:
         if args.step_ms <= 0:
             raise _fail(f"--step-ms {args.step_ms}: give a positive time in milliseconds.")
         step = args.step_ms / 1e3
+    if not args.compute_scale > 0:
+        raise _fail(f"--compute-scale {args.compute_scale}: give a factor > 0 (1 on separate "
+                    "devices; per-device step at N over the single-device step).")
     net = _network(args)
     grad = params * costmodel.DTYPE_BYTES[args.dtype]
     kw = {"backward_fraction": args.backward_fraction, "overlap": not args.no_overlap,
-          "bucket_cap_mb": args.bucket_cap_mb, "batch_size": args.batch_size}
+          "bucket_cap_mb": args.bucket_cap_mb, "batch_size": args.batch_size,
+          "compute_scale": args.compute_scale}
     preds = costmodel.predict_many(step, grad, net, sizes, **kw)
     notes = costmodel.advice(preds, params, grad, net=net, step_time=step,
                              memory_gb=args.memory_gb, **kw)
