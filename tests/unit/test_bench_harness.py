@@ -150,4 +150,7 @@ def test_plan_validation_prefers_the_between_compute_fit() -> None:
     assert v["predicted_straggler_ms"] == pytest.approx(1.8 + 1e3 * cm.predict(1.8e-3, grad, 2, slow).exposed)
     assert v["predicted_b2b_ms"] == pytest.approx(1.8 + 1e3 * cm.predict(1.8e-3, grad, 2, fast).exposed)
     assert v["predicted_b2b_ms"] < v["predicted_straggler_ms"]
+    assert v["compute_scale"] == pytest.approx(1.8)
+    same = cm.predict(1.0e-3, grad, 2, slow, compute_scale=v["compute_scale"]).step_time
+    assert 1e3 * same == pytest.approx(v["predicted_straggler_ms"])
     assert "back-to-back fit" in render({"plan_validation": [v]})

@@ -108,6 +108,9 @@ def plan_validation(overhead: Sequence[dict], comm: Sequence[dict],
             "workload": wl, "n": n, "measured_ms": 1e3 * measured, "grad_bytes": grad,
             "fit_bandwidth_GBps": net.bandwidth / 1e9, "fit_latency_us": net.latency * 1e6,
             "network_pattern": "between compute" if train else "back to back"}
+        slow, one = slowest_s(o, "local"), step1.get(wl)
+        # The same straggler prediction written as plan's inputs: 1-process step x c.
+        row["compute_scale"] = None if slow is None or not one else slow / one
         if b2b is not None:
             row["b2b_bandwidth_GBps"], row["b2b_latency_us"] = b2b.bandwidth / 1e9, b2b.latency * 1e6
         # Calibrations of the per-device step: the unsynchronised step at the same load (the
