@@ -140,12 +140,15 @@ def test_plan_validation_prefers_the_between_compute_fit() -> None:
     sizes = (1024, 1 << 20, 1 << 24)
     comm = [{"bytes": b, "allreduce_s": cm.ring_allreduce_time(b, 2, fast), "world_size": 2}
             for b in sizes]
-    train = [{"bytes": b, "allreduce_s": cm.ring_allreduce_time(b, 2, slow), "world_size": 2}
-             for b in sizes]
+    # one sweep per workload, each with that workload's compute between the all-reduces
+    other = cm.Network("other workload", 1e9, 9e-4)
+    train = [{"bytes": b, "allreduce_s": cm.ring_allreduce_time(b, 2, net), "world_size": 2,
+              "workload": wl, "gap_s": gap}
+             for wl, net, gap in (("W1", slow, 1e-3), ("W2", other, 8e-3)) for b in sizes]
     overhead = [_fake_overhead("W1", 1, 1.0), _fake_overhead("W1", 2, 2.0, local=1.2)]
     v = plan_validation(overhead, comm, train)[0]
     assert v["fit_latency_us"] == pytest.approx(400) and v["b2b_latency_us"] == pytest.approx(100)
-    assert v["network_pattern"] == "between compute"
+    assert v["network_pattern"] == "between compute" and v["compute_gap_ms"] == pytest.approx(1)
     grad = v["grad_bytes"]
     assert v["predicted_straggler_ms"] == pytest.approx(1.8 + 1e3 * cm.predict(1.8e-3, grad, 2, slow).exposed)
     assert v["predicted_b2b_ms"] == pytest.approx(1.8 + 1e3 * cm.predict(1.8e-3, grad, 2, fast).exposed)

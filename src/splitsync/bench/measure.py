@@ -15,11 +15,14 @@ from splitsync.bench.harness import interleave, median, percentile, summarize
 from splitsync.bench.workloads import build_loop, make_workload
 
 __all__ = ["measure_rank", "single_loop_rank", "comm_rank", "compare_loops", "comm_sweep",
-           "comm_between_compute", "OPTIONAL_LOOPS", "COMPUTE_GAP_S"]
+           "comm_between_compute", "train_rounds", "OPTIONAL_LOOPS", "COMPUTE_GAP_S"]
 
 OPTIONAL_LOOPS = ("accelerate", "fabric")
 MIN_ROUNDS, MAX_ROUNDS = 6, 2000
-COMPUTE_GAP_S = 1e-3  # compute before each all-reduce in the training-pattern sweep
+# Compute before each all-reduce in the training-pattern sweep when no step time is known;
+# otherwise the single-device step is used, as in training (on a loaded host the cost of
+# waking the idle peer grows with the time it spent idle).
+COMPUTE_GAP_S = 1e-3
 
 
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -131,7 +134,12 @@ def _busy(seconds: float, a: torch.Tensor) -> None:
         torch.mm(a, a)
 
 
-def comm_between_compute(sizes: list[int], device: torch.device, budget: float,
+def train_rounds(gap_s: float, sizes: int, budget: float = 1.5) -> int:
+    """Rounds of :func:`comm_between_compute` filling about ``budget`` seconds (20 to 100)."""
+    return max(20, min(100, int(budget / (sizes * (gap_s + 1e-3)))))
+
+
+def comm_between_compute(sizes: list[int], device: torch.device, rounds: int = 100,
                          gap_s: float = COMPUTE_GAP_S) -> list[dict]:
     """All-reduce time per size when every rank computes ``gap_s`` seconds before each call.
 
@@ -139,35 +147,35 @@ def comm_between_compute(sizes: list[int], device: torch.device, budget: float,
     backend's threads go idle and the first rank to arrive waits for the others. Per call
     the time counted is that of the rank that arrived last (the smallest of the ranks' call
     times), so waiting for a slower rank is left out: that belongs to the per-device step.
-    No clock is compared across processes.
+    No clock is compared across processes. Each round visits every size (in rotating
+    order), so a machine whose load drifts affects all sizes alike and the fit stays sane.
     """
     import torch.distributed as dist
 
     world = dist.get_world_size()
     a = torch.randn(64, 64, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    out = []
-    for nbytes in sizes:
-        numel = max(1, nbytes // 4)
-        buf = torch.ones(numel, device=device)
-        dist.barrier()
+    bufs = [torch.ones(max(1, nbytes // 4), device=device) for nbytes in sizes]
+    own: list[list[float]] = [[] for _ in sizes]
+    dist.barrier()
+    for buf in bufs:
         dist.all_reduce(buf)
-        own = []
-        for _ in range(max(50, _reps(nbytes, budget))):
+    for r in range(rounds):
+        for k in range(len(sizes)):
+            i = (k + r) % len(sizes)
             _busy(gap_s, a)
             sync()
             t0 = time.perf_counter()
-            dist.all_reduce(buf)
+            dist.all_reduce(bufs[i])
             sync()
-            own.append(time.perf_counter() - t0)
-        mine = torch.tensor(own, dtype=torch.float64, device=device)
-        every = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(every, mine)
-        last = torch.stack([t.cpu() for t in every]).min(0).values  # the last to arrive
-        t_ar = float(last.median())
-        out.append({"bytes": numel * 4, "allreduce_s": t_ar, "gap_s": gap_s,
-                    "own_median_s": median(own), "world_size": world})
-    return out
+            own[i].append(time.perf_counter() - t0)
+    mine = torch.tensor(own, dtype=torch.float64, device=device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    last = torch.stack([t.cpu() for t in every]).min(0).values  # the last rank to arrive
+    return [{"bytes": buf.numel() * 4, "allreduce_s": float(last[i].median()), "gap_s": gap_s,
+             "own_median_s": median(own[i]), "rounds": rounds, "world_size": world}
+            for i, buf in enumerate(bufs)]
 
 
 def measure_rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict | None:
@@ -198,8 +206,12 @@ def measure_rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict | Non
         if spec.get("comm_sizes"):
             res["comm"] = comm_sweep(spec["comm_sizes"], run.device, spec.get("comm_budget", 0.05))
         if spec.get("train_comm_sizes") and world_size > 1:
-            res["comm_train"] = comm_between_compute(
-                spec["train_comm_sizes"], run.device, spec.get("comm_budget", 0.05))
+            res["comm_train"] = []
+            # One sweep per workload, with the workload's own compute between all-reduces.
+            for wl, gap in (spec.get("train_comm_gaps") or {None: COMPUTE_GAP_S}).items():
+                rows = comm_between_compute(spec["train_comm_sizes"], run.device,
+                                            train_rounds(gap, len(spec["train_comm_sizes"])), gap)
+                res["comm_train"] += [{**r, "workload": wl} for r in rows]
         return res if rank == 0 else None
 
 
@@ -219,11 +231,12 @@ def single_loop_rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict |
         return {"median_s": median(times), "steps": len(times)} if rank == 0 else None
 
 
-def comm_rank(rank: int, world_size: int, sizes: list[int]) -> list[dict] | None:
+def comm_rank(rank: int, world_size: int, sizes: list[int],
+              gap_s: float = COMPUTE_GAP_S) -> list[dict] | None:
     """All-reduce between compute, alone (for ``splitsync plan --network measured``)."""
     import splitsync
 
     torch.set_num_threads(1)
     with splitsync.init(seed=0, guards=False) as run:
-        rows = comm_between_compute(sizes, run.device, 0.05)
+        rows = comm_between_compute(sizes, run.device, train_rounds(gap_s, len(sizes)), gap_s)
         return rows if rank == 0 else None

@@ -47,7 +47,7 @@ class BenchOptions:
                             comm_sizes=QUICK_COMM_SIZES, pairs=2)
 
 
-def _spec(opts: BenchOptions, world: int) -> dict[str, Any]:
+def _spec(opts: BenchOptions, world: int, gaps: dict[str, float] | None = None) -> dict[str, Any]:
     naive = [w for w in opts.workloads if "naive" in opts.sections]
     return {"seed": opts.seed, "budget": opts.budget,
             "workloads": list(opts.workloads) if "overhead" in opts.sections else [],
@@ -58,6 +58,7 @@ def _spec(opts: BenchOptions, world: int) -> dict[str, Any]:
             "comm_sizes": list(opts.comm_sizes) if "comm" in opts.sections and world > 1 else [],
             "train_comm_sizes": (list(costmodel.TRAIN_COMM_SIZES) if world > 1 and
                                  {"comm", "scaling"} & set(opts.sections) else []),
+            "train_comm_gaps": gaps or {},
             "comm_budget": 0.02 if opts.quick else 0.1}
 
 
@@ -83,9 +84,10 @@ def plan_validation(overhead: Sequence[dict], comm: Sequence[dict],
     pattern of training) when they were measured, else to the back-to-back sweep; the
     back-to-back fit is kept as a contrast (``_b2b`` keys).
     """
-    b2b, train = _fit(comm), _fit(comm_train)
-    net = train or b2b
-    if net is None:
+    b2b = _fit(comm)
+    fits = {wl: _fit([c for c in comm_train if c.get("workload") == wl])
+            for wl in {c.get("workload") for c in comm_train}}
+    if b2b is None and not any(fits.values()):
         return []
 
     def loop_s(o: dict, loop: str) -> float | None:
@@ -104,10 +106,16 @@ def plan_validation(overhead: Sequence[dict], comm: Sequence[dict],
         if n == 1 or measured is None:
             continue
         grad = 4 * _params(wl)
+        train = fits.get(wl) or fits.get(None)
+        net = train or b2b
+        if net is None:
+            continue
         row: dict[str, Any] = {
             "workload": wl, "n": n, "measured_ms": 1e3 * measured, "grad_bytes": grad,
             "fit_bandwidth_GBps": net.bandwidth / 1e9, "fit_latency_us": net.latency * 1e6,
-            "network_pattern": "between compute" if train else "back to back"}
+            "network_pattern": "between compute" if train else "back to back",
+            "compute_gap_ms": next((1e3 * c["gap_s"] for c in comm_train
+                                    if c.get("workload") in (wl, None) and "gap_s" in c), None)}
         slow, one = slowest_s(o, "local"), step1.get(wl)
         # The same straggler prediction written as plan's inputs: 1-process step x c.
         row["compute_scale"] = None if slow is None or not one else slow / one
@@ -176,7 +184,11 @@ def run_suite(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
     if {"overhead", "naive", "comm"} & set(opts.sections):
         for n in opts.procs:
             echo(f"measuring {', '.join(opts.workloads)} at {n} process(es) ...")
-            out = spawn(measure_rank, n, _spec(opts, n), timeout=opts.timeout)[0]
+            # The 1-process steps set the compute between the training-pattern all-reduces.
+            gaps = {o["workload"]: r["median_ms"] / 1e3 for o in res["overhead"]
+                    if o["world_size"] == 1 for r in o["rows"]
+                    if r["loop"] == "splitsync" and (r.get("median_ms") or 0) > 0}
+            out = spawn(measure_rank, n, _spec(opts, n, gaps), timeout=opts.timeout)[0]
             res["overhead"] += out["overhead"]
             res["naive"] += out["naive"]
             res["comm"] += out.get("comm", [])

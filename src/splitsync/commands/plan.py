@@ -110,13 +110,13 @@ def measure_step(model: Any, shape: tuple[int, ...], batch: int, steps: int = 10
     return median(times)
 
 
-def _network(args: argparse.Namespace) -> Any:
+def _network(args: argparse.Namespace, step: float) -> Any:
     from dataclasses import replace
 
     from splitsync.bench.costmodel import NETWORKS, Network
 
     if args.network == "measured":
-        net = measure_network()
+        net = measure_network(gap_s=min(step, 0.05))
     elif args.network in NETWORKS:
         net = NETWORKS[args.network]
     else:
@@ -128,17 +128,18 @@ def _network(args: argparse.Namespace) -> Any:
     return Network(net.name, net.bandwidth, net.latency, net.note)  # re-validated
 
 
-def measure_network(world: int = 2) -> Any:
+def measure_network(world: int = 2, gap_s: float = 1e-3) -> Any:
     """Fit alpha and B to all-reduce times of ``world`` local gloo processes.
 
-    The all-reduces are timed between stretches of compute, as in training (see
-    :func:`splitsync.bench.measure.comm_between_compute`), not back to back.
+    The all-reduces are timed between stretches of compute ``gap_s`` long (the step time),
+    as in training (see :func:`splitsync.bench.measure.comm_between_compute`), not back to
+    back.
     """
     from splitsync.bench.costmodel import TRAIN_COMM_SIZES, fit_network
     from splitsync.bench.measure import comm_rank
     from splitsync.testing import spawn
 
-    rows = spawn(comm_rank, world, list(TRAIN_COMM_SIZES), timeout=300)[0]
+    rows = spawn(comm_rank, world, list(TRAIN_COMM_SIZES), gap_s, timeout=300)[0]
     return fit_network([r["bytes"] for r in rows], [r["allreduce_s"] for r in rows], world,
                        name=f"measured (gloo, {world} local processes, between compute)")
 
@@ -172,7 +173,7 @@ def main(args: argparse.Namespace) -> int:
     if not args.compute_scale > 0:
         raise _fail(f"--compute-scale {args.compute_scale}: give a factor > 0 (1 on separate "
                     "devices; per-device step at N over the single-device step).")
-    net = _network(args)
+    net = _network(args, step)
     grad = params * costmodel.DTYPE_BYTES[args.dtype]
     kw = {"backward_fraction": args.backward_fraction, "overlap": not args.no_overlap,
           "bucket_cap_mb": args.bucket_cap_mb, "batch_size": args.batch_size,
