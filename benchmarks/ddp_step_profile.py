@@ -15,10 +15,8 @@ afterwards (one host, one monotonic clock), so each step splits into
 Prints a markdown table of medians per rank (single-bucket models such as W1 and W2). Run it on an otherwise idle machine if you can.
 """
 
-from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from typing import Any
 
@@ -26,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 
-def _ms(xs: list[float]) -> str:
-    return f"{1e3 * statistics.median(xs):.3f}"
+def _ms(x: float) -> str:
+    return f"{1e3 * x:.3f}"
 
 
 def _stamping_hook(stamps: list[list[float]]) -> Any:
@@ -104,9 +102,10 @@ def rank_fn(rank: int, world: int, workload: str, steps: int) -> list[dict] | No
             allreduce = (done - last_ready)
             resume = (t2 - done).clamp(min=0)
             compute = (t3 - t0) - wait - allreduce - resume
-            out.append({"rank": r, "ddp_step": (t3 - t0).tolist(), "compute": compute.tolist(),
-                        "wait": wait.tolist(), "allreduce": allreduce.tolist(),
-                        "resume": resume.tolist(), "local_step": e[:, 6].tolist()})
+            # medians only: the result travels back through a pipe
+            out.append({"rank": r, **{k: float(v.median()) for k, v in (
+                ("ddp_step", t3 - t0), ("compute", compute), ("wait", wait),
+                ("allreduce", allreduce), ("resume", resume), ("local_step", e[:, 6]))}})
         return out
 
 

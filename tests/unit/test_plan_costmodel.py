@@ -140,3 +140,17 @@ def test_latency_measured_between_compute_raises_latency_bound_steps() -> None:
     b2b, train = cm.Network("b2b", 0.8e9, 150e-6), cm.Network("train", 0.8e9, 500e-6)
     p_b2b, p_train = (cm.predict(1e-3, 27688, 2, net) for net in (b2b, train))
     assert p_train.step_time - p_b2b.step_time == pytest.approx(2 * (500e-6 - 150e-6))
+
+
+def test_sync_overhead_adds_per_step_at_n_only() -> None:
+    # step(N) = s·c + o + exposed; o is DDP's own per-step work, absent on one device
+    s, grad, o = 0.5e-3, 27688, 0.3e-3
+    base = cm.predict(s, grad, 2, NET)
+    p = cm.predict(s, grad, 2, NET, sync_overhead=o, batch_size=32)
+    assert p.step_time == pytest.approx(base.step_time + o)
+    assert p.exposed == base.exposed and p.comm_time == base.comm_time
+    assert p.efficiency == pytest.approx(s / (base.step_time + o))
+    assert p.throughput == pytest.approx(2 * 32 / (base.step_time + o))
+    assert cm.predict(s, grad, 1, NET, sync_overhead=o).step_time == s
+    with pytest.raises(ValueError, match="sync_overhead"):
+        cm.predict(s, grad, 2, NET, sync_overhead=-1e-3)

@@ -25,6 +25,12 @@ MIN_ROUNDS, MAX_ROUNDS = 6, 2000
 COMPUTE_GAP_S = 1e-3
 
 
+def _has_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
 
@@ -80,7 +86,7 @@ def compare_loops(wl_name: str, kinds: list[str], baseline: str, ctx: dict[str, 
         kind = str(row["loop"])
         row["name"] = loops[kind].name
         # Loops fed by the same sampler order must end with identical parameters.
-        same_data = kind in ("splitsync", "hand", "bare", "naive")
+        same_data = kind in ("splitsync", "hand", "bare", "naive", "ddp1")
         row["max_param_diff"] = _max_diff(loops[kind].params(), ref) if same_data else None
     for kind, why in missing.items():
         rows.append({"loop": kind, "name": kind, "note": why})
@@ -194,6 +200,9 @@ def measure_rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict | Non
         # At N > 1 the unsynchronised loop gives the per-device compute time under the same
         # load, which the cost model's validation needs.
         kinds = [baseline, "splitsync"] + (["local"] if world_size > 1 else [])
+        # At 1 process, DDP on a 1-process group gives DDP's own per-step cost (no peer).
+        if world_size == 1 and spec.get("ddp_overhead") and _has_group():
+            kinds.append("ddp1")
         for wl in spec.get("workloads", ["W1", "W2"]):
             res["overhead"].append(compare_loops(
                 wl, kinds, baseline, ctx, budget=spec.get("budget", 5.0),

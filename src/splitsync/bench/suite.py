@@ -59,6 +59,7 @@ def _spec(opts: BenchOptions, world: int, gaps: dict[str, float] | None = None) 
             "train_comm_sizes": (list(costmodel.TRAIN_COMM_SIZES) if world > 1 and
                                  {"comm", "scaling"} & set(opts.sections) else []),
             "train_comm_gaps": gaps or {},
+            "ddp_overhead": "scaling" in opts.sections or "comm" in opts.sections,
             "comm_budget": 0.02 if opts.quick else 0.1}
 
 
@@ -99,6 +100,9 @@ def plan_validation(overhead: Sequence[dict], comm: Sequence[dict],
                      if r["loop"] == loop and r.get("slowest_of_n_ms") is not None), None)
 
     step1 = {o["workload"]: loop_s(o, "splitsync") for o in overhead if o["world_size"] == 1}
+    # DDP's own per-step work: DDP on a 1-process group minus the bare step, interleaved.
+    sync_o = {o["workload"]: max(0.0, (loop_s(o, "ddp1") or 0.0) - (loop_s(o, "bare") or 0.0))
+              for o in overhead if o["world_size"] == 1 and loop_s(o, "ddp1") is not None}
     rows = []
     for o in overhead:
         wl, n = o["workload"], o["world_size"]
@@ -126,14 +130,19 @@ def plan_validation(overhead: Sequence[dict], comm: Sequence[dict],
         # "_straggler": a synchronised step waits for the slowest rank, so its compute time
         # is the median of the slowest of N ranks' unsynchronised steps. "_b2b": the
         # straggler step with the network fitted to back-to-back all-reduces.
-        cases = [("", local, net), ("_from_1proc", step1.get(wl), net),
-                 ("_straggler", slowest_s(o, "local"), net)]
+        # "_no_ddp_overhead": the straggler step without the measured DDP overhead term.
+        ov = sync_o.get(wl, 0.0)
+        row["ddp_overhead_ms"] = 1e3 * ov if wl in sync_o else None
+        cases = [("", local, net, ov), ("_from_1proc", step1.get(wl), net, ov),
+                 ("_straggler", slowest_s(o, "local"), net, ov),
+                 ("_no_ddp_overhead", slowest_s(o, "local"), net, 0.0)]
         if b2b is not None and train is not None:
-            cases.append(("_b2b", slowest_s(o, "local"), b2b))
-        for tag, t1, nw in cases:
+            cases.append(("_b2b", slowest_s(o, "local"), b2b, ov))
+        for tag, t1, nw, o_s in cases:
             row[f"single_step{tag}_ms"] = None if t1 is None else 1e3 * t1
             for overlap, key in ((True, "predicted"), (False, "predicted_no_overlap")):
-                p = None if t1 is None else costmodel.predict(t1, grad, n, nw, overlap=overlap)
+                p = None if t1 is None else costmodel.predict(t1, grad, n, nw, overlap=overlap,
+                                                              sync_overhead=o_s)
                 row[f"{key}{tag}_ms"] = None if p is None else 1e3 * p.step_time
             pred = row[f"predicted{tag}_ms"]
             row[f"error{tag}"] = None if pred is None else pred / row["measured_ms"] - 1

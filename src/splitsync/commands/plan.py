@@ -17,7 +17,8 @@ them, so communication overlaps the rest of backward; only what outlasts backwar
 the step. Weak scaling: the per-device batch stays fixed. Measured terms: alpha and B
 timed between compute, as a training step pays them (--network measured), and
 --compute-scale, the per-device compute at N over the single-device step (1 on separate
-devices; above 1 when the N processes share one host's cores)."""
+devices; above 1 when the N processes share one host's cores), and --ddp-overhead-ms,
+DDP's own per-step CPU work."""
 
 EPILOG = """\
 examples:
@@ -62,6 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute-scale", type=float, default=1.0, metavar="C",
                         help="per-device compute at N > 1 over the single-device step: 1 on "
                         "separate devices (default), measured when processes share cores")
+    parser.add_argument("--ddp-overhead-ms", type=float, default=0.0, metavar="MS",
+                        help="DDP's own per-step CPU work at N > 1 (reducer hooks, buckets); "
+                        "splitsync bench measures it as DDP on a 1-process group minus a "
+                        "bare step (default: 0)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="all-reduce only after backward (no overlap)")
     parser.add_argument("--memory-gb", type=float, default=None,
@@ -170,6 +175,8 @@ def main(args: argparse.Namespace) -> int:
         if args.step_ms <= 0:
             raise _fail(f"--step-ms {args.step_ms}: give a positive time in milliseconds.")
         step = args.step_ms / 1e3
+    if not args.ddp_overhead_ms >= 0:
+        raise _fail(f"--ddp-overhead-ms {args.ddp_overhead_ms}: give a time >= 0 in ms.")
     if not args.compute_scale > 0:
         raise _fail(f"--compute-scale {args.compute_scale}: give a factor > 0 (1 on separate "
                     "devices; per-device step at N over the single-device step).")
@@ -177,7 +184,7 @@ def main(args: argparse.Namespace) -> int:
     grad = params * costmodel.DTYPE_BYTES[args.dtype]
     kw = {"backward_fraction": args.backward_fraction, "overlap": not args.no_overlap,
           "bucket_cap_mb": args.bucket_cap_mb, "batch_size": args.batch_size,
-          "compute_scale": args.compute_scale}
+          "compute_scale": args.compute_scale, "sync_overhead": args.ddp_overhead_ms / 1e3}
     preds = costmodel.predict_many(step, grad, net, sizes, **kw)
     notes = costmodel.advice(preds, params, grad, net=net, step_time=step,
                              memory_gb=args.memory_gb, **kw)
