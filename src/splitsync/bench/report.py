@@ -63,13 +63,15 @@ def _pct(x: float | None) -> str:
 def _validation(rows: list[dict]) -> str:
     body = [[v["workload"], v["n"], _f(v["measured_ms"]),
              _f(v["single_step_straggler_ms"]), _f(v.get("compute_scale")),
-             _f(v["predicted_straggler_ms"]),
-             _pct(v["error_straggler"]), _pct(v.get("error_b2b")),
+             _f(v.get("ddp_overhead_ms")), _f(v["predicted_straggler_ms"]),
+             _pct(v["error_straggler"]), _pct(v.get("error_no_ddp_overhead")),
+             _pct(v.get("error_b2b")),
              _f(v["single_step_ms"]), _pct(v["error"]),
              _f(v["single_step_from_1proc_ms"]), _pct(v["error_from_1proc"]),
              _f(v["fit_bandwidth_GBps"]), _f(v["fit_latency_us"], "{:.1f}")] for v in rows]
     head = ["workload", "procs", "measured ms",
-            "slowest-rank compute ms", "c", "plan ms", "error", "error, back-to-back fit",
+            "slowest-rank compute ms", "c", "DDP overhead ms", "plan ms", "error",
+            "error without DDP overhead", "error, back-to-back fit",
             "compute ms", "error", "1-proc launch ms", "error",
             "fitted GB/s", "fitted latency us"]
     return ("### `splitsync plan` calibrated here vs measured\n\n" + markdown_table(head, body)
@@ -77,9 +79,11 @@ def _validation(rows: list[dict]) -> str:
             "slowest of N ranks training without gradient sync, interleaved with the measured "
             "loops (a synchronised step waits for that rank); compute = the median of every "
             "such rank; 1-proc launch = the step of the one-process run; c = slowest-rank "
-            "compute over the 1-process step (plan's --compute-scale). The all-reduce "
+            "compute over the 1-process step (plan's --compute-scale); DDP overhead = DDP on a "
+            "1-process group minus the bare step (plan's --ddp-overhead-ms). The all-reduce "
             "latency and bandwidth are fitted to all-reduces timed between stretches of "
-            "compute, as in training; 'back-to-back fit' uses the sweep above instead.")
+            "compute as long as the 1-process step, as in training; 'back-to-back fit' uses "
+            "the sweep above instead.")
 
 
 def _scaling(rows: list[dict]) -> str:
