@@ -165,3 +165,10 @@ def test_plan_validation_prefers_the_between_compute_fit() -> None:
                       sync_overhead=0.25e-3).step_time
     assert 1e3 * same == pytest.approx(v["predicted_straggler_ms"])
     assert "back-to-back fit" in render({"plan_validation": [v]})
+
+
+def test_train_rounds_fill_the_budget_within_bounds() -> None:
+    from splitsync.bench.measure import train_rounds
+
+    assert train_rounds(10e-3, 5) == int(1.5 / (5 * 11e-3))  # 27 rounds of 5 sizes
+    assert train_rounds(1e-4, 5) == 100 and train_rounds(1.0, 5) == 20

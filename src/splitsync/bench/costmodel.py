@@ -31,7 +31,7 @@ with s the single-device step, f the backward share of it, and three measured te
 - ``o`` (``sync_overhead``): DDP's own per-step CPU work at N > 1: the reducer's autograd
   hooks, bucket bookkeeping, handing each bucket to the backend's thread and waking the
   trainer when it is done. Measured without any peer as the step of DDP on a 1-process
-  group minus the bare step (0.1-0.3 ms per step on a CPU; negligible against a GPU step
+  group minus the bare step (0.3-0.45 ms per step on a 2-core CPU host; small against a GPU step
   of tens of ms, decisive for a 0.5 ms step).
 """
 
