@@ -134,10 +134,11 @@ def comm_sweep(sizes: list[int], device: torch.device, budget: float) -> list[di
     return out
 
 
-def _busy(seconds: float, a: torch.Tensor) -> None:
+def _busy(seconds: float, a: torch.Tensor, sync: Any) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         torch.mm(a, a)
+        sync()  # on a GPU, do not queue more work than the gap holds
 
 
 def train_rounds(gap_s: float, sizes: int, budget: float = 1.5) -> int:
@@ -169,7 +170,7 @@ def comm_between_compute(sizes: list[int], device: torch.device, rounds: int = 1
     for r in range(rounds):
         for k in range(len(sizes)):
             i = (k + r) % len(sizes)
-            _busy(gap_s, a)
+            _busy(gap_s, a, sync)
             sync()
             t0 = time.perf_counter()
             dist.all_reduce(bufs[i])
