@@ -201,6 +201,9 @@ def main(args: argparse.Namespace) -> int:
           f"single-device step {1e3 * step:.2f} ms; network {net.name}: "
           f"{net.bandwidth / 1e9:g} GB/s, {net.latency * 1e6:g} us"
           + (f" ({net.note})" if net.note else ""))
+    if args.compute_scale != 1.0 or args.ddp_overhead_ms:
+        print(f"at N > 1: per-device compute x{args.compute_scale:g} (--compute-scale), "
+              f"DDP's own work {args.ddp_overhead_ms:g} ms per step (--ddp-overhead-ms)")
     print()
     print(markdown_table(["N", "step ms", "all-reduce ms", "exposed ms", unit, "efficiency"], rows))
     print()
