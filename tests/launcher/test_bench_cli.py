@@ -39,6 +39,12 @@ def test_bench_tiny_run_writes_tables_json_and_plots(tmp_path: Path) -> None:
     assert loops["splitsync"]["max_param_diff"] == 0.0  # same final parameters as hand DDP
     assert [c["bytes"] for c in res["comm"]] == [1024, 65536, 1024**2, 16 * 1024**2]
     assert res["plan_validation"][0]["n"] == 2 and "predicted_ms" in res["plan_validation"][0]
+    # the measured model terms: DDP on a 1-process group, all-reduces between compute
+    one = next(o for o in res["overhead"] if o["world_size"] == 1)
+    assert "ddp1" in {r["loop"] for r in one["rows"]}
+    assert res["plan_validation"][0]["ddp_overhead_ms"] is not None
+    assert res["plan_validation"][0]["network_pattern"] == "between compute"
+    assert {c["workload"] for c in res["comm_train"]} == {"W1"}
     assert [s["n"] for s in res["scaling"]] == [1, 2]
     try:
         import matplotlib  # noqa: F401
@@ -63,6 +69,23 @@ def test_plan_json_predictions() -> None:
     first = res["predictions"][0]
     assert first["efficiency"] == 1.0 and first["throughput"] == pytest.approx(16 / 0.18)
     assert res["advice"]
+
+
+def test_plan_compute_scale_and_ddp_overhead_flags() -> None:
+    from splitsync.bench import costmodel as cm
+
+    args = ("plan", "--params", "7k", "--step-ms", "0.5", "--sizes", "1,2", "--network",
+            "eth-10g", "--json")
+    p = _cli(*args, "--compute-scale", "1.5", "--ddp-overhead-ms", "0.3")
+    assert p.returncode == 0, p.stderr
+    two = json.loads(p.stdout)["predictions"][1]
+    want = cm.predict(0.5e-3, 28_000, 2, cm.NETWORKS["eth-10g"], compute_scale=1.5,
+                      sync_overhead=0.3e-3)
+    assert two["step_time_s"] == pytest.approx(want.step_time)
+    bad = _cli(*args, "--ddp-overhead-ms", "-1")
+    assert bad.returncode != 0 and "--ddp-overhead-ms" in bad.stderr
+    bad = _cli(*args, "--compute-scale", "0")
+    assert bad.returncode != 0 and "--compute-scale" in bad.stderr
 
 
 def test_plan_table_and_errors() -> None:

@@ -104,8 +104,11 @@ def test_tiny_compare_loops_structure_and_identical_parameters() -> None:
     json.dumps(res)  # results.json-ready
 
 
-def _fake_overhead(wl: str, n: int, ms: float, local: float | None = None) -> dict:
+def _fake_overhead(wl: str, n: int, ms: float, local: float | None = None,
+                   ddp1: float | None = None) -> dict:
     rows = [{"loop": "splitsync", "median_ms": ms, "slowest_of_n_ms": ms}]
+    if ddp1 is not None:
+        rows += [{"loop": "bare", "median_ms": ms}, {"loop": "ddp1", "median_ms": ddp1}]
     if local is not None:
         rows.append({"loop": "local", "median_ms": local, "slowest_of_n_ms": 1.5 * local})
     return {"workload": wl, "world_size": n, "rows": rows}
@@ -131,3 +134,41 @@ def test_plan_validation_and_scaling_rows_from_results() -> None:
     assert rows[1]["efficiency"] == pytest.approx(0.5)
     assert rows[1]["samples_per_s"] == pytest.approx(2 * 32 / 2.0e-3)
     assert "plan" in render({"plan_validation": val, "scaling": rows})
+
+
+def test_plan_validation_prefers_the_between_compute_fit() -> None:
+    from splitsync.bench import costmodel as cm
+
+    fast, slow = cm.Network("b2b", 1e9, 1e-4), cm.Network("train", 1e9, 4e-4)
+    sizes = (1024, 1 << 20, 1 << 24)
+    comm = [{"bytes": b, "allreduce_s": cm.ring_allreduce_time(b, 2, fast), "world_size": 2}
+            for b in sizes]
+    # one sweep per workload, each with that workload's compute between the all-reduces
+    other = cm.Network("other workload", 1e9, 9e-4)
+    train = [{"bytes": b, "allreduce_s": cm.ring_allreduce_time(b, 2, net), "world_size": 2,
+              "workload": wl, "gap_s": gap}
+             for wl, net, gap in (("W1", slow, 1e-3), ("W2", other, 8e-3)) for b in sizes]
+    overhead = [_fake_overhead("W1", 1, 1.0, ddp1=1.25), _fake_overhead("W1", 2, 2.0, local=1.2)]
+    v = plan_validation(overhead, comm, train)[0]
+    assert v["ddp_overhead_ms"] == pytest.approx(0.25)  # DDP on 1 process minus bare
+    assert v["predicted_straggler_ms"] == pytest.approx(v["predicted_no_ddp_overhead_ms"] + 0.25)
+    assert v["fit_latency_us"] == pytest.approx(400) and v["b2b_latency_us"] == pytest.approx(100)
+    assert v["network_pattern"] == "between compute" and v["compute_gap_ms"] == pytest.approx(1)
+    grad = v["grad_bytes"]
+    assert v["predicted_straggler_ms"] == pytest.approx(
+        1.8 + 0.25 + 1e3 * cm.predict(1.8e-3, grad, 2, slow).exposed)
+    assert v["predicted_b2b_ms"] == pytest.approx(
+        1.8 + 0.25 + 1e3 * cm.predict(1.8e-3, grad, 2, fast).exposed)
+    assert v["predicted_b2b_ms"] < v["predicted_straggler_ms"]
+    assert v["compute_scale"] == pytest.approx(1.8)
+    same = cm.predict(1.0e-3, grad, 2, slow, compute_scale=v["compute_scale"],
+                      sync_overhead=0.25e-3).step_time
+    assert 1e3 * same == pytest.approx(v["predicted_straggler_ms"])
+    assert "back-to-back fit" in render({"plan_validation": [v]})
+
+
+def test_train_rounds_fill_the_budget_within_bounds() -> None:
+    from splitsync.bench.measure import train_rounds
+
+    assert train_rounds(10e-3, 5) == int(1.5 / (5 * 11e-3))  # 27 rounds of 5 sizes
+    assert train_rounds(1e-4, 5) == 100 and train_rounds(1.0, 5) == 20

@@ -119,3 +119,38 @@ def test_advice_on_latency_bound_communication_says_compression_does_not_help() 
     preds = cm.predict_many(1e-3, 1e4, slow, (1, 8))
     notes = cm.advice(preds, 2500, 1e4, net=slow, step_time=1e-3)
     assert any("latency-bound" in n and "would not help" in n for n in notes)
+
+
+def test_compute_scale_slows_per_device_compute_at_n_only() -> None:
+    # step(N) = s·c + exposed(backward = f·s·c); c does not apply to the single device
+    s, grad, c, f = 0.01, 30e3, 1.7, 0.6
+    p = cm.predict(s, grad, 2, NET, compute_scale=c, backward_fraction=f)
+    _, exposed = cm.exposed_comm(cm.ddp_buckets(grad), 2, NET, f * s * c)
+    assert p.step_time == pytest.approx(s * c + exposed)
+    assert p.efficiency == pytest.approx(s / (s * c + exposed))
+    assert cm.predict(s, grad, 1, NET, compute_scale=c).step_time == s
+    _, exposed1 = cm.exposed_comm(cm.ddp_buckets(grad), 2, NET, f * s)
+    assert cm.predict(s, grad, 2, NET).step_time == pytest.approx(s + exposed1)  # default c = 1
+    with pytest.raises(ValueError, match="compute_scale"):
+        cm.predict(s, grad, 2, NET, compute_scale=0)
+
+
+def test_latency_measured_between_compute_raises_latency_bound_steps() -> None:
+    # a 27 KB single bucket: the step grows by 2(N-1)·(alpha_train - alpha_b2b) exactly
+    b2b, train = cm.Network("b2b", 0.8e9, 150e-6), cm.Network("train", 0.8e9, 500e-6)
+    p_b2b, p_train = (cm.predict(1e-3, 27688, 2, net) for net in (b2b, train))
+    assert p_train.step_time - p_b2b.step_time == pytest.approx(2 * (500e-6 - 150e-6))
+
+
+def test_sync_overhead_adds_per_step_at_n_only() -> None:
+    # step(N) = s·c + o + exposed; o is DDP's own per-step work, absent on one device
+    s, grad, o = 0.5e-3, 27688, 0.3e-3
+    base = cm.predict(s, grad, 2, NET)
+    p = cm.predict(s, grad, 2, NET, sync_overhead=o, batch_size=32)
+    assert p.step_time == pytest.approx(base.step_time + o)
+    assert p.exposed == base.exposed and p.comm_time == base.comm_time
+    assert p.efficiency == pytest.approx(s / (base.step_time + o))
+    assert p.throughput == pytest.approx(2 * 32 / (base.step_time + o))
+    assert cm.predict(s, grad, 1, NET, sync_overhead=o).step_time == s
+    with pytest.raises(ValueError, match="sync_overhead"):
+        cm.predict(s, grad, 2, NET, sync_overhead=-1e-3)

@@ -8,7 +8,31 @@ where alpha is the per-message latency and B the bandwidth of the slowest link i
 DDP splits the gradients into buckets (the first one small, then ``bucket_cap_mb`` each) and
 starts each bucket's all-reduce as soon as backward has produced it, so communication
 hides behind the rest of backward; what is left after backward ends is "exposed" and adds
-to the step time.
+to the step time:
+
+    step(N) = s·c + o + exposed(buckets, backward = f·s·c)
+
+with s the single-device step, f the backward share of it, and three measured terms:
+
+- ``c`` (``compute_scale``): per-device compute at N > 1 devices over the single-device
+  step. 1 on separate devices. Where the N processes share cores, memory bandwidth or
+  the backend's progress threads (N processes on one CPU host), each one computes
+  slower; c is then measured as the median of the slowest of N ranks training at once
+  without gradient sync, over the 1-process step (a synchronised step waits for the
+  slowest rank, so the slowest is what counts).
+- ``alpha`` as a training step pays it: a message sent after a stretch of compute, when
+  the backend's threads and the peer have gone idle and must be woken, not a message in
+  a back-to-back loop that keeps them spinning. ``splitsync plan --network measured`` and
+  ``splitsync bench`` fit alpha and B to all-reduces timed between compute
+  (:func:`splitsync.bench.measure.comm_between_compute`); on a shared 2-core host this
+  alpha is 2-4x the back-to-back one, and grows with the compute between calls (the
+  longer the peer sleeps, the longer it takes to wake), so the sweep computes the
+  single-device step between calls. Presets are nominal link figures.
+- ``o`` (``sync_overhead``): DDP's own per-step CPU work at N > 1: the reducer's autograd
+  hooks, bucket bookkeeping, handing each bucket to the backend's thread and waking the
+  trainer when it is done. Measured without any peer as the step of DDP on a 1-process
+  group minus the bare step (0.3-0.45 ms per step on a 2-core CPU host; small against a GPU step
+  of tens of ms, decisive for a 0.5 ms step).
 """
 
 from __future__ import annotations
@@ -21,10 +45,13 @@ from dataclasses import dataclass
 __all__ = [
     "Network", "NETWORKS", "Prediction", "ring_allreduce_time", "bus_bandwidth",
     "ddp_buckets", "exposed_comm", "predict", "predict_many", "fit_network",
-    "parse_count", "DTYPE_BYTES", "advice", "PLAN_SIZES",
+    "parse_count", "DTYPE_BYTES", "advice", "PLAN_SIZES", "TRAIN_COMM_SIZES",
 ]
 
 PLAN_SIZES: tuple[int, ...] = (1, 2, 8, 64, 512, 4096)
+# Message sizes of the training-pattern all-reduce sweep (bytes): a latency-bound end and
+# the sizes of DDP's first (1 MiB) and later buckets.
+TRAIN_COMM_SIZES: tuple[int, ...] = (1024, 32 * 1024, 256 * 1024, 1024**2, 4 * 1024**2)
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "tf32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2,
                "float16": 2, "fp64": 8, "float64": 8, "fp8": 1}
 FIRST_BUCKET_MB = 1.0  # DDP's torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
@@ -128,15 +155,26 @@ def exposed_comm(buckets: Sequence[float], n: int, net: Network, backward_time: 
 
 def predict(step_time: float, grad_bytes: float, n: int, net: Network, *,
             backward_fraction: float = 0.6, overlap: bool = True, bucket_cap_mb: float = 25.0,
-            batch_size: int | None = None) -> Prediction:
-    """Step time at ``n`` devices from the single-device ``step_time`` (seconds)."""
+            batch_size: int | None = None, compute_scale: float = 1.0,
+            sync_overhead: float = 0.0) -> Prediction:
+    """Step time at ``n`` devices from the single-device ``step_time`` (seconds).
+
+    ``compute_scale`` is the per-device compute at ``n`` > 1 over ``step_time`` (1 on
+    separate devices; measured above 1 when processes share a host's cores);
+    ``sync_overhead`` DDP's own per-step CPU work in seconds at ``n`` > 1.
+    """
     if step_time <= 0:
         raise ValueError(f"step_time={step_time!r}: give the single-device step time in seconds.")
     if not 0 < backward_fraction <= 1:
         raise ValueError(f"backward_fraction={backward_fraction}: must be in (0, 1].")
+    if not compute_scale > 0:
+        raise ValueError(f"compute_scale={compute_scale}: must be > 0 (1 on separate devices).")
+    if not sync_overhead >= 0:
+        raise ValueError(f"sync_overhead={sync_overhead}: must be >= 0 seconds.")
+    compute = step_time * (compute_scale if n > 1 else 1.0)
     buckets = ddp_buckets(grad_bytes, bucket_cap_mb)
-    comm, exposed = exposed_comm(buckets, n, net, backward_fraction * step_time, overlap)
-    step = step_time + exposed
+    comm, exposed = exposed_comm(buckets, n, net, backward_fraction * compute, overlap)
+    step = compute + exposed + (sync_overhead if n > 1 else 0.0)
     per_step = batch_size if batch_size is not None else 1
     return Prediction(n, step, comm, exposed, step_time / step, n * per_step / step)
 

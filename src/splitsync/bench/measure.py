@@ -15,10 +15,20 @@ from splitsync.bench.harness import interleave, median, percentile, summarize
 from splitsync.bench.workloads import build_loop, make_workload
 
 __all__ = ["measure_rank", "single_loop_rank", "comm_rank", "compare_loops", "comm_sweep",
-           "OPTIONAL_LOOPS"]
+           "comm_between_compute", "train_rounds", "OPTIONAL_LOOPS", "COMPUTE_GAP_S"]
 
 OPTIONAL_LOOPS = ("accelerate", "fabric")
 MIN_ROUNDS, MAX_ROUNDS = 6, 2000
+# Compute before each all-reduce in the training-pattern sweep when no step time is known;
+# otherwise the single-device step is used, as in training (on a loaded host the cost of
+# waking the idle peer grows with the time it spent idle).
+COMPUTE_GAP_S = 1e-3
+
+
+def _has_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -76,7 +86,7 @@ def compare_loops(wl_name: str, kinds: list[str], baseline: str, ctx: dict[str, 
         kind = str(row["loop"])
         row["name"] = loops[kind].name
         # Loops fed by the same sampler order must end with identical parameters.
-        same_data = kind in ("splitsync", "hand", "bare", "naive")
+        same_data = kind in ("splitsync", "hand", "bare", "naive", "ddp1")
         row["max_param_diff"] = _max_diff(loops[kind].params(), ref) if same_data else None
     for kind, why in missing.items():
         rows.append({"loop": kind, "name": kind, "note": why})
@@ -124,6 +134,57 @@ def comm_sweep(sizes: list[int], device: torch.device, budget: float) -> list[di
     return out
 
 
+def _busy(seconds: float, a: torch.Tensor, sync: Any) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        torch.mm(a, a)
+        sync()  # on a GPU, do not queue more work than the gap holds
+
+
+def train_rounds(gap_s: float, sizes: int, budget: float = 1.5) -> int:
+    """Rounds of :func:`comm_between_compute` filling about ``budget`` seconds (20 to 100)."""
+    return max(20, min(100, int(budget / (sizes * (gap_s + 1e-3)))))
+
+
+def comm_between_compute(sizes: list[int], device: torch.device, rounds: int = 100,
+                         gap_s: float = COMPUTE_GAP_S) -> list[dict]:
+    """All-reduce time per size when every rank computes ``gap_s`` seconds before each call.
+
+    This is the pattern of training: between two steps' all-reduces the ranks compute, the
+    backend's threads go idle and the first rank to arrive waits for the others. Per call
+    the time counted is that of the rank that arrived last (the smallest of the ranks' call
+    times), so waiting for a slower rank is left out: that belongs to the per-device step.
+    No clock is compared across processes. Each round visits every size (in rotating
+    order), so a machine whose load drifts affects all sizes alike and the fit stays sane.
+    """
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    a = torch.randn(64, 64, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    bufs = [torch.ones(max(1, nbytes // 4), device=device) for nbytes in sizes]
+    own: list[list[float]] = [[] for _ in sizes]
+    dist.barrier()
+    for buf in bufs:
+        dist.all_reduce(buf)
+    for r in range(rounds):
+        for k in range(len(sizes)):
+            i = (k + r) % len(sizes)
+            _busy(gap_s, a, sync)
+            sync()
+            t0 = time.perf_counter()
+            dist.all_reduce(bufs[i])
+            sync()
+            own[i].append(time.perf_counter() - t0)
+    mine = torch.tensor(own, dtype=torch.float64, device=device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    last = torch.stack([t.cpu() for t in every]).min(0).values  # the last rank to arrive
+    return [{"bytes": buf.numel() * 4, "allreduce_s": float(last[i].median()), "gap_s": gap_s,
+             "own_median_s": median(own[i]), "rounds": rounds, "world_size": world}
+            for i, buf in enumerate(bufs)]
+
+
 def measure_rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict | None:
     """Run ``spec`` on this rank: overhead comparisons, naive-vs-DDP, all-reduce sweep."""
     import splitsync
@@ -140,6 +201,9 @@ def measure_rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict | Non
         # At N > 1 the unsynchronised loop gives the per-device compute time under the same
         # load, which the cost model's validation needs.
         kinds = [baseline, "splitsync"] + (["local"] if world_size > 1 else [])
+        # At 1 process, DDP on a 1-process group gives DDP's own per-step cost (no peer).
+        if world_size == 1 and spec.get("ddp_overhead") and _has_group():
+            kinds.append("ddp1")
         for wl in spec.get("workloads", ["W1", "W2"]):
             res["overhead"].append(compare_loops(
                 wl, kinds, baseline, ctx, budget=spec.get("budget", 5.0),
@@ -151,6 +215,13 @@ def measure_rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict | Non
                     rounds=spec.get("rounds"), block=spec.get("block"), warmup=1))
         if spec.get("comm_sizes"):
             res["comm"] = comm_sweep(spec["comm_sizes"], run.device, spec.get("comm_budget", 0.05))
+        if spec.get("train_comm_sizes") and world_size > 1:
+            res["comm_train"] = []
+            # One sweep per workload, with the workload's own compute between all-reduces.
+            for wl, gap in (spec.get("train_comm_gaps") or {None: COMPUTE_GAP_S}).items():
+                rows = comm_between_compute(spec["train_comm_sizes"], run.device,
+                                            train_rounds(gap, len(spec["train_comm_sizes"])), gap)
+                res["comm_train"] += [{**r, "workload": wl} for r in rows]
         return res if rank == 0 else None
 
 
@@ -170,11 +241,12 @@ def single_loop_rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict |
         return {"median_s": median(times), "steps": len(times)} if rank == 0 else None
 
 
-def comm_rank(rank: int, world_size: int, sizes: list[int]) -> list[dict] | None:
-    """All-reduce sweep alone (for ``splitsync plan --network measured``)."""
+def comm_rank(rank: int, world_size: int, sizes: list[int],
+              gap_s: float = COMPUTE_GAP_S) -> list[dict] | None:
+    """All-reduce between compute, alone (for ``splitsync plan --network measured``)."""
     import splitsync
 
     torch.set_num_threads(1)
     with splitsync.init(seed=0, guards=False) as run:
-        rows = comm_sweep(sizes, run.device, 0.05)
+        rows = comm_between_compute(sizes, run.device, train_rounds(gap_s, len(sizes)), gap_s)
         return rows if rank == 0 else None

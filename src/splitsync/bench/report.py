@@ -62,23 +62,28 @@ def _pct(x: float | None) -> str:
 
 def _validation(rows: list[dict]) -> str:
     body = [[v["workload"], v["n"], _f(v["measured_ms"]),
-             _f(v["single_step_ms"]), _f(v["predicted_ms"]), _pct(v["error"]),
-             _f(v["single_step_straggler_ms"]), _f(v["predicted_straggler_ms"]),
-             _pct(v["error_straggler"]),
-             _f(v["single_step_from_1proc_ms"]), _f(v["predicted_from_1proc_ms"]),
-             _pct(v["error_from_1proc"]),
+             _f(v["single_step_straggler_ms"]), _f(v.get("compute_scale")),
+             _f(v.get("ddp_overhead_ms")), _f(v["predicted_straggler_ms"]),
+             _pct(v["error_straggler"]), _pct(v.get("error_no_ddp_overhead")),
+             _pct(v.get("error_b2b")),
+             _f(v["single_step_ms"]), _pct(v["error"]),
+             _f(v["single_step_from_1proc_ms"]), _pct(v["error_from_1proc"]),
              _f(v["fit_bandwidth_GBps"]), _f(v["fit_latency_us"], "{:.1f}")] for v in rows]
     head = ["workload", "procs", "measured ms",
-            "compute ms", "plan ms", "error",
-            "slowest-rank compute ms", "plan ms", "error",
-            "1-proc launch ms", "plan ms", "error", "fitted GB/s", "fitted latency us"]
+            "slowest-rank compute ms", "c", "DDP overhead ms", "plan ms", "error",
+            "error without DDP overhead", "error, back-to-back fit",
+            "compute ms", "error", "1-proc launch ms", "error",
+            "fitted GB/s", "fitted latency us"]
     return ("### `splitsync plan` calibrated here vs measured\n\n" + markdown_table(head, body)
-            + "\n\nThree calibrations of the single-device step: compute ms = median step of "
-            "every rank training without gradient sync, interleaved with the measured loops "
-            "(the per-device step, as on separate GPUs); slowest-rank compute ms = the median "
-            "of the slowest of N such ranks (a synchronised step waits for it); 1-proc launch "
-            "= the step measured in a separate one-process launch. The all-reduce "
-            "latency and bandwidth are fitted to the sweep above.")
+            + "\n\nPer-device step calibrations: slowest-rank compute = the median of the "
+            "slowest of N ranks training without gradient sync, interleaved with the measured "
+            "loops (a synchronised step waits for that rank); compute = the median of every "
+            "such rank; 1-proc launch = the step of the one-process run; c = slowest-rank "
+            "compute over the 1-process step (plan's --compute-scale); DDP overhead = DDP on a "
+            "1-process group minus the bare step (plan's --ddp-overhead-ms). The all-reduce "
+            "latency and bandwidth are fitted to all-reduces timed between stretches of "
+            "compute as long as the 1-process step, as in training; 'back-to-back fit' uses "
+            "the sweep above instead.")
 
 
 def _scaling(rows: list[dict]) -> str:

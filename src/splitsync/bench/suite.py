@@ -47,7 +47,7 @@ class BenchOptions:
                             comm_sizes=QUICK_COMM_SIZES, pairs=2)
 
 
-def _spec(opts: BenchOptions, world: int) -> dict[str, Any]:
+def _spec(opts: BenchOptions, world: int, gaps: dict[str, float] | None = None) -> dict[str, Any]:
     naive = [w for w in opts.workloads if "naive" in opts.sections]
     return {"seed": opts.seed, "budget": opts.budget,
             "workloads": list(opts.workloads) if "overhead" in opts.sections else [],
@@ -56,6 +56,10 @@ def _spec(opts: BenchOptions, world: int) -> dict[str, Any]:
             "naive_workloads": naive[:1] if opts.quick else naive,
             "naive_budget": opts.budget * 0.6,
             "comm_sizes": list(opts.comm_sizes) if "comm" in opts.sections and world > 1 else [],
+            "train_comm_sizes": (list(costmodel.TRAIN_COMM_SIZES) if world > 1 and
+                                 {"comm", "scaling"} & set(opts.sections) else []),
+            "train_comm_gaps": gaps or {},
+            "ddp_overhead": "scaling" in opts.sections or "comm" in opts.sections,
             "comm_budget": 0.02 if opts.quick else 0.1}
 
 
@@ -65,14 +69,28 @@ def _params(workload: str) -> int:
     return sum(p.numel() for p in make_workload(workload).build().parameters())
 
 
-def plan_validation(overhead: Sequence[dict], comm: Sequence[dict]) -> list[dict]:
-    """Predict the 2-process step of each workload from its 1-process step and measured comm."""
-    multi = [c for c in comm if c.get("world_size", 1) > 1]
+def _fit(rows: Sequence[dict]) -> costmodel.Network | None:
+    multi = [c for c in rows if c.get("world_size", 1) > 1]
     if len(multi) < 2:
+        return None
+    return costmodel.fit_network([c["bytes"] for c in multi], [c["allreduce_s"] for c in multi],
+                                 multi[0]["world_size"])
+
+
+def plan_validation(overhead: Sequence[dict], comm: Sequence[dict],
+                    comm_train: Sequence[dict] = ()) -> list[dict]:
+    """Predict the 2-process step of each workload from per-device steps and measured comm.
+
+    The network is fitted to the all-reduces timed between compute (``comm_train``, the
+    pattern of training) when they were measured, else to the back-to-back sweep; the
+    back-to-back fit is kept as a contrast (``_b2b`` keys).
+    """
+    b2b = _fit(comm)
+    fits = {wl: _fit([c for c in comm_train if c.get("workload") == wl])
+            for wl in {c.get("workload") for c in comm_train}}
+    if b2b is None and not any(fits.values()):
         return []
-    world = multi[0]["world_size"]
-    net = costmodel.fit_network([c["bytes"] for c in multi], [c["allreduce_s"] for c in multi],
-                                world)
+
     def loop_s(o: dict, loop: str) -> float | None:
         return next((r["median_ms"] / 1e3 for r in o["rows"]
                      if r["loop"] == loop and r.get("median_ms") is not None), None)
@@ -82,6 +100,9 @@ def plan_validation(overhead: Sequence[dict], comm: Sequence[dict]) -> list[dict
                      if r["loop"] == loop and r.get("slowest_of_n_ms") is not None), None)
 
     step1 = {o["workload"]: loop_s(o, "splitsync") for o in overhead if o["world_size"] == 1}
+    # DDP's own per-step work: DDP on a 1-process group minus the bare step, interleaved.
+    sync_o = {o["workload"]: max(0.0, (loop_s(o, "ddp1") or 0.0) - (loop_s(o, "bare") or 0.0))
+              for o in overhead if o["world_size"] == 1 and loop_s(o, "ddp1") is not None}
     rows = []
     for o in overhead:
         wl, n = o["workload"], o["world_size"]
@@ -89,19 +110,39 @@ def plan_validation(overhead: Sequence[dict], comm: Sequence[dict]) -> list[dict
         if n == 1 or measured is None:
             continue
         grad = 4 * _params(wl)
+        train = fits.get(wl) or fits.get(None)
+        net = train or b2b
+        if net is None:
+            continue
         row: dict[str, Any] = {
             "workload": wl, "n": n, "measured_ms": 1e3 * measured, "grad_bytes": grad,
-            "fit_bandwidth_GBps": net.bandwidth / 1e9, "fit_latency_us": net.latency * 1e6}
-        # Calibrations: the unsynchronised step at the same load (the per-device compute
-        # time, as on separate GPUs), the step of a separate 1-process launch, and the first
-        # corrected for stragglers.
-        # "_straggler": a synchronised step waits for the slowest rank; its compute time is
-        # the median of the slowest of N ranks' unsynchronised steps.
-        for tag, t1 in (("", local), ("_from_1proc", step1.get(wl)),
-                        ("_straggler", slowest_s(o, "local"))):
+            "fit_bandwidth_GBps": net.bandwidth / 1e9, "fit_latency_us": net.latency * 1e6,
+            "network_pattern": "between compute" if train else "back to back",
+            "compute_gap_ms": next((1e3 * c["gap_s"] for c in comm_train
+                                    if c.get("workload") in (wl, None) and "gap_s" in c), None)}
+        slow, one = slowest_s(o, "local"), step1.get(wl)
+        # The same straggler prediction written as plan's inputs: 1-process step x c.
+        row["compute_scale"] = None if slow is None or not one else slow / one
+        if b2b is not None:
+            row["b2b_bandwidth_GBps"], row["b2b_latency_us"] = b2b.bandwidth / 1e9, b2b.latency * 1e6
+        # Calibrations of the per-device step: the unsynchronised step at the same load (the
+        # per-device compute time, as on separate GPUs), a separate 1-process launch, and
+        # "_straggler": a synchronised step waits for the slowest rank, so its compute time
+        # is the median of the slowest of N ranks' unsynchronised steps. "_b2b": the
+        # straggler step with the network fitted to back-to-back all-reduces.
+        # "_no_ddp_overhead": the straggler step without the measured DDP overhead term.
+        ov = sync_o.get(wl, 0.0)
+        row["ddp_overhead_ms"] = 1e3 * ov if wl in sync_o else None
+        cases = [("", local, net, ov), ("_from_1proc", step1.get(wl), net, ov),
+                 ("_straggler", slowest_s(o, "local"), net, ov),
+                 ("_no_ddp_overhead", slowest_s(o, "local"), net, 0.0)]
+        if b2b is not None and train is not None:
+            cases.append(("_b2b", slowest_s(o, "local"), b2b, ov))
+        for tag, t1, nw, o_s in cases:
             row[f"single_step{tag}_ms"] = None if t1 is None else 1e3 * t1
             for overlap, key in ((True, "predicted"), (False, "predicted_no_overlap")):
-                p = None if t1 is None else costmodel.predict(t1, grad, n, net, overlap=overlap)
+                p = None if t1 is None else costmodel.predict(t1, grad, n, nw, overlap=overlap,
+                                                              sync_overhead=o_s)
                 row[f"{key}{tag}_ms"] = None if p is None else 1e3 * p.step_time
             pred = row[f"predicted{tag}_ms"]
             row[f"error{tag}"] = None if pred is None else pred / row["measured_ms"] - 1
@@ -147,16 +188,22 @@ def run_suite(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
     from splitsync.bench.measure import measure_rank, single_loop_rank
     from splitsync.testing import spawn
 
-    res: dict[str, Any] = {"meta": _meta(opts), "overhead": [], "naive": [], "comm": []}
+    res: dict[str, Any] = {"meta": _meta(opts), "overhead": [], "naive": [], "comm": [],
+                           "comm_train": []}
     if {"overhead", "naive", "comm"} & set(opts.sections):
         for n in opts.procs:
             echo(f"measuring {', '.join(opts.workloads)} at {n} process(es) ...")
-            out = spawn(measure_rank, n, _spec(opts, n), timeout=opts.timeout)[0]
+            # The 1-process steps set the compute between the training-pattern all-reduces.
+            gaps = {o["workload"]: r["median_ms"] / 1e3 for o in res["overhead"]
+                    if o["world_size"] == 1 for r in o["rows"]
+                    if r["loop"] == "splitsync" and (r.get("median_ms") or 0) > 0}
+            out = spawn(measure_rank, n, _spec(opts, n, gaps), timeout=opts.timeout)[0]
             res["overhead"] += out["overhead"]
             res["naive"] += out["naive"]
             res["comm"] += out.get("comm", [])
+            res["comm_train"] += out.get("comm_train", [])
             res["meta"]["device"], res["meta"]["backend"] = out["device"], out["backend"]
-    res["plan_validation"] = plan_validation(res["overhead"], res["comm"])
+    res["plan_validation"] = plan_validation(res["overhead"], res["comm"], res["comm_train"])
     if "scaling" in opts.sections:
         res["scaling"] = scaling_rows(res["overhead"], res["plan_validation"])
     if "separate" in opts.sections and max(opts.procs) > 1:

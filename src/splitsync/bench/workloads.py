@@ -195,6 +195,22 @@ class BareLoop(HandLoop):
     name = "bare loop"
 
 
+class DDPOneLoop(HandLoop):
+    """DDP on a 1-process group: DDP's per-step bookkeeping (reducer hooks, bucket, a
+    1-rank all-reduce through the backend's thread) without any peer to talk to."""
+
+    name = "DDP, 1-process group"
+
+    def setup(self, module: nn.Module, ctx: dict[str, Any]) -> None:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        # gradient_as_bucket_view as in splitsync's DDP strategy, whose step is predicted
+        self.model = DDP(module.to(self.device), device_ids=ids, gradient_as_bucket_view=True)
+        self.opt = self._sgd()
+        self.loader = self._hand_loader()
+
+
 class LocalLoop(HandLoop):
     """Every rank trains alone on its shard, no gradient sync: per-device compute time
     under the same machine load as the synchronised loops (the cost model's input)."""
@@ -231,7 +247,7 @@ class NaiveLoop(HandLoop):
 
 LOOP_BUILDERS: dict[str, type[Loop]] = {
     "splitsync": SplitsyncLoop, "hand": HandLoop, "bare": BareLoop, "local": LocalLoop,
-    "naive": NaiveLoop,
+    "naive": NaiveLoop, "ddp1": DDPOneLoop,
 }
 OTHER_LOOPS = ("accelerate", "fabric", "dp")  # in splitsync.bench.otherloops
 

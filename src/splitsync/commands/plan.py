@@ -14,7 +14,11 @@ devices from a single-device step time, the gradient size and the interconnect.
 Model: one ring all-reduce of b bytes over N devices takes 2(N-1)*alpha + 2(N-1)/N * b/B.
 Gradients go out in DDP's buckets (1 MiB first, then --bucket-cap-mb) as backward produces
 them, so communication overlaps the rest of backward; only what outlasts backward adds to
-the step. Weak scaling: the per-device batch stays fixed."""
+the step. Weak scaling: the per-device batch stays fixed. Measured terms: alpha and B
+timed between compute, as a training step pays them (--network measured), and
+--compute-scale, the per-device compute at N over the single-device step (1 on separate
+devices; above 1 when the N processes share one host's cores), and --ddp-overhead-ms,
+DDP's own per-step CPU work."""
 
 EPILOG = """\
 examples:
@@ -56,6 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size (MiB)")
     parser.add_argument("--backward-fraction", type=float, default=0.6,
                         help="share of the step spent in backward (default: 0.6)")
+    parser.add_argument("--compute-scale", type=float, default=1.0, metavar="C",
+                        help="per-device compute at N > 1 over the single-device step: 1 on "
+                        "separate devices (default), measured when processes share cores")
+    parser.add_argument("--ddp-overhead-ms", type=float, default=0.0, metavar="MS",
+                        help="DDP's own per-step CPU work at N > 1 (reducer hooks, buckets); "
+                        "splitsync bench measures it as DDP on a 1-process group minus a "
+                        "bare step (default: 0)")
     parser.add_argument("--no-overlap", action="store_true",
                         help="all-reduce only after backward (no overlap)")
     parser.add_argument("--memory-gb", type=float, default=None,
@@ -104,13 +115,13 @@ def measure_step(model: Any, shape: tuple[int, ...], batch: int, steps: int = 10
     return median(times)
 
 
-def _network(args: argparse.Namespace) -> Any:
+def _network(args: argparse.Namespace, step: float) -> Any:
     from dataclasses import replace
 
     from splitsync.bench.costmodel import NETWORKS, Network
 
     if args.network == "measured":
-        net = measure_network()
+        net = measure_network(gap_s=min(step, 0.05))
     elif args.network in NETWORKS:
         net = NETWORKS[args.network]
     else:
@@ -122,16 +133,20 @@ def _network(args: argparse.Namespace) -> Any:
     return Network(net.name, net.bandwidth, net.latency, net.note)  # re-validated
 
 
-def measure_network(world: int = 2) -> Any:
-    """Fit alpha and B to all-reduce times of ``world`` local gloo processes."""
-    from splitsync.bench.costmodel import fit_network
+def measure_network(world: int = 2, gap_s: float = 1e-3) -> Any:
+    """Fit alpha and B to all-reduce times of ``world`` local gloo processes.
+
+    The all-reduces are timed between stretches of compute ``gap_s`` long (the step time),
+    as in training (see :func:`splitsync.bench.measure.comm_between_compute`), not back to
+    back.
+    """
+    from splitsync.bench.costmodel import TRAIN_COMM_SIZES, fit_network
     from splitsync.bench.measure import comm_rank
     from splitsync.testing import spawn
 
-    sizes = [1024, 64 * 1024, 1024**2, 16 * 1024**2]
-    rows = spawn(comm_rank, world, sizes, timeout=300)[0]
+    rows = spawn(comm_rank, world, list(TRAIN_COMM_SIZES), gap_s, timeout=300)[0]
     return fit_network([r["bytes"] for r in rows], [r["allreduce_s"] for r in rows], world,
-                       name=f"measured (gloo, {world} local processes)")
+                       name=f"measured (gloo, {world} local processes, between compute)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -160,10 +175,16 @@ def main(args: argparse.Namespace) -> int:
         if args.step_ms <= 0:
             raise _fail(f"--step-ms {args.step_ms}: give a positive time in milliseconds.")
         step = args.step_ms / 1e3
-    net = _network(args)
+    if not args.ddp_overhead_ms >= 0:
+        raise _fail(f"--ddp-overhead-ms {args.ddp_overhead_ms}: give a time >= 0 in ms.")
+    if not args.compute_scale > 0:
+        raise _fail(f"--compute-scale {args.compute_scale}: give a factor > 0 (1 on separate "
+                    "devices; per-device step at N over the single-device step).")
+    net = _network(args, step)
     grad = params * costmodel.DTYPE_BYTES[args.dtype]
     kw = {"backward_fraction": args.backward_fraction, "overlap": not args.no_overlap,
-          "bucket_cap_mb": args.bucket_cap_mb, "batch_size": args.batch_size}
+          "bucket_cap_mb": args.bucket_cap_mb, "batch_size": args.batch_size,
+          "compute_scale": args.compute_scale, "sync_overhead": args.ddp_overhead_ms / 1e3}
     preds = costmodel.predict_many(step, grad, net, sizes, **kw)
     notes = costmodel.advice(preds, params, grad, net=net, step_time=step,
                              memory_gb=args.memory_gb, **kw)
@@ -180,6 +201,9 @@ def main(args: argparse.Namespace) -> int:
           f"single-device step {1e3 * step:.2f} ms; network {net.name}: "
           f"{net.bandwidth / 1e9:g} GB/s, {net.latency * 1e6:g} us"
           + (f" ({net.note})" if net.note else ""))
+    if args.compute_scale != 1.0 or args.ddp_overhead_ms:
+        print(f"at N > 1: per-device compute x{args.compute_scale:g} (--compute-scale), "
+              f"DDP's own work {args.ddp_overhead_ms:g} ms per step (--ddp-overhead-ms)")
     print()
     print(markdown_table(["N", "step ms", "all-reduce ms", "exposed ms", unit, "efficiency"], rows))
     print()
