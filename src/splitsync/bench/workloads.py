@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -72,7 +73,7 @@ def make_workload(name: str) -> Workload:
 WORKLOADS = ("W1", "W2")
 
 
-class Loop:
+class Loop(ABC):
     """A training loop under test: ``run(steps)`` returns per-step seconds."""
 
     name = "loop"
@@ -88,17 +89,20 @@ class Loop:
         self.setup(copy.deepcopy(base), ctx)
         self._it = self._epoch_iter()
 
+    @abstractmethod
     def setup(self, module: nn.Module, ctx: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Build the model, optimizer and data for this loop."""
 
-    def batches(self) -> Any:  # an iterable over this rank's batches
-        raise NotImplementedError
+    @abstractmethod
+    def batches(self) -> Any:
+        """An iterable over this rank's batches."""
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
 
+    @abstractmethod
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        raise NotImplementedError
+        """One optimizer step on (x, y)."""
 
     def params(self) -> list[torch.Tensor]:
         from splitsync.strategies import unwrap
