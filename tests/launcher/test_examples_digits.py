@@ -20,7 +20,7 @@ def launch(script: Path, nproc: int, *args: str, timeout: float = 150) -> str:
 
 
 def _accuracy(out: str) -> float:
-    found = re.findall(r"^validation accuracy: (\d+\.\d)%$", out, flags=re.M)
+    found = re.findall(r"validation accuracy: (\d+\.\d)%", out)
     assert len(found) == 1, f"expected one final accuracy line (rank 0 only):\n{out}"
     return float(found[0])
 

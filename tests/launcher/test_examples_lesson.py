@@ -32,13 +32,13 @@ def test_exercise1_tensor_lands_on_the_detected_device() -> None:
 
     out = launch("exercise1_device.py", 1)
     expected = "cuda:0" if torch.cuda.is_available() else ("mps" if torch.backends.mps.is_available() else "cpu")
-    assert re.search(rf"^tensor device: {expected}(:0)?$", out, flags=re.M), out
+    assert re.search(rf"tensor device: {expected}(:0)?\b", out), out
     assert "tensor shape: (3, 4)" in out
 
 
 def test_exercise1_splitsync_every_rank_reports_its_tensor() -> None:
     out = launch("exercise1_device_splitsync.py", 2)
-    assert sorted(re.findall(r"^rank (\d): tensor shape: \(3, 4\)$", out, flags=re.M)) == ["0", "1"]
+    assert sorted(re.findall(r"rank (\d): tensor shape: \(3, 4\)", out)) == ["0", "1"]
 
 
 def test_example1_single_device_training_lowers_the_loss() -> None:
@@ -67,27 +67,26 @@ def test_exercise2_output_shape_stays_8_by_2() -> None:
 
 def test_exercise2_splitsync_slices_gather_back_to_8_by_2() -> None:
     out = launch("exercise2_data_parallel_splitsync.py", 2)
-    assert sorted(re.findall(r"^rank (\d): input \(4, 10\) -> output \(4, 2\)", out, flags=re.M)) \
+    assert sorted(re.findall(r"rank (\d): input \(4, 10\) -> output \(4, 2\)", out)) \
         == ["0", "1"]
     assert "gathered output shape: (8, 2); same as one pass: True" in out
 
 
 def _check_ddp(out: str) -> None:
     assert "epoch 0 shard sizes: [128, 128], union covers 256/256, overlap 0" in out
-    assert sorted(re.findall(r"^rank (\d): weights identical to rank 0: True$", out,
-                             flags=re.M)) == ["0", "1"]
+    assert sorted(re.findall(r"rank (\d): weights identical to rank 0: True", out)) == ["0", "1"]
 
 
 def test_example3_torchrun_trains_on_disjoint_shards_and_stays_in_sync() -> None:
     out = launch("example3_ddp_torchrun.py", 2)
     _check_ddp(out)
-    assert re.search(r"^rank 1, epoch 4, loss", out, flags=re.M)  # train() really ran
+    assert re.search(r"rank 1, epoch 4, loss", out)  # train() really ran
 
 
 def test_example3_splitsync_same_guarantees() -> None:
     out = launch("example3_ddp_splitsync.py", 2)
     _check_ddp(out)
-    assert len(re.findall(r"^epoch \d \| loss", out, flags=re.M)) == 5  # logged once per epoch
+    assert len(re.findall(r"epoch \d \| loss", out)) == 5  # logged once per epoch
 
 
 def test_example3_torchrun_refuses_to_run_without_a_launcher() -> None:
