@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launchkit import teardown_abort
+
 from splitsync.testing import clean_env
 
 HERE = Path(__file__).resolve().parent
@@ -38,13 +40,20 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 
 def splitsync(*args: str, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
-    """``python -m splitsync ARGS`` with a hard timeout; output captured."""
-    proc = subprocess.Popen([sys.executable, "-m", "splitsync", *args], env=env(**extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        stop(proc)
+    """``python -m splitsync ARGS`` with a hard timeout; output captured.
+
+    A run that died only by gloo's abort at interpreter exit is run once more (see
+    ``launchkit.teardown_abort``).
+    """
+    for _ in range(2):
+        proc = subprocess.Popen([sys.executable, "-m", "splitsync", *args], env=env(**extra),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        finally:
+            stop(proc)
+        if not teardown_abort(proc.returncode, err):
+            break
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
