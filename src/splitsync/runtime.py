@@ -26,7 +26,7 @@ from splitsync.guards.session import GuardSession, collective_timeout
 from splitsync.guards.session import start as start_guards
 from splitsync.logs import attach_rank_handler, get_logger
 from splitsync.metrics import MetricsLog, average_metrics
-from splitsync.precision import get_precision
+from splitsync.precision import Precision, get_precision
 from splitsync.progress import progress as _progress
 from splitsync.run_checkpoints import CheckpointMethods
 from splitsync.run_collectives import CollectiveMethods
@@ -48,8 +48,8 @@ class Run(TrainingMethods, CollectiveMethods, CheckpointMethods):
 
     def __init__(self, config: RunConfig, env: DistEnv, device: torch.device, backend: str,
                  seed: int, owns_group: bool, handler: logging.Handler | None,
-                 guards: GuardSession | None = None, verify: ScriptRecorder | None = None
-                 ) -> None:
+                 guards: GuardSession | None = None, verify: ScriptRecorder | None = None,
+                 precision: Precision | None = None) -> None:
         self.config = config
         self.env = env
         self.device = device
@@ -67,7 +67,9 @@ class Run(TrainingMethods, CollectiveMethods, CheckpointMethods):
         self._closed = False
         self._metrics: MetricsLog | None = None
         # backward/step functions for this precision and accumulation, chosen once
-        self._plan = StepPlan(get_precision(config.precision, device), config.accumulate)
+        if precision is None:
+            precision = get_precision(config.precision, device)
+        self._plan = StepPlan(precision, config.accumulate)
         self._guards = guards
         self._watch = guards.watch if guards is not None else None
         self._verify = verify  # set only under `splitsync verify script.py`
@@ -240,7 +242,7 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
                        strategy_options=strategy_options)
     env = detect_env()  # validated before any network call
     dev = choose_device(env, device)
-    get_precision(precision, dev)  # "16-mixed" on a CPU fails here, before any network call
+    policy = get_precision(precision, dev)  # "16-mixed" on a CPU fails here, before the network
     chosen_backend = backend or default_backend(dev)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -260,6 +262,7 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         if owns:
             destroy_group()
         raise
-    return Run(config, env, dev, chosen_backend, final_seed, owns, handler, guards_on, verify)
+    return Run(config, env, dev, chosen_backend, final_seed, owns, handler, guards_on, verify,
+               policy)
 
 
