@@ -30,6 +30,8 @@ _EXPORTS = {
     "CollectiveTimeoutError": "splitsync.guards.hangs",
 }
 
+_SUBMODULES = ("testing", "launch")
+
 __all__ = [
     "init", "Run", "RunConfig", "DistEnv", "EnvError", "detect_env", "move_to",
     "seed_everything", "Throughput", "ResumeState", "CheckpointError", "GroupError",
@@ -56,8 +58,8 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
-    if name == "testing":
-        return importlib.import_module("splitsync.testing")
+    if name in _SUBMODULES:  # a package's attribute is set on import; import on first use
+        return importlib.import_module(f"splitsync.{name}")
     raise AttributeError(f"module 'splitsync' has no attribute {name!r}")
 
 

@@ -7,18 +7,15 @@ environment can be recorded and tested without starting a process group.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from splitsync.parsing import EnvError, env_int, first_host, slurm_nodelist
 
 __all__ = ["DistEnv", "EnvError", "detect_env", "slurm_master_addr", "first_host"]
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
-
-
-class EnvError(ValueError):
-    """A launcher variable is missing, malformed or inconsistent."""
 
 
 @dataclass(frozen=True)
@@ -46,46 +43,16 @@ class DistEnv:
         return max(1, self.world_size // max(1, self.local_world_size))
 
 
-def _int(env: Mapping[str, str], name: str, fix: str, default: int | None = None) -> int:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        if default is None:
-            raise EnvError(f"{name} is not set. {fix}")
-        return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise EnvError(f"{name}={raw!r} is not an integer. {fix}") from None
-    if value < 0:
-        raise EnvError(f"{name}={raw!r} is negative. {fix}")
-    return value
-
-
-def first_host(nodelist: str) -> str:
-    """First host of a SLURM nodelist such as ``gpu[003-005,010],cpu1`` -> ``gpu003``."""
-    nodelist = nodelist.strip()
-    match = re.match(r"^([^,\[]+)(\[([^\]]+)\])?", nodelist)
-    if not match:
-        raise EnvError(f"SLURM_NODELIST={nodelist!r} cannot be parsed; set MASTER_ADDR instead.")
-    prefix, _, ranges = match.groups()
-    if not ranges:
-        return prefix
-    first = ranges.split(",")[0].split("-")[0]
-    return prefix + first
-
-
 def slurm_master_addr(env: Mapping[str, str]) -> str:
     """MASTER_ADDR if given, else the first host of the job's nodelist."""
     if env.get("MASTER_ADDR"):
         return env["MASTER_ADDR"]
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get(
-        "SLURM_NODELIST"
-    )
+    nodelist = slurm_nodelist(env)
     return first_host(nodelist) if nodelist else DEFAULT_MASTER_ADDR
 
 
 def _port(env: Mapping[str, str], default: int) -> int:
-    port = _int(env, "MASTER_PORT", "Set MASTER_PORT to a free TCP port (1-65535).", default)
+    port = env_int(env, "MASTER_PORT", "Set MASTER_PORT to a free TCP port (1-65535).", default)
     if not 0 < port < 65536:
         raise EnvError(f"MASTER_PORT={port} is outside 1-65535. Set MASTER_PORT to a free TCP port.")
     return port
@@ -117,13 +84,13 @@ def _read(env: Mapping[str, str]) -> DistEnv:
     fix_torchrun = "Launch with `splitsync run -n N script.py` or torchrun, which set it for you."
     if "RANK" in env or "WORLD_SIZE" in env or "TORCHELASTIC_RUN_ID" in env:
         launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env or "GROUP_RANK" in env else "env"
-        world = _int(env, "WORLD_SIZE", fix_torchrun)
-        rank = _int(env, "RANK", fix_torchrun)
+        world = env_int(env, "WORLD_SIZE", fix_torchrun)
+        rank = env_int(env, "RANK", fix_torchrun)
         if launcher == "env" and "LOCAL_RANK" not in env and env.get("KUBERNETES_SERVICE_HOST"):
             return _kubernetes(env, rank, world)
-        local_world = _int(env, "LOCAL_WORLD_SIZE", fix_torchrun, default=world)
-        local_rank = _int(env, "LOCAL_RANK", fix_torchrun, default=rank % max(local_world, 1))
-        node_rank = _int(env, "GROUP_RANK", fix_torchrun, default=rank // max(local_world, 1))
+        local_world = env_int(env, "LOCAL_WORLD_SIZE", fix_torchrun, default=world)
+        local_rank = env_int(env, "LOCAL_RANK", fix_torchrun, default=rank % max(local_world, 1))
+        node_rank = env_int(env, "GROUP_RANK", fix_torchrun, default=rank // max(local_world, 1))
         return DistEnv(
             launcher=launcher,
             rank=rank,
@@ -133,51 +100,51 @@ def _read(env: Mapping[str, str]) -> DistEnv:
             node_rank=node_rank,
             master_addr=env.get("MASTER_ADDR") or DEFAULT_MASTER_ADDR,
             master_port=_port(env, DEFAULT_MASTER_PORT),
-            restart_count=_int(env, "TORCHELASTIC_RESTART_COUNT", fix_torchrun, default=0),
+            restart_count=env_int(env, "TORCHELASTIC_RESTART_COUNT", fix_torchrun, default=0),
         )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         fix = "Run inside an sbatch/srun allocation, or unset the SLURM_* variables."
-        world = _int(env, "SLURM_NTASKS", fix)
-        local_world = _int(env, "SLURM_NTASKS_PER_NODE", fix, default=0) or _int(
+        world = env_int(env, "SLURM_NTASKS", fix)
+        local_world = env_int(env, "SLURM_NTASKS_PER_NODE", fix, default=0) or env_int(
             env, "SLURM_STEP_TASKS_PER_NODE_INT", fix, default=0
         )
         if not local_world:
-            nodes = _int(env, "SLURM_NNODES", fix, default=1) or 1
+            nodes = env_int(env, "SLURM_NNODES", fix, default=1) or 1
             local_world = max(1, world // nodes)
         return DistEnv(
             launcher="slurm",
-            rank=_int(env, "SLURM_PROCID", fix),
-            local_rank=_int(env, "SLURM_LOCALID", fix, default=0),
+            rank=env_int(env, "SLURM_PROCID", fix),
+            local_rank=env_int(env, "SLURM_LOCALID", fix, default=0),
             world_size=world,
             local_world_size=local_world,
-            node_rank=_int(env, "SLURM_NODEID", fix, default=0),
+            node_rank=env_int(env, "SLURM_NODEID", fix, default=0),
             master_addr=slurm_master_addr(env),
             master_port=_slurm_port(env),
         )
     if "OMPI_COMM_WORLD_RANK" in env:
         fix = "Launch with mpirun, or unset the OMPI_COMM_WORLD_* variables."
-        world = _int(env, "OMPI_COMM_WORLD_SIZE", fix)
-        local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", fix, default=world)
-        rank = _int(env, "OMPI_COMM_WORLD_RANK", fix)
+        world = env_int(env, "OMPI_COMM_WORLD_SIZE", fix)
+        local_world = env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", fix, default=world)
+        rank = env_int(env, "OMPI_COMM_WORLD_RANK", fix)
         return DistEnv(
             launcher="openmpi",
             rank=rank,
-            local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", fix, default=0),
+            local_rank=env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", fix, default=0),
             world_size=world,
             local_world_size=local_world,
-            node_rank=_int(env, "OMPI_COMM_WORLD_NODE_RANK", fix, default=rank // max(local_world, 1)),
+            node_rank=env_int(env, "OMPI_COMM_WORLD_NODE_RANK", fix, default=rank // max(local_world, 1)),
             master_addr=env.get("MASTER_ADDR") or DEFAULT_MASTER_ADDR,
             master_port=_port(env, DEFAULT_MASTER_PORT),
         )
     if "PMI_RANK" in env and "PMI_SIZE" in env:
         fix = "Launch with mpiexec (MPICH/Intel MPI), or unset the PMI_* variables."
-        world = _int(env, "PMI_SIZE", fix)
-        local_world = _int(env, "MPI_LOCALNRANKS", fix, default=world)
-        rank = _int(env, "PMI_RANK", fix)
+        world = env_int(env, "PMI_SIZE", fix)
+        local_world = env_int(env, "MPI_LOCALNRANKS", fix, default=world)
+        rank = env_int(env, "PMI_RANK", fix)
         return DistEnv(
             launcher="mpich",
             rank=rank,
-            local_rank=_int(env, "MPI_LOCALRANKID", fix, default=rank % max(local_world, 1)),
+            local_rank=env_int(env, "MPI_LOCALRANKID", fix, default=rank % max(local_world, 1)),
             world_size=world,
             local_world_size=local_world,
             node_rank=rank // max(local_world, 1),

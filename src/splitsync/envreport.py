@@ -98,7 +98,7 @@ def _backends() -> dict[str, bool]:
 
 
 def _launcher(environ: Mapping[str, str]) -> dict[str, Any]:
-    from splitsync.cluster import launch_defaults
+    from splitsync.launch.cluster import launch_defaults
     from splitsync.env import EnvError, detect_env
 
     try:

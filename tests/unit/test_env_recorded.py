@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from splitsync.cluster import launch_defaults
+from splitsync.launch.cluster import launch_defaults
 from splitsync.env import EnvError, detect_env
 
 # srun -N 2 --ntasks-per-node=4 python train.py; task 5 runs on the second node.

@@ -7,7 +7,7 @@ import time
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from splitsync.commands.run import _report_children
+from splitsync.launch.agent import report_children
 
 
 def _failure(local_rank: int, exitcode: int) -> ProcessFailure:
@@ -18,7 +18,7 @@ def _failure(local_rank: int, exitcode: int) -> ProcessFailure:
 
 
 def test_first_failure_gives_the_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
-    code = _report_children({3: _failure(1, 7), 2: _failure(0, 1)})
+    code = report_children({3: _failure(1, 7), 2: _failure(0, 1)})
     err = capsys.readouterr().err
     assert code == 1  # rank 2 failed first (earlier timestamp)
     assert "rank 3 (local rank 1, pid 1001) exited with code 7" in err
@@ -26,5 +26,5 @@ def test_first_failure_gives_the_exit_code(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_a_signal_is_reported_by_name(capsys: pytest.CaptureFixture[str]) -> None:
-    assert _report_children({0: _failure(0, -9)}) == 137
+    assert report_children({0: _failure(0, -9)}) == 137
     assert "killed by signal SIGKILL" in capsys.readouterr().err

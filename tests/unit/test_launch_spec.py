@@ -8,16 +8,9 @@ from pathlib import Path
 import pytest
 from torch.distributed.run import parse_args as torchrun_parse
 
-from splitsync.cluster import ClusterDefaults
-from splitsync.launch import (
-    LaunchError,
-    build_spec,
-    parse_endpoint,
-    parse_nnodes,
-    parse_nproc,
-    torchrun_argv,
-    torchrun_command,
-)
+from splitsync.launch.argv import torchrun_argv, torchrun_command
+from splitsync.launch.cluster import ClusterDefaults
+from splitsync.launch.spec import LaunchError, build_spec, parse_endpoint, parse_nnodes, parse_nproc
 
 
 @pytest.fixture()

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import sys
-from dataclasses import replace
-from typing import Any
 
-from splitsync.launch import DEFAULT_RDZV_TIMEOUT, LaunchError, LaunchSpec
+from splitsync.launch.spec import DEFAULT_RDZV_TIMEOUT, LaunchError, LaunchSpec
 
 DESCRIPTION = """\
 Launch SCRIPT on N processes per node. torchrun's elastic agent (torch.distributed.run) does
@@ -67,20 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="arguments for the script, passed untouched")
 
 
-def _say(message: str) -> None:
-    print(f"splitsync run: {message}", file=sys.stderr, flush=True)
-
-
-def _accelerators() -> int:
-    from splitsync.device import visible_device_count
-
-    return max(visible_device_count(k) for k in ("cuda", "xpu", "mps"))
-
-
 def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
     """Validated launch settings from the parsed command line and the environment."""
-    from splitsync.cluster import launch_defaults
-    from splitsync.launch import build_spec
+    from splitsync.launch.agent import accelerators
+    from splitsync.launch.cluster import launch_defaults
+    from splitsync.launch.spec import build_spec
 
     cluster = launch_defaults(os.environ)
     nproc = str(args.nproc or cluster.nproc_per_node or "1")
@@ -91,7 +78,7 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         max_restarts=args.max_restarts, monitor_interval=args.monitor_interval,
         module=args.module, environ=os.environ,
         # Counting GPUs imports torch (seconds); only -n auto needs it, so bad input fails fast.
-        accelerators=_accelerators() if nproc.strip().lower() == "auto" else 0,
+        accelerators=accelerators() if nproc.strip().lower() == "auto" else 0,
         cluster=cluster,
     )
 
@@ -99,108 +86,18 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
 def main(args: argparse.Namespace) -> int:
     """Validate, print or launch; returns the exit status."""
     from splitsync.env import EnvError
+    from splitsync.launch.agent import dry_run, run_agent, say
 
     try:
         spec = spec_from_args(args)
         if args.dry_run:
-            return _dry_run(spec)
+            return dry_run(spec)
         import torch.distributed.run  # noqa: F401  (slow; before waiting, so a node joins at once)
 
-        from splitsync.rendezvous import reserve_endpoint
+        from splitsync.launch.rendezvous import reserve_endpoint
 
         with reserve_endpoint(spec) as ready:
-            return _launch(ready)
+            return run_agent(ready)
     except (LaunchError, EnvError) as exc:
-        _say(f"error: {exc}")
+        say(f"error: {exc}")
         return 2
-
-
-def _dry_run(spec: LaunchSpec) -> int:
-    from splitsync.group import free_port
-    from splitsync.launch import torchrun_command
-
-    if spec.rdzv_port == 0:
-        spec = replace(spec, rdzv_port=free_port(spec.rdzv_host))
-    print(torchrun_command(spec), flush=True)
-    return 0
-
-
-def _launch(spec: LaunchSpec) -> int:
-    from torch.distributed.run import main as torchrun_main
-
-    from splitsync.launch import torchrun_argv
-
-    for key in [k for k in os.environ if k.startswith("PET_")]:
-        # torchrun reads PET_<OPTION> for every option missing from its argv (a PyTorchJob
-        # sets several); they are folded into the spec already, so the argv is the whole truth.
-        del os.environ[key]
-    for key, value in spec.env:
-        os.environ[key] = value  # the agent passes its environment on to the workers
-    if spec.max_restarts > 0 or spec.min_nodes != spec.max_nodes:
-        # Restarted workers must not reuse the agent's store: they would read the dead
-        # workers' gloo addresses and fail to connect (pytorch issues 135712, 167288).
-        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    for note in spec.notes:
-        _say(note)
-    if not spec.single_node:
-        _say(f"node {spec.node_rank if spec.node_rank is not None else '?'} of "
-             f"{spec.min_nodes if spec.min_nodes == spec.max_nodes else f'{spec.min_nodes}-{spec.max_nodes}'}"
-             f" nodes, rendezvous at {spec.endpoint} (from {spec.source}), "
-             f"timeout {spec.rdzv_timeout}s")
-    try:
-        torchrun_main(torchrun_argv(spec))
-    except Exception as exc:  # torchrun's failures, reported in one paragraph
-        return _report(exc, spec)
-    return 0
-
-
-def _report(exc: Exception, spec: LaunchSpec) -> int:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous import RendezvousError
-
-    if isinstance(exc, ChildFailedError):
-        return _report_children(exc.failures)
-    if isinstance(exc, SignalException):
-        _say(f"stopped by {exc.sigval.name}; workers were terminated.")
-        return 128 + int(exc.sigval)
-    if isinstance(exc, RendezvousError):
-        _say(_explain_rendezvous(exc, spec))
-        return 1
-    raise exc
-
-
-def _report_children(failures: dict[int, Any]) -> int:
-    first = min(failures, key=lambda r: failures[r].timestamp)
-    for rank in sorted(failures):
-        f = failures[rank]
-        how = (f"was killed by signal {signal.Signals(-f.exitcode).name}" if f.exitcode < 0
-               else f"exited with code {f.exitcode}")
-        detail = f": {f.message.splitlines()[0]}" if isinstance(f.message, str) and f.message \
-            and not f.message.startswith("To enable traceback") else ""
-        _say(f"rank {rank} (local rank {f.local_rank}, pid {f.pid}) {how}{detail}")
-    code = failures[first].exitcode
-    ranks = ", ".join(str(r) for r in sorted(failures))
-    _say(f"failed: rank(s) {ranks}; first failure: rank {first}. Its output is above.")
-    if code < 0:
-        return 128 + (-code)
-    return code if 0 < code < 256 else 1
-
-
-def _explain_rendezvous(exc: BaseException, spec: LaunchSpec) -> str:
-    from torch.distributed.elastic.rendezvous import (
-        RendezvousConnectionError,
-        RendezvousTimeoutError,
-    )
-
-    host, port = spec.rdzv_host, spec.rdzv_port
-    if isinstance(exc, RendezvousConnectionError):
-        return (f"could not reach the rendezvous at host {host} port {port} within "
-                f"{min(spec.rdzv_timeout, 60)}s. Check that node 0 runs `splitsync run` with the "
-                "same --rdzv-endpoint, that the host name resolves and that the port is open "
-                "(firewall); `splitsync env` on each node shows its addresses.")
-    if isinstance(exc, RendezvousTimeoutError):
-        return (f"the nodes did not all meet at {spec.endpoint} within --rdzv-timeout "
-                f"{spec.rdzv_timeout}s (need {spec.min_nodes} node(s)). Start the same command "
-                "on every node, with the same --rdzv-endpoint and --rdzv-id.")
-    return f"rendezvous at {spec.endpoint} failed: {exc}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from splitsync.env import EnvError, first_host
+from splitsync.parsing import EnvError, first_host, optional_int, slurm_nodelist
 
 __all__ = ["ClusterDefaults", "launch_defaults", "DEFAULT_RDZV_PORT"]
 
@@ -30,34 +30,30 @@ class ClusterDefaults:
     nproc_per_node: str | None = None  # "N" or "auto"
 
 
-def _int(env: Mapping[str, str], name: str) -> int | None:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise EnvError(f"{name}={raw!r} is not an integer; fix or unset it.") from None
+_FIX = "Fix or unset it."
+
+
+def _number(env: Mapping[str, str], name: str) -> int | None:
+    return optional_int(env, name, _FIX)
 
 
 def _slurm(env: Mapping[str, str]) -> ClusterDefaults:
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get(
-        "SLURM_NODELIST", "")
-    nnodes = _int(env, "SLURM_STEP_NUM_NODES") or _int(env, "SLURM_NNODES") or _int(
+    nodelist = slurm_nodelist(env)
+    nnodes = _number(env, "SLURM_STEP_NUM_NODES") or _number(env, "SLURM_NNODES") or _number(
         env, "SLURM_JOB_NUM_NODES")
     job = env.get("SLURM_JOB_ID", "").strip()
-    if (_int(env, "SLURM_LOCALID") or 0) > 0:
+    if (_number(env, "SLURM_LOCALID") or 0) > 0:
         raise EnvError(
             f"SLURM_LOCALID={env['SLURM_LOCALID']}: `splitsync run` was started more than once on "
             "this node. Start one per node (`srun --ntasks-per-node=1 splitsync run -n GPUS ...`) "
             "or let srun start the workers itself (`srun python train.py`)."
         )
     host = env.get("MASTER_ADDR") or (first_host(nodelist) if nodelist else None)
-    port = _int(env, "MASTER_PORT") or DEFAULT_RDZV_PORT
+    port = _number(env, "MASTER_PORT") or DEFAULT_RDZV_PORT
     return ClusterDefaults(
         source="slurm",
         nnodes=str(nnodes) if nnodes else None,
-        node_rank=_int(env, "SLURM_NODEID"),
+        node_rank=_number(env, "SLURM_NODEID"),
         endpoint=f"{host}:{port}" if host else None,
         rdzv_id=f"slurm-{job}" if job else None,
     )
@@ -66,12 +62,12 @@ def _slurm(env: Mapping[str, str]) -> ClusterDefaults:
 def _kubernetes(env: Mapping[str, str]) -> ClusterDefaults:
     # The training operator passes torchrun's own settings as PET_* variables.
     host = env.get("PET_MASTER_ADDR") or env.get("MASTER_ADDR")
-    port = _int(env, "PET_MASTER_PORT") or _int(env, "MASTER_PORT") or DEFAULT_RDZV_PORT
+    port = _number(env, "PET_MASTER_PORT") or _number(env, "MASTER_PORT") or DEFAULT_RDZV_PORT
     nnodes = env.get("PET_NNODES", "").strip() or None  # "N" or "MIN:MAX", as torchrun takes
     return ClusterDefaults(
         source="kubernetes",
         nnodes=nnodes,
-        node_rank=_int(env, "PET_NODE_RANK"),
+        node_rank=_number(env, "PET_NODE_RANK"),
         endpoint=f"{host}:{port}" if host else None,
         rdzv_id=env.get("PET_RDZV_ID") or None,
         nproc_per_node=env.get("PET_NPROC_PER_NODE", "").strip() or None,

@@ -18,7 +18,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from splitsync.launch import LaunchError, LaunchSpec
+from splitsync.launch.spec import LaunchError, LaunchSpec
 
 __all__ = ["reserve_endpoint", "loopback_store", "bind_or_explain", "wait_for_endpoint"]
 

@@ -1,0 +1,129 @@
+"""Run torchrun's elastic agent for a checked launch spec and explain how it ended.
+
+Everything ``splitsync run`` does after parsing its command line: the dry run's command,
+the workers' environment, the agent itself and a one-paragraph report of each failure
+(which rank, which exit code or signal, why the rendezvous did not happen).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from dataclasses import replace
+from typing import Any
+
+from splitsync.launch.argv import torchrun_argv, torchrun_command
+from splitsync.launch.spec import LaunchSpec
+
+__all__ = ["say", "accelerators", "dry_run", "run_agent", "report_failure", "report_children",
+           "explain_rendezvous"]
+
+
+def say(message: str) -> None:
+    """A message of ``splitsync run`` on stderr."""
+    print(f"splitsync run: {message}", file=sys.stderr, flush=True)
+
+
+def accelerators() -> int:
+    """Visible accelerators of the most plentiful kind (imports torch)."""
+    from splitsync.device import visible_device_count
+
+    return max(visible_device_count(k) for k in ("cuda", "xpu", "mps"))
+
+
+def dry_run(spec: LaunchSpec) -> int:
+    """Print the equivalent torchrun command (with a free port when none was given)."""
+    from splitsync.group import free_port
+
+    if spec.rdzv_port == 0:
+        spec = replace(spec, rdzv_port=free_port(spec.rdzv_host))
+    print(torchrun_command(spec), flush=True)
+    return 0
+
+
+def run_agent(spec: LaunchSpec) -> int:
+    """Run torchrun's agent in this process for ``spec``; returns the exit status.
+
+    The rendezvous port must be chosen already (see ``rendezvous.reserve_endpoint``).
+    torchrun's own failures are reported in one paragraph each, not as tracebacks.
+    """
+    from torch.distributed.run import main as torchrun_main
+
+    for key in [k for k in os.environ if k.startswith("PET_")]:
+        # torchrun reads PET_<OPTION> for every option missing from its argv (a PyTorchJob
+        # sets several); they are folded into the spec already, so the argv is the whole truth.
+        del os.environ[key]
+    for key, value in spec.env:
+        os.environ[key] = value  # the agent passes its environment on to the workers
+    if spec.max_restarts > 0 or spec.min_nodes != spec.max_nodes:
+        # Restarted workers must not reuse the agent's store: they would read the dead
+        # workers' gloo addresses and fail to connect (pytorch issues 135712, 167288).
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    for note in spec.notes:
+        say(note)
+    if not spec.single_node:
+        say(f"node {spec.node_rank if spec.node_rank is not None else '?'} of "
+            f"{spec.min_nodes if spec.min_nodes == spec.max_nodes else f'{spec.min_nodes}-{spec.max_nodes}'}"
+            f" nodes, rendezvous at {spec.endpoint} (from {spec.source}), "
+            f"timeout {spec.rdzv_timeout}s")
+    try:
+        torchrun_main(torchrun_argv(spec))
+    except Exception as exc:  # torchrun's failures, reported in one paragraph
+        return report_failure(exc, spec)
+    return 0
+
+
+def report_failure(exc: Exception, spec: LaunchSpec) -> int:
+    """Explain a failure of torchrun's agent; returns the exit status (re-raises others)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
+
+    if isinstance(exc, ChildFailedError):
+        return report_children(exc.failures)
+    if isinstance(exc, SignalException):
+        say(f"stopped by {exc.sigval.name}; workers were terminated.")
+        return 128 + int(exc.sigval)
+    if isinstance(exc, RendezvousError):
+        say(explain_rendezvous(exc, spec))
+        return 1
+    raise exc
+
+
+def report_children(failures: dict[int, Any]) -> int:
+    """One line per failed worker and a summary; the first failure's exit code."""
+    first = min(failures, key=lambda r: failures[r].timestamp)
+    for rank in sorted(failures):
+        f = failures[rank]
+        how = (f"was killed by signal {signal.Signals(-f.exitcode).name}" if f.exitcode < 0
+               else f"exited with code {f.exitcode}")
+        detail = f": {f.message.splitlines()[0]}" if isinstance(f.message, str) and f.message \
+            and not f.message.startswith("To enable traceback") else ""
+        say(f"rank {rank} (local rank {f.local_rank}, pid {f.pid}) {how}{detail}")
+    code = failures[first].exitcode
+    ranks = ", ".join(str(r) for r in sorted(failures))
+    say(f"failed: rank(s) {ranks}; first failure: rank {first}. Its output is above.")
+    if code < 0:
+        return 128 + (-code)
+    return code if 0 < code < 256 else 1
+
+
+def explain_rendezvous(exc: BaseException, spec: LaunchSpec) -> str:
+    from torch.distributed.elastic.rendezvous import (
+        RendezvousConnectionError,
+        RendezvousTimeoutError,
+    )
+
+    """One sentence on why the nodes did not meet, and what to check."""
+    host, port = spec.rdzv_host, spec.rdzv_port
+    if isinstance(exc, RendezvousConnectionError):
+        return (f"could not reach the rendezvous at host {host} port {port} within "
+                f"{min(spec.rdzv_timeout, 60)}s. Check that node 0 runs `splitsync run` with the "
+                "same --rdzv-endpoint, that the host name resolves and that the port is open "
+                "(firewall); `splitsync env` on each node shows its addresses.")
+    if isinstance(exc, RendezvousTimeoutError):
+        return (f"the nodes did not all meet at {spec.endpoint} within --rdzv-timeout "
+                f"{spec.rdzv_timeout}s (need {spec.min_nodes} node(s)). Start the same command "
+                "on every node, with the same --rdzv-endpoint and --rdzv-id.")
+    return f"rendezvous at {spec.endpoint} failed: {exc}"
