@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from splitsync.bench import costmodel as cm
+from splitsync.plan import costmodel as cm
 
 NET = cm.Network("test", bandwidth=10e9, latency=5e-6)
 
@@ -154,3 +154,14 @@ def test_sync_overhead_adds_per_step_at_n_only() -> None:
     assert cm.predict(s, grad, 1, NET, sync_overhead=o).step_time == s
     with pytest.raises(ValueError, match="sync_overhead"):
         cm.predict(s, grad, 2, NET, sync_overhead=-1e-3)
+
+
+def test_cost_model_imports_without_torch_or_the_benchmark_workloads() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, splitsync.plan.costmodel; print(sorted(m for m in sys.modules "
+            "if m.split('.')[0] == 'torch' or m.startswith('splitsync.bench')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

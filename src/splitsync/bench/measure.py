@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from splitsync.bench.harness import interleave, median, percentile, summarize
-from splitsync.bench.workloads import build_loop, make_workload
+from splitsync.bench.registry import build_loop
+from splitsync.bench.workloads import make_workload
 
 __all__ = ["measure_rank", "single_loop_rank", "comm_rank", "compare_loops", "comm_sweep",
            "comm_between_compute", "train_rounds", "OPTIONAL_LOOPS", "COMPUTE_GAP_S"]

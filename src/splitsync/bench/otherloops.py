@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from splitsync.bench.workloads import HandLoop, Loop
+from splitsync.bench.loops import HandLoop, Loop
 
 __all__ = ["AccelerateLoop", "FabricLoop", "DataParallelLoop", "BUILDERS"]
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from splitsync.bench import costmodel
+from splitsync.plan import costmodel
 from splitsync.bench.harness import median
 
 __all__ = ["BenchOptions", "run_suite", "SECTIONS", "plan_validation", "scaling_rows"]

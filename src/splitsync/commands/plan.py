@@ -30,7 +30,7 @@ examples:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from splitsync.bench.costmodel import NETWORKS, PLAN_SIZES
+    from splitsync.plan.costmodel import NETWORKS, PLAN_SIZES
 
     g = parser.add_argument_group("gradient size (one of)")
     g.add_argument("--params", default=None, metavar="COUNT",
@@ -118,7 +118,7 @@ def measure_step(model: Any, shape: tuple[int, ...], batch: int, steps: int = 10
 def _network(args: argparse.Namespace, step: float) -> Any:
     from dataclasses import replace
 
-    from splitsync.bench.costmodel import NETWORKS, Network
+    from splitsync.plan.costmodel import NETWORKS, Network
 
     if args.network == "measured":
         net = measure_network(gap_s=min(step, 0.05))
@@ -140,7 +140,7 @@ def measure_network(world: int = 2, gap_s: float = 1e-3) -> Any:
     as in training (see :func:`splitsync.bench.measure.comm_between_compute`), not back to
     back.
     """
-    from splitsync.bench.costmodel import TRAIN_COMM_SIZES, fit_network
+    from splitsync.plan.costmodel import TRAIN_COMM_SIZES, fit_network
     from splitsync.bench.measure import comm_rank
     from splitsync.testing import spawn
 
@@ -150,7 +150,7 @@ def measure_network(world: int = 2, gap_s: float = 1e-3) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
-    from splitsync.bench import costmodel
+    from splitsync.plan import costmodel
     from splitsync.bench.harness import markdown_table
 
     if (args.params is None) == (args.model is None):
