@@ -1,5 +1,6 @@
 """Process groups and launching: DataParallel (SS201), DDP without a process group (SS202),
-a training function nothing runs (SS203), and a backend pinned to NCCL (SS204)."""
+a training function nothing runs (SS203), a backend pinned to NCCL (SS204), and a model left
+unwrapped on one path of a distributed run (SS205)."""
 
 from __future__ import annotations
 
@@ -168,3 +169,64 @@ RULES = (
          "NCCL only runs on NVIDIA GPUs; a hard-coded backend makes the script fail on CPU "
          "machines, which is where most tests and first runs happen.", nccl_hard_coded),
 )
+
+
+_AVAILABLE = ("cuda", "gpu", "is_available", "mps", "accelerator", "device_count", "xpu")
+_WRAPPERS = frozenset({"DistributedDataParallel", "FullyShardedDataParallel", "fully_shard",
+                       "prepare", "prepare_model"})
+
+
+def _wraps_in(block: list[ast.stmt]) -> bool:
+    return any(isinstance(n, ast.Call) and last_name(n) in _WRAPPERS | {"model"}
+               for stmt in block for n in ast.walk(stmt))
+
+
+def _leaves(block: list[ast.stmt]) -> bool:
+    calls = {last_name(n) for stmt in block for n in ast.walk(stmt) if isinstance(n, ast.Call)}
+    return bool(block) and (isinstance(block[-1], ast.Return | ast.Raise)
+                            or bool(calls & {"exit", "_exit", "quit"}))
+
+
+def unwrapped_path(facts: Facts) -> Iterator[Hit]:
+    """SS205: a distributed script with a branch (the CPU path) where the model is not wrapped."""
+    if not facts.is_distributed:
+        return
+    inits = _initialisers(facts)
+    reported: set[int] = set()
+    for wrap in facts.torch_calls("DistributedDataParallel", "FullyShardedDataParallel",
+                                  "fully_shard"):
+        child: ast.AST = wrap
+        for parent in facts.ancestors(wrap):
+            if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef | ast.Module):
+                break
+            if isinstance(parent, ast.If) and id(parent) not in reported:
+                here, other = ((parent.body, parent.orelse) if any(child is s for s in parent.body)
+                               else (parent.orelse, parent.body))
+                text = ast.unparse(parent.test).lower()
+                if (any(w in text for w in _AVAILABLE) and not _wraps_in(other)
+                        and not _leaves(other) and not any(
+                            any(i is n for s in here for n in ast.walk(s)) for i in inits)):
+                    reported.add(id(parent))
+                    path = "true" if other is parent.body else "false"
+                    yield Hit(wrap, f"`{facts.text(wrap)}` wraps the model only on one branch of "
+                              f"`if {facts.text(parent.test, 80)}:` (line {parent.lineno}); when "
+                              f"that test is {path} (the CPU path) the process group is still "
+                              "set up but the model is never wrapped, so each rank trains its "
+                              "own model and their gradients are never averaged.",
+                              "wrap on every path of a distributed run: `DDP(model)` without "
+                              "`device_ids` on the CPU (gloo), `DDP(model, device_ids=[i])` on "
+                              "GPU i; or `model = run.model(model)` in splitsync, which picks "
+                              "the right form.")
+            child = parent
+
+
+RULES = (*RULES, Rule(
+    "SS205", "model-not-wrapped-on-a-path", "warning",
+    "a distributed script whose model is wrapped in DDP/FSDP on some paths only (e.g. not on "
+    "the CPU path)",
+    "When the wrap sits under a device-availability test (`if torch.cuda.is_available():`, an "
+    "`elif` after a CPU branch) and the other branch neither wraps the model nor leaves, a "
+    "run on that path initialises the process group but trains one unsynchronised model per "
+    "rank. Known false positives: the other branch is unreachable in a distributed run for "
+    "reasons the checker cannot see (an earlier check that refuses CPU distributed runs).",
+    unwrapped_path))
