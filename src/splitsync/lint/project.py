@@ -102,11 +102,22 @@ def _rank_derived(facts: Facts) -> set[str]:
     return names
 
 
+def _global_seed(facts: Facts, call: ast.Call) -> bool:
+    """A seed for a global generator (``torch.manual_seed``, ``set_seed``), not for one
+    generator object (``torch.Generator().manual_seed(0)``, ``g.manual_seed(0)``)."""
+    if isinstance(call.func, ast.Name):
+        return True
+    name = facts.resolve(call.func) if isinstance(call.func, ast.Attribute) else None
+    return name is not None and name.split(".")[0] in set(facts.aliases.values()) | {
+        "torch", "numpy", "random"}
+
+
 def same_seed(facts: Facts) -> bool:
     """Is a seed set that every rank shares (not ``seed + rank``)?"""
     derived = _rank_derived(facts)
     for call, _ in facts.calls:
-        if not is_seed_call(call) or not (call.args or call.keywords):
+        if not is_seed_call(call) or not (call.args or call.keywords) \
+                or not _global_seed(facts, call):
             continue
         parts = [n for a in [*call.args, *(k.value for k in call.keywords)] for n in ast.walk(a)]
         if not any(is_rank_like(n) or (isinstance(n, ast.Name) and n.id in derived)

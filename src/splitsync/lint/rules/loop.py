@@ -208,7 +208,9 @@ RULES = (
     Rule("SS601", "sync-per-step", "info",
          ".item() / .cpu() / .tolist() / .numpy() on every training step",
          "Each call waits for the device and copies to the host. Once per step it serialises "
-         "the host and device; accumulate on the device and read out rarely.", sync_per_step),
+         "the host and device; accumulate on the device and read out rarely. Known false "
+         "positives: reads the loop needs every step anyway (a loss that decides control flow).",
+         sync_per_step),
     Rule("SS602", "accumulation-without-no-sync", "warning",
          "gradient accumulation under DDP without no_sync",
          "DDP all-reduces in backward. With accumulation only the last micro-step needs it; "
@@ -221,7 +223,8 @@ RULES = (
          "BatchNorm in a DDP model without SyncBatchNorm",
          "BatchNorm under DDP computes statistics per process. With small per-process batches "
          "they are noisy and training differs from the single-device run; SyncBatchNorm "
-         "computes them over all ranks (CUDA/XPU only).", batchnorm_without_syncbn),
+         "computes them over all ranks (CUDA/XPU only). Known false positives: large "
+         "per-process batches, where per-process statistics are fine.", batchnorm_without_syncbn),
     Rule("SS604", "clip-before-unscale", "warning",
          "clip_grad_norm_ after scaler.scale(loss).backward() without scaler.unscale_",
          "A GradScaler multiplies the loss, hence every gradient, by the loss scale (2**16 at "

@@ -35,11 +35,17 @@ def _rank_derived(facts: Facts, scope: ast.AST) -> set[str]:
     """Names in ``scope`` computed from a rank (``device = f"cuda:{rank}"``): a message that
     shows one names its process."""
     names: set[str] = set()
-    for node in facts.walk_scope(scope):
-        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None and any(
-                is_rank_like(n) for n in ast.walk(node.value)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    assigns = [n for n in facts.walk_scope(scope)
+               if isinstance(n, ast.Assign | ast.AnnAssign) and n.value is not None]
+    for _ in range(3):  # `local = int(os.environ["LOCAL_RANK"])`, then `device = f"..{local}"`
+        before = len(names)
+        for node in assigns:
+            if any(is_rank_like(n) or (isinstance(n, ast.Name) and n.id in names)
+                   for n in ast.walk(node.value)):  # type: ignore[arg-type]
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names.update(t.id for t in targets if isinstance(t, ast.Name))
+        if len(names) == before:
+            break
     return names
 
 

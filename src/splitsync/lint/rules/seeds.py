@@ -144,7 +144,9 @@ RULES = (
     Rule("SS401", "no-seed-before-model", "warning",
          "no random seed set before the model is built in a distributed script",
          "The lesson: seeds must be synchronised before the model is initialised so that every "
-         "process starts from the same weights and the run can be reproduced.",
+         "process starts from the same weights and the run can be reproduced. Known false "
+         "positives: a seed set in code the checker cannot read (a launcher, a framework), and "
+         "runs that do not need to be reproducible (DDP already copies rank 0's weights).",
          no_seed_before_model),
     Rule("SS402", "random-dataset-unseeded", "warning",
          "a Dataset built from unseeded random numbers in a distributed run",
