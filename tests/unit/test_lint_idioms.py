@@ -263,3 +263,14 @@ def test_cuda_by_index_and_map_location() -> None:
 def test_every_rule_documents_its_false_positives() -> None:
     for rule in all_rules():
         assert "false positive" in rule.explain.lower(), rule.code
+
+
+def test_print_right_before_leaving_is_not_flagged() -> None:
+    assert run("SS501", """
+        import sys
+        def main():
+            if torch.cuda.device_count() < 2:
+                print("needs 2 GPUs")
+                sys.exit()
+            print("training")
+    """)[0].line == 13

@@ -57,6 +57,20 @@ def _names_rank(facts: Facts, call: ast.Call) -> bool:
     return any(isinstance(n, ast.Name) and n.id in derived for p in parts for n in ast.walk(p))
 
 
+def _before_exit(facts: Facts, call: ast.Call) -> bool:
+    """``print("need 2 GPUs"); sys.exit()``: every rank says why it stops, then stops."""
+    stmt = facts.parents.get(call)
+    for name in ("body", "orelse"):
+        block = getattr(facts.parents.get(stmt), name, None) if stmt is not None else None
+        if isinstance(block, list) and stmt in block:
+            rest = block[block.index(stmt) + 1:]
+            if rest and (isinstance(rest[0], ast.Return | ast.Raise) or (
+                    isinstance(rest[0], ast.Expr) and last_name(rest[0].value) in {
+                        "exit", "_exit", "quit"})):
+                return True
+    return False
+
+
 def unguarded_print(facts: Facts) -> Iterator[Hit]:
     """SS501: ``print`` on every rank."""
     if "print" in facts.functions or facts.project.print_override:
@@ -64,8 +78,8 @@ def unguarded_print(facts: Facts) -> Iterator[Hit]:
     for call, full in facts.calls:
         if full != "print" or not isinstance(call.func, ast.Name) or not _every_rank(facts, call):
             continue
-        if _names_rank(facts, call):
-            continue  # the line names its rank: deliberately per-process output
+        if _names_rank(facts, call) or _before_exit(facts, call):
+            continue  # the line names its rank, or says why the process stops
         fix = ("use `run.print(...)`, which prints on rank 0 only" if facts.is_splitsync
                else f"print under {_guard(facts)}, or put the rank in the message if every "
                "process should report")
