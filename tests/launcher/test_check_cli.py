@@ -25,12 +25,13 @@ def test_lessons_example3_fails_with_located_messages_and_fixes() -> None:
     out = check(EXAMPLE3)
     assert out.returncode == 1, out.stderr
     text = out.stdout
-    for code in ("SS203", "SS204", "SS401", "SS301"):
+    for code in ("SS203", "SS204", "SS401"):
         assert code in text
+    assert "SS301" not in text  # unseeded per-rank torch.randn input is per-rank data
     assert f"{EXAMPLE3}:13:1: SS203 error [training-never-run]" in text
     assert text.count("  fix: ") == text.count(" error [") + text.count(" warning [") + \
         text.count(" info [")
-    assert "Found 2 errors" in text
+    assert "Found 1 error" in text
 
 
 def test_corrected_cases_pass_clean() -> None:
@@ -43,9 +44,9 @@ def test_json_output_is_parseable_and_complete() -> None:
     out = check(EXAMPLE3, "--json")
     assert out.returncode == 1
     doc = json.loads(out.stdout)
-    assert doc["files_checked"] == 1 and doc["summary"]["error"] == 2
+    assert doc["files_checked"] == 1 and doc["summary"]["error"] == 1
     codes = {f["code"] for f in doc["findings"]}
-    assert {"SS203", "SS204", "SS401", "SS301"} <= codes
+    assert {"SS203", "SS204", "SS401"} <= codes
     for f in doc["findings"]:
         assert set(f) >= {"code", "name", "severity", "path", "line", "column", "message", "fix"}
 

@@ -33,11 +33,31 @@ def test_ss301_flags_dataloader_without_sampler_in_ddp_script() -> None:
     assert "DistributedSampler(dataset" in f.fix and "`shuffle=` moves to the sampler" in f.fix
 
 
+def test_ss301_unseeded_random_input_is_per_rank_data() -> None:
+    assert run("SS301", """
+        model = DDP(net)
+        for epoch in range(2):
+            x = torch.randn(4, 10)
+            model(x).sum().backward()
+    """, DDP_HEAD) == []
+
+
+def test_ss301_random_input_after_a_shared_seed_is_the_same_on_every_rank() -> None:
+    found = run("SS301", """
+        torch.manual_seed(0)
+        model = DDP(net)
+        for epoch in range(2):
+            x = torch.randn(4, 10)
+            model(x).sum().backward()
+    """, DDP_HEAD)
+    assert len(found) == 1 and found[0].severity == "warning" and "same random" in found[0].message
+
+
 def test_ss301_flags_ddp_with_no_data_pipeline_at_the_training_loop() -> None:
     found = run("SS301", """
         model = DDP(net)
         for epoch in range(2):
-            x = torch.randn(4, 10)
+            x = batches[epoch]
             model(x).sum().backward()
     """, DDP_HEAD)
     assert len(found) == 1 and found[0].line == 9 and "line 8" in found[0].message

@@ -11,6 +11,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+from splitsync.lint.model import Project
+
 __all__ = ["Facts", "build_facts", "dotted", "last_name", "in_order", "SCOPES", "SETUP_HELPER"]
 
 #: Nodes that open a new variable scope.
@@ -77,6 +79,12 @@ class Facts:
     loaded_names: frozenset[str]
     nodes: tuple[ast.AST, ...] = ()
     rank0_functions: frozenset[str] = field(default_factory=frozenset)
+    project: Project = field(default_factory=Project)
+
+    @property
+    def in_distributed_run(self) -> bool:
+        """Is this file a distributed script, or a module of one (its helpers run per rank)?"""
+        return self.is_distributed or self.project.distributed
 
     def text(self, node: ast.AST, limit: int = 70) -> str:
         """The source of ``node`` as the author wrote it, on one line, shortened to ``limit``."""

@@ -184,7 +184,7 @@ def _call_sites(facts: Facts) -> dict[str, tuple[list[ast.Call], int]]:
 
 def with_rank0_functions(facts: Facts) -> Facts:
     """Add the functions and methods that only ever run on rank 0 (every call site guarded)."""
-    if not facts.is_distributed:
+    if not facts.in_distributed_run:
         return facts  # only rules about distributed scripts ask
     uses = _call_sites(facts)
     for _ in range(4):  # a few rounds reach helpers called from guarded helpers
@@ -236,4 +236,70 @@ def conditional_between(facts: Facts, node: ast.AST, loop: ast.AST) -> bool:
             if not rank0_test(parent.test):
                 return True
         child = parent
+    return False
+
+
+def _guard_of(parent: ast.AST, child: ast.AST) -> ast.AST | None:
+    """The test that makes ``child`` rank-0-only under ``parent``, if one does."""
+    if isinstance(parent, ast.If | ast.IfExp | ast.While):
+        body = parent.body if isinstance(parent.body, list) else [parent.body]
+        orelse = parent.orelse if isinstance(parent.orelse, list) else [parent.orelse]
+        if any(child is s for s in body) and rank0_test(parent.test):
+            return parent.test
+        if any(child is s for s in orelse) and nonmain_test(parent.test):
+            return parent.test
+    if isinstance(parent, ast.BoolOp) and isinstance(parent.op, ast.And):
+        before = parent.values[:[id(v) for v in parent.values].index(id(child))]
+        return next((v for v in before if rank0_test(v)), None)
+    for name in ("body", "orelse", "finalbody"):
+        block = getattr(parent, name, None)
+        if isinstance(block, list) and any(child is s for s in block):
+            for stmt in block:
+                if stmt is child:
+                    break
+                if isinstance(stmt, ast.If) and nonmain_test(stmt.test) and _exits(stmt.body):
+                    return stmt.test
+    return None
+
+
+def rank0_guards(facts: Facts, node: ast.AST, depth: int = 0) -> list[ast.AST]:
+    """The tests that make ``node`` run on rank 0 only (through the call sites of a helper
+    that only guarded code calls); empty when it is not guarded."""
+    child = node
+    for parent in facts.ancestors(node):
+        test = _guard_of(parent, child)
+        if test is not None:
+            return [test]
+        if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef):
+            if parent.name not in facts.rank0_functions or depth > 3:
+                return []
+            found: list[ast.AST] = []
+            for site in _call_sites(facts).get(parent.name, ([], 0))[0]:
+                found += rank0_guards(facts, site, depth + 1)
+            return found
+        if isinstance(parent, SCOPES):
+            return []
+        child = parent
+    return []
+
+
+def local_rank_names(facts: Facts) -> set[str]:
+    """Names (``gpu_id``, ``self.gpu_id``) assigned from the launcher's ``LOCAL_RANK``."""
+    names: set[str] = set()
+    for node in facts.nodes:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(n, ast.Constant) and n.value == "LOCAL_RANK"
+                for n in ast.walk(node.value)):
+            names.update(n for t in node.targets if (n := last_name(t)))
+    return names
+
+
+def is_local_rank_test(test: ast.AST, local_names: set[str]) -> bool:
+    """Is ``test`` about the rank within one machine (``local_rank == 0``)?"""
+    for n in ast.walk(test):
+        ident = last_name(n) if isinstance(n, ast.Name | ast.Attribute) else None
+        if ident and ("local" in ident.lower() or ident in local_names):
+            return True
+        if isinstance(n, ast.Constant) and n.value == "LOCAL_RANK":
+            return True
     return False

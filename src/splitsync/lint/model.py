@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from splitsync.lint.facts import Facts
 
-__all__ = ["SEVERITIES", "Hit", "Rule", "Finding"]
+__all__ = ["SEVERITIES", "Hit", "Rule", "Finding", "Project"]
 
 #: From most to least serious; only errors make ``splitsync check`` exit 1 by default.
 SEVERITIES = ("error", "warning", "info")
@@ -23,6 +23,8 @@ class Hit:
     node: ast.AST
     message: str
     fix: str
+    #: Overrides the rule's severity for this hit (a finding that depends on unseen values).
+    severity: str | None = None
 
 
 @dataclass(frozen=True)
@@ -62,3 +64,24 @@ class Finding:
             "path": self.path, "line": self.line, "column": self.column,
             "end_line": self.end_line, "message": self.message, "fix": self.fix,
         }
+
+
+@dataclass(frozen=True)
+class Project:
+    """What the script's own modules (the file and the local modules it imports, or that
+    import it) do together: facts one file alone cannot show."""
+
+    #: The files analysed together with this one (itself included).
+    files: tuple[str, ...] = ()
+    #: Some module replaces ``builtins.print`` (``setup_for_distributed(is_master)``).
+    print_override: bool = False
+    #: The last name of every call made anywhere in those files (``set_epoch``, ``no_sync``).
+    called: frozenset[str] = frozenset()
+    #: Every name and attribute the files mention (``require_backward_grad_sync``).
+    mentioned: frozenset[str] = frozenset()
+    #: Some module wraps a model for data-parallel training (DDP, FSDP, ``run.model``).
+    wrapped: bool = False
+    #: Some module is a distributed training script.
+    distributed: bool = False
+    #: A random seed is set with the same value on every rank (``torch.manual_seed(0)``).
+    same_seed: bool = False

@@ -15,9 +15,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from splitsync.lint.facts import build_facts
+from splitsync.lint.facts import Facts, build_facts
 from splitsync.lint.flow import with_rank0_functions
 from splitsync.lint.model import Finding, Rule
+from splitsync.lint.project import local_imports, project_of, with_project
 from splitsync.lint.registry import META_CODES, all_rules
 
 __all__ = ["check_source", "check_file", "check_paths", "iter_python_files", "Suppressions"]
@@ -80,25 +81,28 @@ def _span(node: ast.AST) -> tuple[int, int, int]:
     return line, col, end or line
 
 
-def check_source(source: str, path: str = "<string>",
-                 rules: Iterable[Rule] | None = None) -> list[Finding]:
-    """All findings for one script's text, sorted by line."""
-    rules = all_rules() if rules is None else tuple(rules)
+def _parse(source: str, path: str) -> Facts | Finding:
+    """The file's facts, or the SS000 finding saying why it cannot be read."""
     try:
         tree = ast.parse(source, filename=path)
     except RecursionError:
-        return [Finding("SS000", META_CODES["SS000"], "error",
-                        f"cannot parse {path}: it is nested too deeply for Python's parser.",
-                        "split the deepest expression into smaller statements.",
-                        path, 1, 1, 1)]
+        return Finding("SS000", META_CODES["SS000"], "error",
+                       f"cannot parse {path}: it is nested too deeply for Python's parser.",
+                       "split the deepest expression into smaller statements.",
+                       path, 1, 1, 1)
     except (SyntaxError, ValueError) as err:
         line = getattr(err, "lineno", None) or 1
-        return [Finding("SS000", META_CODES["SS000"], "error",
-                        f"cannot parse {path}: {getattr(err, 'msg', err)}; no rule was checked.",
-                        "fix the syntax error (Python would refuse to run the script too).",
-                        path, line, getattr(err, "offset", None) or 1, line)]
-    facts = with_rank0_functions(build_facts(tree, path, source))
-    quiet = parse_suppressions(source)
+        return Finding("SS000", META_CODES["SS000"], "error",
+                       f"cannot parse {path}: {getattr(err, 'msg', err)}; no rule was checked.",
+                       "fix the syntax error (Python would refuse to run the script too).",
+                       path, line, getattr(err, "offset", None) or 1, line)
+    return build_facts(tree, path, source)
+
+
+def _run_rules(facts: Facts, rules: tuple[Rule, ...]) -> list[Finding]:
+    facts = with_rank0_functions(facts)  # after the project is known: helpers run per rank too
+    path = facts.path
+    quiet = parse_suppressions(facts.source)
     found: dict[tuple[str, int, int], Finding] = {}
     for rule in rules:
         try:
@@ -116,7 +120,8 @@ def check_source(source: str, path: str = "<string>",
             if quiet.silences(rule.code, line, end):
                 continue
             found.setdefault((rule.code, line, col), Finding(
-                rule.code, rule.name, rule.severity, hit.message, hit.fix, path, line, col, end))
+                rule.code, rule.name, hit.severity or rule.severity, hit.message, hit.fix, path,
+                line, col, end))
     if "SS001" not in quiet.whole_file:
         for line, col, code in quiet.unknown:
             found[("SS001", line, col)] = Finding(
@@ -126,17 +131,77 @@ def check_source(source: str, path: str = "<string>",
     return sorted(found.values(), key=lambda f: (f.line, f.column, f.code))
 
 
-def check_file(path: str | Path, rules: Iterable[Rule] | None = None) -> list[Finding]:
-    """Findings for one file (read with the encoding its coding cookie names)."""
-    shown = str(path)
+def check_source(source: str, path: str = "<string>",
+                 rules: Iterable[Rule] | None = None) -> list[Finding]:
+    """All findings for one script's text (read alone, imports not followed), sorted by line."""
+    rules = all_rules() if rules is None else tuple(rules)
+    facts = _parse(source, path)
+    if isinstance(facts, Finding):
+        return [facts]
+    return _run_rules(with_project(facts), rules)
+
+
+def _read(path: Path) -> str | Finding:
     try:
         with tokenize.open(path) as fh:
-            source = fh.read()
+            return fh.read()
     except (SyntaxError, UnicodeDecodeError) as err:
-        return [Finding("SS000", META_CODES["SS000"], "error",
-                        f"cannot read {shown} as Python source: {err}.",
-                        "save it as UTF-8 (or fix its coding cookie).", shown, 1, 1, 1)]
-    return check_source(source, shown, rules)
+        return Finding("SS000", META_CODES["SS000"], "error",
+                       f"cannot read {path} as Python source: {err}.",
+                       "save it as UTF-8 (or fix its coding cookie).", str(path), 1, 1, 1)
+
+
+def _analyse(files: list[Path], rules: tuple[Rule, ...]) -> dict[Path, list[Finding]]:
+    """Findings per file for ``files`` and the local modules they import, each file read
+    together with the modules it is connected to by imports."""
+    shown = {f.resolve(): f for f in files}
+    facts: dict[Path, Facts] = {}
+    failed: dict[Path, list[Finding]] = {}
+    edges: dict[Path, set[Path]] = {}
+    queue = list(shown)
+    while queue:
+        key = queue.pop()
+        if key in facts or key in failed:
+            continue
+        source = _read(shown.get(key, key))
+        parsed = source if isinstance(source, Finding) else _parse(source, str(shown.get(key, key)))
+        if isinstance(parsed, Finding):
+            failed[key] = [parsed]
+            continue
+        facts[key] = parsed
+        edges[key] = local_imports(parsed.tree, key)
+        queue.extend(edges[key] - facts.keys())
+    # a file is read with what it imports and with the scripts that import it (and theirs)
+    importers: dict[Path, set[Path]] = {key: set() for key in facts}
+    for key, targets in edges.items():
+        for target in targets & facts.keys():
+            importers[target].add(key)
+
+    def reach(start: Path, links: dict[Path, set[Path]]) -> set[Path]:
+        seen, todo = {start}, [start]
+        while todo:
+            for nxt in links.get(todo.pop(), set()) & facts.keys():
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    closures = {key: reach(key, edges) for key in facts}
+    projects = {}
+    for key in facts:
+        together = set().union(*(closures[a] for a in reach(key, importers)))
+        projects[key] = project_of(facts[k] for k in sorted(together))
+    results = dict(failed)
+    for key, f in facts.items():
+        results[key] = _run_rules(with_project(f, projects[key]), rules)
+    return results
+
+
+def check_file(path: str | Path, rules: Iterable[Rule] | None = None) -> list[Finding]:
+    """Findings for one file, read together with the local modules it imports."""
+    rules = all_rules() if rules is None else tuple(rules)
+    path = Path(path)
+    return _analyse([path], rules).get(path.resolve(), [])
 
 
 def iter_python_files(paths: Iterable[str | Path]) -> Iterator[Path]:
@@ -157,8 +222,13 @@ def iter_python_files(paths: Iterable[str | Path]) -> Iterator[Path]:
 
 def check_paths(paths: Iterable[str | Path],
                 rules: Iterable[Rule] | None = None) -> tuple[list[Finding], int]:
-    """Findings for every file under ``paths``, and how many files were checked."""
+    """Findings for every file under ``paths`` and the local modules they import, and how
+    many files were checked."""
     rules = all_rules() if rules is None else tuple(rules)
     files = list(dict.fromkeys(iter_python_files(paths)))
-    findings = [f for file in files for f in check_file(file, rules)]
-    return findings, len(files)
+    results = _analyse(files, rules)
+    named = {f.resolve() for f in files}
+    extra = sorted(k for k in results if k not in named)  # imported modules outside `paths`
+    order = [f.resolve() for f in files] + extra
+    findings = [f for key in dict.fromkeys(order) for f in results.get(key, [])]
+    return findings, len(order)

@@ -1,5 +1,5 @@
-"""Data sharding: no DistributedSampler in a data-parallel script (SS301), and a sampler whose
-epoch is never advanced (SS302)."""
+"""Data sharding: no DistributedSampler in a data-parallel script (SS301), a sampler whose
+epoch is never advanced (SS302), and a random split that differs between ranks (SS303)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ _SHARDERS = frozenset({"DistributedSampler", "ShardSampler", "build_loader",
                        "split_dataset_by_node", "ElasticDistributedSampler",
                        "DistributedBatchSampler", "split_by_node", "islice"})
 _SHARD_ARGS = ("rank", "shard", "num_replicas")
+#: torch functions that draw random numbers.
+RANDOM = frozenset({"randn", "rand", "randint", "randperm", "normal", "randn_like", "rand_like",
+                    "randint_like", "bernoulli", "multinomial"})
 
 
 def _kw(call: ast.Call, name: str) -> ast.AST | None:
@@ -62,6 +65,13 @@ def _seeded_per_rank(facts: Facts) -> bool:
     return False
 
 
+def _random_inputs(facts: Facts) -> list[ast.Call]:
+    """Random batches drawn with torch's generator in a function that trains (calls backward):
+    synthetic input rather than a dataset."""
+    scopes = {id(facts.scope(b)) for b in facts.method_calls("backward")}
+    return [c for c in facts.torch_calls(*RANDOM) if id(facts.scope(c)) in scopes]
+
+
 def _trains_in_parallel(facts: Facts) -> ast.AST | None:
     """The DDP/FSDP wrap (or splitsync model call) that makes this a data-parallel script."""
     wraps = (facts.torch_calls("DistributedDataParallel", "FullyShardedDataParallel",
@@ -83,6 +93,18 @@ def unsharded_data(facts: Facts) -> Iterator[Hit]:
     if wrap is None or not facts.is_script or _sharded(facts):
         return
     loaders = facts.torch_calls("DataLoader")
+    drawn = _random_inputs(facts)
+    if not loaders and drawn:
+        if not facts.project.same_seed:
+            return  # unseeded random input is different data on every rank
+        yield Hit(drawn[0], f"`{facts.text(drawn[0], 120)}` draws the training input after a seed "
+                  "every rank shares: each rank draws the same random batches, so the ranks "
+                  "repeat each other's work (whether that matters for synthetic data depends "
+                  "on what the script is for).",
+                  "seed the data stream per rank (`torch.Generator().manual_seed(seed + rank)` "
+                  "passed as `generator=`) or read real data through a DistributedSampler "
+                  "(`run.loader(...)` in splitsync).", severity="warning")
+        return
     fix_torch = ("shard it: `sampler = DistributedSampler(dataset, shuffle=True)`, "
                  "`DataLoader(dataset, batch_size=B, sampler=sampler)` and "
                  "`sampler.set_epoch(epoch)` at the start of every epoch")
@@ -132,6 +154,8 @@ def _sampler_names(facts: Facts, call: ast.Call) -> tuple[set[str], set[str]]:
 def set_epoch_missing(facts: Facts) -> Iterator[Hit]:
     """SS302: a shuffling DistributedSampler whose ``set_epoch`` is never called in a loop."""
     calls = facts.method_calls("set_epoch")
+    if not calls and "set_epoch" in facts.project.called:
+        return  # advanced in a helper module of the same project
     for sampler in facts.torch_calls("DistributedSampler"):
         if _is_false(_kw(sampler, "shuffle")):
             continue
@@ -182,6 +206,32 @@ def _splitsync_epochs(facts: Facts, calls: list[ast.Call]) -> Iterator[Hit]:
             break
 
 
+def _seeded_generator(facts: Facts, expr: ast.AST | None) -> bool:
+    """Is ``generator=`` a generator given a seed (``torch.Generator().manual_seed(42)``)?"""
+    if expr is None or (isinstance(expr, ast.Constant) and expr.value is None):
+        return False
+    if isinstance(expr, ast.Call) and last_name(expr) == "Generator":
+        return False  # a fresh generator is seeded from the clock
+    return True  # a variable or `.manual_seed(...)`: assume the author seeded it
+
+
+def random_split_unseeded(facts: Facts) -> Iterator[Hit]:
+    """SS303: ``random_split`` without a seeded generator in a distributed run."""
+    if not facts.in_distributed_run:
+        return
+    for call in facts.torch_calls("random_split"):
+        if _seeded_generator(facts, _kw(call, "generator")) or len(call.args) > 2:
+            continue
+        if facts.project.same_seed:
+            continue  # the global generator was seeded alike on every rank
+        yield Hit(call, f"`{facts.text(call, 200)}` splits with the unseeded global generator in "
+                  "a distributed run: every rank draws a different split, so one rank's test "
+                  "samples are another rank's training samples and the evaluation is "
+                  "contaminated.",
+                  "pass a generator seeded alike on every rank: `random_split(dataset, lengths, "
+                  "generator=torch.Generator().manual_seed(42))` (or split once, offline).")
+
+
 def _epochs_arg(facts: Facts, loop: ast.For | ast.While | ast.AsyncFor) -> str:
     it = getattr(loop, "iter", None)
     if isinstance(it, ast.Call) and last_name(it) == "range" and len(it.args) in (1, 2):
@@ -196,9 +246,24 @@ RULES = (
          "Data parallelism means splitting the data and syncing the gradients. Without a "
          "DistributedSampler (or run.loader) each rank reads every sample, so the gradient "
          "average is over identical batches: the lesson's DDP example admits it skips the "
-         "sampler.", unsharded_data),
+         "sampler. Random input drawn per rank with torch's generator unseeded is different "
+         "data on every rank and is not flagged; drawn after a seed every rank shares it is "
+         "the same data (a warning). Known false positives: datasets that shard themselves by "
+         "rank inside code the checker cannot read (an IterableDataset reading its rank).",
+         unsharded_data),
     Rule("SS302", "set-epoch-missing", "warning",
          "DistributedSampler.set_epoch never called in the epoch loop",
          "DistributedSampler shuffles with seed + epoch. Without set_epoch(epoch) the epoch "
-         "stays 0 and every epoch uses the same permutation.", set_epoch_missing),
+         "stays 0 and every epoch uses the same permutation. set_epoch called in another "
+         "module of the project (a train_one_epoch helper) counts. Known false positives: "
+         "set_epoch reached through code the checker cannot read (a third-party trainer).",
+         set_epoch_missing),
+    Rule("SS303", "random-split-unseeded", "warning",
+         "random_split without a seeded generator in a distributed script",
+         "torch.utils.data.random_split draws from the global generator. Each rank of a "
+         "distributed run that has not seeded it alike draws its own permutation, so the "
+         "train/test split differs per rank and test data leaks into training. Pass "
+         "`generator=torch.Generator().manual_seed(SEED)`. Known false positives: the global "
+         "generator seeded alike on every rank in code the checker cannot read; datasets whose "
+         "split is irrelevant (throw-away synthetic data).", random_split_unseeded),
 )

@@ -1,5 +1,6 @@
 """The training loop: a host sync every step (SS601), accumulation that all-reduces every
-micro-step (SS602), and BatchNorm statistics that stay per process (SS603)."""
+micro-step (SS602), BatchNorm statistics that stay per process (SS603), and gradients clipped
+while still scaled by a GradScaler (SS604)."""
 
 from __future__ import annotations
 
@@ -72,10 +73,42 @@ def _enclosing_test(facts: Facts, node: ast.AST, loop: ast.AST) -> str:
     return "the accumulation condition"
 
 
+def _window_keyword(call: ast.Call) -> ast.keyword | None:
+    """``update_grad=(i + 1) % accum_iter == 0``: a helper told which micro-steps step."""
+    for k in call.keywords:
+        if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(k.value)):
+            return k
+    return None
+
+
+def _helper_accumulation(facts: Facts, model: str) -> Iterator[Hit]:
+    """Accumulation through a helper (MAE's ``loss_scaler(loss, opt, update_grad=...)``)."""
+    for call, _ in facts.calls:
+        if next(loops_of(facts, call), None) is None or facts.is_run(
+                getattr(call.func, "value", None) or call.func):
+            continue
+        names = [dotted(a) or "" for a in call.args]
+        window = _window_keyword(call)
+        if window is None or not any("loss" in n.lower() for n in names):
+            continue
+        yield Hit(call, f"`{facts.text(call)}` runs backward every micro-step and steps only when "
+                  f"`{facts.text(window.value, 80)}`: gradient accumulation through a helper, "
+                  "but the model is wrapped in DDP and nothing skips the all-reduce, so every "
+                  "micro-step but the last of each window synchronises gradients for nothing.",
+                  f"enter `{model}.no_sync()` for the micro-steps that do not step (e.g. "
+                  f"`ctx = {model}.no_sync() if not ({facts.text(window.value, 60)}) else "
+                  "contextlib.nullcontext()` around the helper call), or use "
+                  "`splitsync.init(accumulate=N)` with `run.backward` and `run.step`.")
+
+
 def accumulation_without_no_sync(facts: Facts) -> Iterator[Hit]:
     """SS602: DDP gradient accumulation whose micro-steps all-reduce anyway."""
     wrapped = facts.torch_calls("DistributedDataParallel") or facts.run_calls("model")
-    if not wrapped or facts.loaded_names & _NO_SYNC:
+    if (facts.loaded_names | facts.project.mentioned | facts.project.called) & _NO_SYNC:
+        return
+    if facts.project.wrapped and not facts.run_calls("model"):
+        yield from _helper_accumulation(facts, _model_name(facts))
+    if not wrapped:
         return
     steps = [c for c in facts.method_calls("step") if _is_step(facts, c)]
     model = _model_name(facts)
@@ -129,19 +162,74 @@ def batchnorm_without_syncbn(facts: Facts) -> Iterator[Hit]:
               "`# splitsync: ignore[SS603]`.")
 
 
+_CLIPS = ("clip_grad_norm_", "clip_grad_value_")
+
+
+def _branches(facts: Facts, node: ast.AST) -> set[tuple[int, str]]:
+    """The (if statement, branch) pairs ``node`` sits in, up to its scope."""
+    found: set[tuple[int, str]] = set()
+    child = node
+    for parent in facts.ancestors(node):
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+            break
+        if isinstance(parent, ast.If):
+            found.add((id(parent), "body" if any(child is s for s in parent.body) else "else"))
+        child = parent
+    return found
+
+
+def clip_before_unscale(facts: Facts) -> Iterator[Hit]:
+    """SS604: ``clip_grad_norm_`` on gradients a GradScaler has scaled and not unscaled."""
+    scopes = {id(facts.scope(c)): facts.scope(c) for c in facts.torch_calls(*_CLIPS)}
+    for scope in scopes.values():
+        scaled: ast.Call | None = None
+        for node in facts.walk_scope(scope):
+            if not isinstance(node, ast.Call):
+                continue
+            attr = node.func.attr if isinstance(node.func, ast.Attribute) else None
+            receiver = (dotted(node.func.value) or "").lower() if isinstance(
+                node.func, ast.Attribute) else ""
+            if attr == "scale" and "scaler" in receiver:
+                scaled = node
+            elif attr == "unscale_":
+                scaled = None
+            elif scaled is not None and facts.is_torch(node, *_CLIPS) \
+                    and _branches(facts, scaled) <= _branches(facts, node):
+                name = dotted(scaled.func.value)  # type: ignore[attr-defined]
+                yield Hit(node, f"`{facts.text(node)}` clips gradients that `{name}.scale(...)` "
+                          f"(line {scaled.lineno}) multiplied by the loss scale: the threshold "
+                          "is compared with scaled gradients (thousands of times too large), so "
+                          "clipping is wrong or never happens.",
+                          f"unscale first: `{name}.unscale_(optimizer)` right before clipping, "
+                          f"then `{name}.step(optimizer)` and `{name}.update()` as before.")
+
+
 RULES = (
     Rule("SS601", "sync-per-step", "info",
          ".item() / .cpu() / .tolist() / .numpy() on every training step",
          "Each call waits for the device and copies to the host. Once per step it serialises "
-         "the host and device; accumulate on the device and read out rarely.", sync_per_step),
+         "the host and device; accumulate on the device and read out rarely. Known false "
+         "positives: reads the loop needs every step anyway (a loss that decides control flow).",
+         sync_per_step),
     Rule("SS602", "accumulation-without-no-sync", "warning",
          "gradient accumulation under DDP without no_sync",
          "DDP all-reduces in backward. With accumulation only the last micro-step needs it; "
-         "model.no_sync() (or splitsync's accumulate=N) skips the rest.",
-         accumulation_without_no_sync),
+         "model.no_sync() (or splitsync's accumulate=N) skips the rest. Accumulation through "
+         "a helper (a loss-scaler call told `update_grad=(i + 1) % accum == 0`) in a module "
+         "of a project that wraps the model in DDP counts too. Known false positives: an "
+         "accumulation count of 1 at run time (nothing to skip), and no_sync entered in code "
+         "the checker cannot read.", accumulation_without_no_sync),
     Rule("SS603", "batchnorm-without-syncbn", "warning",
          "BatchNorm in a DDP model without SyncBatchNorm",
          "BatchNorm under DDP computes statistics per process. With small per-process batches "
          "they are noisy and training differs from the single-device run; SyncBatchNorm "
-         "computes them over all ranks (CUDA/XPU only).", batchnorm_without_syncbn),
+         "computes them over all ranks (CUDA/XPU only). Known false positives: large "
+         "per-process batches, where per-process statistics are fine.", batchnorm_without_syncbn),
+    Rule("SS604", "clip-before-unscale", "warning",
+         "clip_grad_norm_ after scaler.scale(loss).backward() without scaler.unscale_",
+         "A GradScaler multiplies the loss, hence every gradient, by the loss scale (2**16 at "
+         "first). Clipping before scaler.unscale_(optimizer) compares the threshold with "
+         "scaled gradients. Call scaler.unscale_(optimizer) first. Known false positives: a "
+         "GradScaler constructed with enabled=False at run time (scale is then 1).",
+         clip_before_unscale),
 )

@@ -1,5 +1,6 @@
 """Process groups and launching: DataParallel (SS201), DDP without a process group (SS202),
-a training function nothing runs (SS203), and a backend pinned to NCCL (SS204)."""
+a training function nothing runs (SS203), a backend pinned to NCCL (SS204), and a model left
+unwrapped on one path of a distributed run (SS205)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ def ddp_without_init(facts: Facts) -> Iterator[Hit]:
         return  # a library wraps models for scripts that set up the group themselves
     inits = _initialisers(facts)
     for call in facts.torch_calls("DistributedDataParallel"):
+        if not inits and "init_process_group" in facts.project.called:
+            continue  # a helper module of the project creates the group
         if not inits:
             yield Hit(call, f"{_target(facts, call)} wraps the model in DistributedDataParallel "
                       "but the script never calls `torch.distributed.init_process_group()` (nor "
@@ -155,16 +158,86 @@ RULES = (
          "DataParallel is single-process and multi-threaded: it is limited by the GIL, copies "
          "the model to every GPU on each forward and gathers outputs on GPU 0, so one device "
          "does extra work and memory; DDP runs one process per device and overlaps gradient "
-         "all-reduce with backward.", data_parallel),
+         "all-reduce with backward. Known false positives: none for correctness (DataParallel "
+         "works); quick single-machine experiments may accept its cost.", data_parallel),
     Rule("SS202", "ddp-without-init", "error",
          "DistributedDataParallel used without init_process_group / splitsync.init",
          "DDP needs the default process group; the lesson lists forgetting "
-         "dist.init_process_group among the common mistakes.", ddp_without_init),
+         "dist.init_process_group among the common mistakes. An init_process_group call in a "
+         "local module the script imports counts. Known false positives: the group created by "
+         "code the checker cannot read (a third-party launcher or framework).",
+         ddp_without_init),
     Rule("SS203", "training-never-run", "error",
          "a training function is defined but never called or spawned",
          "The lesson's DDP example defines train(rank, world_size) and its __main__ block only "
-         "prints a hint, so the script does nothing when launched.", training_never_run),
+         "prints a hint, so the script does nothing when launched. Known false positives: a "
+         "function run by a framework that imports the file by name (a job launcher reading "
+         "the function from a config).", training_never_run),
     Rule("SS204", "nccl-hard-coded", "warning", "process-group backend hard-coded to \"nccl\"",
          "NCCL only runs on NVIDIA GPUs; a hard-coded backend makes the script fail on CPU "
-         "machines, which is where most tests and first runs happen.", nccl_hard_coded),
+         "machines, which is where most tests and first runs happen. Known false positives: "
+         "scripts meant only for NVIDIA clusters (the finding is about portability).",
+         nccl_hard_coded),
 )
+
+
+_AVAILABLE = ("cuda", "gpu", "is_available", "mps", "accelerator", "device_count", "xpu")
+_WRAPPERS = frozenset({"DistributedDataParallel", "FullyShardedDataParallel", "fully_shard",
+                       "prepare", "prepare_model"})
+
+
+def _wraps_in(facts: Facts, block: list[ast.stmt]) -> bool:
+    return any(isinstance(n, ast.Call) and (
+        (facts.resolve(n.func) or "").rsplit(".", 1)[-1] in _WRAPPERS | {"model"})
+        for stmt in block for n in ast.walk(stmt))
+
+
+def _leaves(block: list[ast.stmt]) -> bool:
+    calls = {last_name(n) for stmt in block for n in ast.walk(stmt) if isinstance(n, ast.Call)}
+    return bool(block) and (isinstance(block[-1], ast.Return | ast.Raise)
+                            or bool(calls & {"exit", "_exit", "quit"}))
+
+
+def unwrapped_path(facts: Facts) -> Iterator[Hit]:
+    """SS205: a distributed script with a branch (the CPU path) where the model is not wrapped."""
+    if not facts.is_distributed:
+        return
+    inits = _initialisers(facts)
+    reported: set[int] = set()
+    for wrap in facts.torch_calls("DistributedDataParallel", "FullyShardedDataParallel",
+                                  "fully_shard"):
+        child: ast.AST = wrap
+        for parent in facts.ancestors(wrap):
+            if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef | ast.Module):
+                break
+            if isinstance(parent, ast.If) and id(parent) not in reported:
+                here, other = ((parent.body, parent.orelse) if any(child is s for s in parent.body)
+                               else (parent.orelse, parent.body))
+                text = ast.unparse(parent.test).lower()
+                if (any(w in text for w in _AVAILABLE) and not _wraps_in(facts, other)
+                        and not _leaves(other) and not any(
+                            any(i is n for s in here for n in ast.walk(s)) for i in inits)):
+                    reported.add(id(parent))
+                    path = "true" if other is parent.body else "false"
+                    yield Hit(wrap, f"`{facts.text(wrap)}` wraps the model only on one branch of "
+                              f"`if {facts.text(parent.test, 80)}:` (line {parent.lineno}); when "
+                              f"that test is {path} (the CPU path) the process group is still "
+                              "set up but the model is never wrapped, so each rank trains its "
+                              "own model and their gradients are never averaged.",
+                              "wrap on every path of a distributed run: `DDP(model)` without "
+                              "`device_ids` on the CPU (gloo), `DDP(model, device_ids=[i])` on "
+                              "GPU i; or `model = run.model(model)` in splitsync, which picks "
+                              "the right form.")
+            child = parent
+
+
+RULES = (*RULES, Rule(
+    "SS205", "model-not-wrapped-on-a-path", "warning",
+    "a distributed script whose model is wrapped in DDP/FSDP on some paths only (e.g. not on "
+    "the CPU path)",
+    "When the wrap sits under a device-availability test (`if torch.cuda.is_available():`, an "
+    "`elif` after a CPU branch) and the other branch neither wraps the model nor leaves, a "
+    "run on that path initialises the process group but trains one unsynchronised model per "
+    "rank. Known false positives: the other branch is unreachable in a distributed run for "
+    "reasons the checker cannot see (an earlier check that refuses CPU distributed runs).",
+    unwrapped_path))

@@ -1,4 +1,5 @@
-"""Seeding: a distributed script that builds its model before any random seed is set (SS401)."""
+"""Seeding: a distributed script that builds its model before any random seed is set (SS401),
+and a dataset built from unseeded random numbers (SS402)."""
 
 from __future__ import annotations
 
@@ -91,10 +92,68 @@ def no_seed_before_model(facts: Facts) -> Iterator[Hit]:
                   "or `run = splitsync.init(seed=SEED)`.")
 
 
+_NP_DRAWS = frozenset({"rand", "randn", "randint", "random", "normal", "uniform", "choice",
+                       "permutation", "shuffle", "random_sample", "integers"})
+_TORCH_DRAWS = frozenset({"randn", "rand", "randint", "randperm", "normal", "bernoulli",
+                          "multinomial", "randn_like", "rand_like"})
+
+
+def _draws(facts: Facts, call: ast.Call) -> bool:
+    """Does ``call`` draw from a global random generator (torch, NumPy or ``random``)?"""
+    if any(k.arg == "generator" for k in call.keywords):
+        return False
+    full = facts.resolve(call.func) or ""
+    last = full.rsplit(".", 1)[-1]
+    if full.startswith("torch.") and last in _TORCH_DRAWS:
+        return True
+    if (full.startswith(("numpy.random.", "np.random.")) and last in _NP_DRAWS):
+        return True
+    return full.startswith("random.") and last in _NP_DRAWS | {"sample", "gauss"}
+
+
+def _is_dataset(cls: ast.ClassDef) -> bool:
+    return any("Dataset" in (last_name(b) or "") for b in cls.bases)
+
+
+def random_dataset(facts: Facts) -> Iterator[Hit]:
+    """SS402: a Dataset whose ``__init__`` draws its samples from an unseeded generator."""
+    if not facts.in_distributed_run or facts.project.same_seed:
+        return
+    for cls in (n for n in facts.nodes if isinstance(n, ast.ClassDef) and _is_dataset(n)):
+        init = next((s for s in cls.body if isinstance(s, ast.FunctionDef)
+                     and s.name == "__init__"), None)
+        if init is None:
+            continue
+        calls = [n for n in ast.walk(init) if isinstance(n, ast.Call)]
+        if any(_is_seed(c) for c in calls):
+            continue
+        drawn = next((c for c in calls if _draws(facts, c)), None)
+        if drawn is None:
+            continue
+        yield Hit(drawn, f"`{cls.name}.__init__` builds its samples with `{facts.text(drawn, 80)}` "
+                  "from an unseeded generator, in a distributed run: every rank builds a "
+                  "different dataset, so the DistributedSampler's shards are slices of "
+                  "different data and the ranks do not train on one dataset.",
+                  "seed every rank alike before building the dataset "
+                  "(`torch.manual_seed(SEED)`, or `splitsync.init(seed=SEED)`), or draw from a "
+                  "generator seeded in `__init__`: `g = torch.Generator().manual_seed(seed)` "
+                  "and `torch.rand(..., generator=g)`.")
+
+
 RULES = (
     Rule("SS401", "no-seed-before-model", "warning",
          "no random seed set before the model is built in a distributed script",
          "The lesson: seeds must be synchronised before the model is initialised so that every "
-         "process starts from the same weights and the run can be reproduced.",
+         "process starts from the same weights and the run can be reproduced. Known false "
+         "positives: a seed set in code the checker cannot read (a launcher, a framework), and "
+         "runs that do not need to be reproducible (DDP already copies rank 0's weights).",
          no_seed_before_model),
+    Rule("SS402", "random-dataset-unseeded", "warning",
+         "a Dataset built from unseeded random numbers in a distributed run",
+         "A dataset that draws its samples in __init__ (synthetic data, random subsets) gets "
+         "different samples on every rank unless every rank seeded its generator alike before "
+         "building it, so the ranks shard different datasets. Seed alike first, or use a "
+         "generator seeded in __init__. Known false positives: a seed set alike in code the "
+         "checker cannot read (a launcher, a config hook); data that is meant to differ per "
+         "rank.", random_dataset),
 )
