@@ -274,3 +274,90 @@ def test_print_right_before_leaving_is_not_flagged() -> None:
                 sys.exit()
             print("training")
     """)[0].line == 13
+
+
+# --- second corpus: idioms of the PyTorch examples, nanoGPT and the FSDP tutorials ----------
+
+def test_joining_a_process_or_thread_is_not_a_context_manager() -> None:
+    found = run("SS105", """
+        import threading
+        import torch.multiprocessing as mp
+        workers = [mp.Process(target=print) for _ in range(2)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        watcher = threading.Thread(target=print)
+        watcher.start()
+        watcher.join()
+        net = DDP(torch.nn.Linear(2, 2))
+        net.join()
+    """)
+    assert [f.line for f in found] == [19] and "net.join" in found[0].message
+
+
+def test_set_epoch_on_a_sampler_passed_to_a_helper_counts() -> None:
+    script = """
+        from torch.utils.data import DataLoader, DistributedSampler
+        def fit(net, loader, epoch, sampler=None):
+            if sampler:
+                sampler.set_epoch(epoch)
+            for x in loader:
+                net(x)
+        def main(net, train_set, eval_set):
+            fit_sampler = DistributedSampler(train_set, shuffle=True)
+            check_sampler = DistributedSampler(eval_set)
+            fit_loader = DataLoader(train_set, sampler=fit_sampler)
+            check_loader = DataLoader(eval_set, sampler=check_sampler)
+            for epoch in range(3):
+                fit(net, fit_loader, epoch, sampler=fit_sampler)
+                for x in check_loader:
+                    net(x)
+    """
+    # the training sampler is advanced through the helper's parameter; the other feeds
+    # evaluation only, where the order does not matter
+    assert run("SS302", script) == []
+    never = script.replace("sampler.set_epoch(epoch)", "pass")
+    assert [f.line for f in run("SS302", never)] == [15, 16]
+
+
+def test_backend_default_overridden_by_an_exec_config_is_one_info() -> None:
+    found = run("SS204", """
+        backend = 'nccl'
+        steps = 10
+        exec(open('overrides.py').read())
+        torch.distributed.init_process_group(backend=backend)
+    """, head="import torch\n")
+    assert [(f.line, f.severity) for f in found] == [(3, "info")]
+    assert "overridable default" in found[0].message
+    fixed = run("SS204", """
+        backend = 'nccl'
+        torch.distributed.init_process_group(backend=backend)
+    """, head="import torch\n")
+    assert [(f.line, f.severity) for f in fixed] == [(4, "warning")]
+
+
+def test_print_behind_a_verbose_or_debug_switch_is_opted_into() -> None:
+    found = run("SS501", """
+        class Tokens(torch.utils.data.Dataset):
+            def __init__(self, show_samples=False, verbose=False):
+                self.print_text = show_samples
+                self.verbose = verbose
+            def __getitem__(self, i):
+                if self.print_text:
+                    print("sample", i)
+                if self.verbose and i == 0:
+                    print("first sample")
+                print("item")
+                self.seen = i
+            def __len__(self):
+                return 4
+    """)
+    assert [f.line for f in found] == [17]
+
+
+def test_batchnorm_under_ddp_is_advice_not_a_warning() -> None:
+    found = run("SS603", """
+        net = DDP(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)))
+    """)
+    assert [f.severity for f in found] == ["info"]

@@ -100,7 +100,7 @@ def test_ss603_flags_batchnorm_in_ddp_model() -> None:
     found = run("SS603", """
         net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.BatchNorm2d(8))
     """)
-    assert len(found) == 1 and found[0].severity == "warning"
+    assert len(found) == 1 and found[0].severity == "info"  # advice: depends on the batch size
     assert "(and 1 more)" in found[0].message and "small" in found[0].message
     assert "convert_sync_batchnorm" in found[0].fix
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from splitsync.lint.model import Rule
-from splitsync.lint.rules import data, devices, loop, moves, output, parallel, seeds
+from splitsync.lint.rules import data, devices, indices, loop, moves, output, parallel, seeds
 
 __all__ = ["all_rules", "get_rule", "select_rules", "META_CODES", "META_HELP"]
 
@@ -22,8 +22,8 @@ META_HELP = {
 
 def all_rules() -> tuple[Rule, ...]:
     """All rules, sorted by code."""
-    rules = (*devices.RULES, *moves.RULES, *parallel.RULES, *data.RULES, *seeds.RULES, *output.RULES,
-             *loop.RULES)
+    rules = (*devices.RULES, *indices.RULES, *moves.RULES, *parallel.RULES, *data.RULES,
+             *seeds.RULES, *output.RULES, *loop.RULES)
     return tuple(sorted(rules, key=lambda r: r.code))
 
 

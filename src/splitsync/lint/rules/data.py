@@ -151,11 +151,34 @@ def _sampler_names(facts: Facts, call: ast.Call) -> tuple[set[str], set[str]]:
     return samplers, loaders
 
 
+def _advances(facts: Facts, call: ast.Call) -> bool:
+    """In a loop, or fed a variable epoch (``def run_epoch(epoch): sampler.set_epoch(epoch)``)."""
+    return next(loops_of(facts, call), None) is not None or any(
+        not isinstance(a, ast.Constant) for a in call.args)
+
+
+def _passed_to(facts: Facts, call: ast.Call, names: set[str]) -> bool:
+    """``def train(..., sampler=None): sampler.set_epoch(epoch)`` called with one of ``names``:
+    the sampler is advanced through the helper's parameter."""
+    receiver = call.func.value  # type: ignore[attr-defined]
+    scope = facts.scope(call)
+    if not isinstance(receiver, ast.Name) or not isinstance(
+            scope, ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    params = {a.arg for a in (*scope.args.args, *scope.args.kwonlyargs)}
+    if receiver.id not in params:
+        return False
+    return any(last_name(site) == scope.name and any(
+        dotted(v) in names for v in (*site.args, *(k.value for k in site.keywords)))
+        for site, _ in facts.calls)
+
+
 def set_epoch_missing(facts: Facts) -> Iterator[Hit]:
     """SS302: a shuffling DistributedSampler whose ``set_epoch`` is never called in a loop."""
     calls = facts.method_calls("set_epoch")
     if not calls and "set_epoch" in facts.project.called:
         return  # advanced in a helper module of the same project
+    advanced = [c for c in calls if _advances(facts, c)]
     for sampler in facts.torch_calls("DistributedSampler"):
         if _is_false(_kw(sampler, "shuffle")):
             continue
@@ -163,11 +186,11 @@ def set_epoch_missing(facts: Facts) -> Iterator[Hit]:
         names = samplers | loaders
         mine = [c for c in calls if not names
                 or (receiver := dotted(c.func.value)) in names  # type: ignore[attr-defined]
-                or (receiver or "").endswith(".sampler")]
-        # in a loop, or fed a variable epoch (`def run_epoch(epoch): sampler.set_epoch(epoch)`)
-        if any(next(loops_of(facts, c), None) is not None
-               or any(not isinstance(a, ast.Constant) for a in c.args) for c in mine):
+                or (receiver or "").endswith(".sampler") or _passed_to(facts, c, names)]
+        if any(_advances(facts, c) for c in mine):
             continue
+        if advanced and not mine:
+            continue  # the script advances its training sampler; this one feeds evaluation
         target = (sorted(samplers)[0] if samplers else
                   f"{sorted(loaders)[0]}.sampler" if loaders else "sampler")
         detail = (f"`set_epoch` is called only outside the epoch loop (line {mine[0].lineno})"
@@ -255,9 +278,12 @@ RULES = (
          "DistributedSampler.set_epoch never called in the epoch loop",
          "DistributedSampler shuffles with seed + epoch. Without set_epoch(epoch) the epoch "
          "stays 0 and every epoch uses the same permutation. set_epoch called in another "
-         "module of the project (a train_one_epoch helper) counts. Known false positives: "
-         "set_epoch reached through code the checker cannot read (a third-party trainer).",
-         set_epoch_missing),
+         "module of the project (a train_one_epoch helper) counts, and so does a helper that "
+         "advances a sampler passed to it (`train(..., sampler=s)` calling "
+         "`sampler.set_epoch(epoch)`). Once a script advances one sampler, the others are "
+         "taken to feed evaluation (where the order does not matter) and are not reported. "
+         "Known false positives: set_epoch reached through code the checker cannot read (a "
+         "third-party trainer).", set_epoch_missing),
     Rule("SS303", "random-split-unseeded", "warning",
          "random_split without a seeded generator in a distributed script",
          "torch.utils.data.random_split draws from the global generator. Each rank of a "

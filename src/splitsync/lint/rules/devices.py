@@ -1,5 +1,5 @@
-"""Device placement: hard-coded CUDA (SS101), a model and its input on different devices
-(SS102), and CUDA named by a bare index or in a ``map_location`` (SS104)."""
+"""Device placement: hard-coded CUDA (SS101) and a model and its input on different
+devices (SS102). CUDA named by a bare index is in :mod:`splitsync.lint.rules.indices`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from splitsync.lint.facts import Facts, dotted, last_name
 from splitsync.lint.flow import availability_guarded, is_rank_like
 from splitsync.lint.model import Hit, Rule
 
-__all__ = ["RULES", "FACTORIES"]
+__all__ = ["RULES", "FACTORIES", "cuda_literal", "overridable_default"]
 
 _PORTABLE = ('pick the device once, `device = torch.device("cuda" if torch.cuda.is_available() '
              'else "cpu")` (in splitsync: `run.device`), and move with `.to(device)`')
@@ -25,7 +25,7 @@ _NOT_MODULES = frozenset({"DataLoader", "DistributedSampler", "TensorDataset", "
 
 
 
-def _cuda_literal(node: ast.AST) -> str | None:
+def cuda_literal(node: ast.AST) -> str | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value if node.value.lower().startswith("cuda") else None
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) \
@@ -55,7 +55,7 @@ def _device_position(facts: Facts, node: ast.AST) -> ast.AST | None:
     return None
 
 
-def _overridable(facts: Facts, node: ast.AST, where: ast.AST) -> bool:
+def overridable_default(facts: Facts, where: ast.AST) -> bool:
     """A module-level default the command line replaces: nanoGPT's ``device = 'cuda'`` followed
     by ``exec(open('configurator.py').read())``."""
     if not isinstance(where, ast.Assign) or where not in facts.tree.body:
@@ -70,7 +70,7 @@ def _cli_default(facts: Facts) -> Iterator[tuple[ast.AST, ast.Call]]:
     for call in facts.method_calls("add_argument"):
         names = [a.value for a in call.args if isinstance(a, ast.Constant)]
         default = next((k.value for k in call.keywords if k.arg == "default"), None)
-        if default is not None and _cuda_literal(default) and any(
+        if default is not None and cuda_literal(default) and any(
                 "device" in str(n).lower() for n in names):
             yield default, call
 
@@ -89,11 +89,11 @@ def hard_coded_cuda(facts: Facts) -> Iterator[Hit]:
                   "an NVIDIA GPU it raises (\"Torch not compiled with CUDA enabled\" / \"No CUDA "
                   "GPUs are available\").", f"{_PORTABLE} instead of `.cuda()`.")
     for node in facts.nodes:
-        literal = _cuda_literal(node)
+        literal = cuda_literal(node)
         where = _device_position(facts, node) if literal else None
         if where is None or availability_guarded(facts, node):
             continue
-        if _overridable(facts, node, where):
+        if overridable_default(facts, where):
             yield Hit(node, f"`{facts.text(where)}` is an overridable default (the configuration "
                       "executed after it can replace it), but as written a run without "
                       "arguments needs CUDA.", "default to what is available: "
@@ -132,7 +132,7 @@ def _place_of_arg(facts: Facts, arg: ast.AST, known: dict[str, str]) -> str | No
             return "cuda"
         text = str(arg.value).lower()
         return "cpu" if text.startswith("cpu") else "cuda" if text.startswith("cuda") else None
-    if _cuda_literal(arg):
+    if cuda_literal(arg):
         return "cuda"
     name = dotted(arg)
     if name is None or (last_name(arg) or "") in _DTYPES:
@@ -263,48 +263,6 @@ def _check_call(facts: Facts, call: ast.Call, models: dict[str, str], tensors: d
                "(in splitsync: `run.model(...)` and batches from `run.loader(...)`).")
 
 
-def _cuda_mapping(facts: Facts, expr: ast.AST, scope: ast.AST) -> bool:
-    """A ``map_location`` dict (or a name bound to one) that maps to CUDA devices."""
-    if isinstance(expr, ast.Name):
-        values = [n.value for n in facts.walk_scope(scope) if isinstance(n, ast.Assign)
-                  and any(isinstance(t, ast.Name) and t.id == expr.id for t in n.targets)]
-        return len(values) == 1 and _cuda_mapping(facts, values[0], scope)
-    return isinstance(expr, ast.Dict) and any(
-        v is not None and _cuda_literal(v) for v in [*expr.keys, *expr.values])
-
-
-def cuda_by_index(facts: Facts) -> Iterator[Hit]:
-    """SS104: ``.to(local_rank)`` and ``map_location={"cuda:0": ...}``: CUDA without naming it."""
-    seen: dict[str, list[ast.Call]] = {}
-    for call in facts.method_calls("to"):
-        arg = call.args[0] if call.args else None
-        name = (last_name(arg) or "").lower() if arg is not None else ""
-        if arg is None or not isinstance(arg, ast.Name | ast.Attribute) or "dev" in name \
-                or not is_rank_like(arg) or availability_guarded(facts, call):
-            continue
-        seen.setdefault(facts.text(arg), []).append(call)
-    for shown, calls in seen.items():  # once per index variable: one fix covers every move
-        call, more = calls[0], len(calls) - 1
-        also = f" (and {more} more move{'s' if more > 1 else ''} to it)" if more else ""
-        arg = call.args[0]
-        yield Hit(call, f"`{facts.text(call)}`{also} moves to the integer `{shown}`, which "
-                  "PyTorch reads as CUDA device number `cuda:<n>`: on a CPU-only machine (or "
-                  "an MPS/XPU one) this raises, even where the script picked its device "
-                  "portably elsewhere.",
-                  f"move to a device object: `device = torch.device(\"cuda\", {facts.text(arg)}) if "
-                  "torch.cuda.is_available() else torch.device(\"cpu\")` and `.to(device)` "
-                  "(splitsync: `run.device`).")
-    for call, _ in facts.calls:
-        where = next((k.value for k in call.keywords if k.arg == "map_location"), None)
-        if where is None or not _cuda_mapping(facts, where, facts.scope(call)) \
-                or availability_guarded(facts, call):
-            continue
-        yield Hit(call, f"`{facts.text(call)}` remaps the checkpoint onto CUDA devices through "
-                  "`map_location`: on a machine without CUDA loading raises.",
-                  "load to the CPU, `map_location=\"cpu\"`, then move the model with "
-                  "`.to(device)`; or pass the device the run uses, `map_location=device`.")
-
-
 RULES = (
     Rule("SS101", "hard-coded-cuda", "warning",
          "CUDA hard-coded (.cuda(), \"cuda\" literals, unconditional torch.cuda calls)",
@@ -322,11 +280,4 @@ RULES = (
          "A model wrapped in DDP(model, device_ids=[i]) moves its inputs to device i itself, "
          "so its inputs are not checked. Known false positives: models whose forward moves "
          "the input itself (model parallel), which the checker cannot see.", device_mismatch),
-    Rule("SS104", "cuda-by-index", "warning",
-         "CUDA named by a bare rank (.to(local_rank)) or a CUDA map_location mapping",
-         "`x.to(rank)` with an integer means `cuda:<rank>`, and `map_location={\"cuda:0\": "
-         "f\"cuda:{rank}\"}` maps onto CUDA devices: both fail on CPU-only, MPS and XPU "
-         "machines even when the script chose its device portably elsewhere. Known false "
-         "positives: a variable named like a rank that actually holds a torch.device.",
-         cuda_by_index),
 )

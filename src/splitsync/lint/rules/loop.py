@@ -219,12 +219,14 @@ RULES = (
          "of a project that wraps the model in DDP counts too. Known false positives: an "
          "accumulation count of 1 at run time (nothing to skip), and no_sync entered in code "
          "the checker cannot read.", accumulation_without_no_sync),
-    Rule("SS603", "batchnorm-without-syncbn", "warning",
+    Rule("SS603", "batchnorm-without-syncbn", "info",
          "BatchNorm in a DDP model without SyncBatchNorm",
          "BatchNorm under DDP computes statistics per process. With small per-process batches "
          "they are noisy and training differs from the single-device run; SyncBatchNorm "
-         "computes them over all ranks (CUDA/XPU only). Known false positives: large "
-         "per-process batches, where per-process statistics are fine.", batchnorm_without_syncbn),
+         "computes them over all ranks (CUDA/XPU only). Whether it matters depends on the "
+         "per-process batch size, which the checker cannot see, so it is advice (info). Known "
+         "false positives: large per-process batches, where per-process statistics are fine.",
+         batchnorm_without_syncbn),
     Rule("SS604", "clip-before-unscale", "warning",
          "clip_grad_norm_ after scaler.scale(loss).backward() without scaler.unscale_",
          "A GradScaler multiplies the loss, hence every gradient, by the loss scale (2**16 at "

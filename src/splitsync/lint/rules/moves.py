@@ -94,9 +94,24 @@ _CONTEXTS = frozenset({"device_index", "no_grad", "enable_grad", "inference_mode
 _CUDA_DEVICE = frozenset({"torch.cuda.device", "torch.xpu.device", "torch.mps.device",
                           "torch.device", "torch.cuda.stream"})
 _MODEL_CONTEXTS = frozenset({"no_sync", "join", "summon_full_params"})
+#: Calls that return a wrapped model, whose ``.join()`` is DDP's uneven-inputs context manager.
+_WRAPS = frozenset({"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP"})
 
 
-def _context_call(facts: Facts, call: ast.Call) -> str | None:
+def _wrapped_models(facts: Facts) -> set[str]:
+    """Names bound to a DDP/FSDP wrapper (``model = DDP(model)``, ``self.model = DDP(...)``)."""
+    names: set[str] = set()
+    for call, _ in facts.calls:
+        holder = facts.parents.get(call)
+        wraps = last_name(call) in _WRAPS or (
+            isinstance(call.func, ast.Attribute) and call.func.attr == "model"
+            and facts.is_run(call.func.value))
+        if wraps and isinstance(holder, ast.Assign):
+            names.update(d for t in holder.targets if (d := dotted(t)))
+    return names
+
+
+def _context_call(facts: Facts, call: ast.Call, wrapped: set[str]) -> str | None:
     full = facts.resolve(call.func) or ""
     if full in _CUDA_DEVICE:
         return full
@@ -106,16 +121,20 @@ def _context_call(facts: Facts, call: ast.Call) -> str | None:
         return full  # torch.set_grad_enabled(False) as a call does switch grad mode globally
     if isinstance(call.func, ast.Attribute) and call.func.attr in _MODEL_CONTEXTS \
             and not call.args and not call.keywords:
+        # `p.join()` on a Process or a Thread waits for it: only a wrapped model's is a context
+        if call.func.attr == "join" and dotted(call.func.value) not in wrapped:
+            return None
         return facts.text(call.func, 60)
     return None
 
 
 def context_as_statement(facts: Facts) -> Iterator[Hit]:
     """SS105: ``torch.cuda.device(rank)`` as a statement: a context manager nobody enters."""
+    wrapped = _wrapped_models(facts)
     for node in facts.nodes:
         if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
             continue
-        name = _context_call(facts, node.value)
+        name = _context_call(facts, node.value, wrapped)
         if name is None:
             continue
         call = facts.text(node.value, 120)
@@ -146,5 +165,7 @@ RULES = (
          "statement builds it and discards it, changing nothing. Use `with ...:` or the "
          "setter (torch.cuda.set_device, torch.accelerator.set_device_index). Known false "
          "positives: none known for these torch names; a project function that shadows one "
-         "of them under a torch-like import alias.", context_as_statement),
+         "of them under a torch-like import alias. `.join()` counts only on a name bound to "
+         "a DDP/FSDP wrapper (a Process's or a Thread's `join()` waits, it is no context).",
+         context_as_statement),
 )

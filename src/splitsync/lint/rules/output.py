@@ -4,6 +4,7 @@ in a distributed script, outside a rank-0 check; checkpoints written once per ma
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from splitsync.lint.facts import Facts, dotted, last_name
@@ -71,6 +72,19 @@ def _before_exit(facts: Facts, call: ast.Call) -> bool:
     return False
 
 
+_OPT_IN = re.compile(r"verbose|debug|^print_|_print$|^show_", re.I)
+
+
+def _opt_in(facts: Facts, call: ast.Call) -> bool:
+    """``if self.print_text: print(...)``: diagnostics the user switches on for a debug run."""
+    for parent in facts.ancestors(call):
+        if isinstance(parent, ast.If) and any(
+                _OPT_IN.search(last_name(n) or "") for n in ast.walk(parent.test)
+                if isinstance(n, ast.Name | ast.Attribute)):
+            return True
+    return False
+
+
 def unguarded_print(facts: Facts) -> Iterator[Hit]:
     """SS501: ``print`` on every rank."""
     if "print" in facts.functions or facts.project.print_override:
@@ -78,8 +92,8 @@ def unguarded_print(facts: Facts) -> Iterator[Hit]:
     for call, full in facts.calls:
         if full != "print" or not isinstance(call.func, ast.Name) or not _every_rank(facts, call):
             continue
-        if _names_rank(facts, call) or _before_exit(facts, call):
-            continue  # the line names its rank, or says why the process stops
+        if _names_rank(facts, call) or _before_exit(facts, call) or _opt_in(facts, call):
+            continue  # the line names its rank, says why the process stops, or is opted into
         fix = ("use `run.print(...)`, which prints on rank 0 only" if facts.is_splitsync
                else f"print under {_guard(facts)}, or put the rank in the message if every "
                "process should report")

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from splitsync.lint.facts import SETUP_HELPER, Facts, last_name
 from splitsync.lint.flow import availability_guarded
 from splitsync.lint.model import Hit, Rule
+from splitsync.lint.rules.devices import overridable_default
 
 __all__ = ["RULES"]
 
@@ -145,6 +146,15 @@ def nccl_hard_coded(facts: Facts) -> Iterator[Hit]:
         if availability_guarded(facts, found[1]) or availability_guarded(facts, call):
             continue
         via = "" if found[1] is arg else f" (set at line {found[1].lineno})"
+        holder = facts.parents.get(found[1])
+        if holder is not None and overridable_default(facts, holder):
+            # nanoGPT's `backend = 'nccl'` before `exec(open('configurator.py').read())`
+            yield Hit(holder, f"`{facts.text(holder)}` is an overridable default (the "
+                      "configuration executed after it can replace it), but as written a run "
+                      "without arguments needs NCCL and CUDA GPUs.",
+                      "default to what is available: `backend = \"nccl\" if "
+                      "torch.cuda.is_available() else \"gloo\"`.", severity="info")
+            continue
         yield Hit(call, f"`{facts.text(call, 200)}` hard-codes the backend to \"nccl\" in its {how}"
                   f"{via}: NCCL needs CUDA GPUs, so on a machine without them (a laptop, CPU CI) "
                   "this line raises.",
@@ -176,7 +186,9 @@ RULES = (
     Rule("SS204", "nccl-hard-coded", "warning", "process-group backend hard-coded to \"nccl\"",
          "NCCL only runs on NVIDIA GPUs; a hard-coded backend makes the script fail on CPU "
          "machines, which is where most tests and first runs happen. Known false positives: "
-         "scripts meant only for NVIDIA clusters (the finding is about portability).",
+         "scripts meant only for NVIDIA clusters (the finding is about portability). A "
+         "module-level default that an exec'd configuration overrides (nanoGPT's "
+         "`backend = 'nccl'` before `exec(open('configurator.py').read())`) is info.",
          nccl_hard_coded),
 )
 
