@@ -1,6 +1,6 @@
 """The observer protocol: how the core reports what a run does to whoever listens.
 
-A tool (the verify recorder, the guards, a profiler, a metrics tracker) subclasses
+A tool (a script recorder, the runtime guards, a profiler, a metrics tracker) subclasses
 :class:`Observer`, overrides the hooks it needs and is registered with
 ``run.add_observer(obs)``. The core holds a list of observers and knows none of them by name.
 Every default is a no-op, and the run calls only the hooks a subclass overrides: with no

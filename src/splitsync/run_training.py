@@ -71,7 +71,7 @@ class Training:
                 obs.on_step_begin(optimizer)
             norm = plan.step(optimizer, clip)
             for obs in end:
-                obs.on_step_end(optimizer, norm)  # may end the script (verify)
+                obs.on_step_end(optimizer, norm)  # may end the script (SystemExit)
             return norm
 
         return step

@@ -42,7 +42,7 @@ class DDP(Strategy):
             module, device_ids=device_ids, gradient_as_bucket_view=True, **kwargs
         )
         if hook is not None:
-            from splitsync.hooks import register_comm_hook
+            from splitsync.strategies.ddp_hooks import register_comm_hook
 
             register_comm_hook(model, hook, hook_options)
         elif hook_options:
