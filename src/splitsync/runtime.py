@@ -2,7 +2,7 @@
 
 A Run is who this process is plus parts it delegates to: the loaders (``run_data``), the
 training step (``run_training``), the collectives (``run_collectives``) and checkpoints
-(``run_checkpoints``). Tools watch it through observers (``splitsync.observe``); the Run
+(``run_checkpoints``) and the models (``run_models``). Tools watch it through observers (``splitsync.observe``); the Run
 knows none of them by name.
 """
 
@@ -14,13 +14,12 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
-from weakref import WeakKeyDictionary
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from splitsync.accumulate import StepPlan, prepare_module
+from splitsync.accumulate import StepPlan
 from splitsync.config import RunConfig
 from splitsync.data import DeviceLoader
 from splitsync.device import move_to
@@ -34,9 +33,9 @@ from splitsync.progress import progress as _progress
 from splitsync.run_checkpoints import Checkpoints
 from splitsync.run_collectives import Collectives
 from splitsync.run_data import Loaders
+from splitsync.run_models import Models
 from splitsync.run_training import Training
-from splitsync.strategies import Strategy, WrapContext, for_model, get_strategy, resolve, unwrap
-from splitsync.syncbn import convert_sync_batchnorm
+from splitsync.strategies import Strategy, unwrap
 
 if TYPE_CHECKING:
     import os
@@ -74,10 +73,9 @@ class Run:
         self._training = Training(self._plan, self._data, self.world_size)
         self._collectives = Collectives(device, self._data)
         self._checkpoints = Checkpoints(self.rank, self.world_size, self._data)
-        self._strategies: WeakKeyDictionary[nn.Module, Strategy] = WeakKeyDictionary()
+        self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
+                              config.strategy_options)
         self._observers: tuple[Observer, ...] = ()
-        self._on_model: tuple[Observer, ...] = ()
-        self._on_wrapped: tuple[Observer, ...] = ()
         self._on_log: tuple[Observer, ...] = ()
         for obs in observers:
             self.add_observer(obs)
@@ -103,10 +101,8 @@ class Run:
     def _set_observers(self, observers: tuple[Observer, ...]) -> None:
         # Each part chooses its functions here, once, not per call.
         self._observers = observers
-        self._on_model = overriding(observers, "on_model")
-        self._on_wrapped = overriding(observers, "on_wrapped")
         self._on_log = overriding(observers, "on_log")
-        for part in (self._data, self._training, self._collectives, self._checkpoints):
+        for part in (self._models, self._data, self._training, self._collectives, self._checkpoints):
             part.set_observers(observers)
 
     # --- model -------------------------------------------------------------------------
@@ -119,35 +115,12 @@ class Run:
         and accumulation; ``compile=True`` (or a dict of ``torch.compile`` options) compiles
         it after wrapping.
         """
-        name = resolve(strategy or self.config.strategy, self.world_size)
-        strat = get_strategy(name)
-        unknown = set(options) - set(strat.options)
-        if unknown:
-            raise TypeError(
-                f"strategy {name!r} does not take {sorted(unknown)}; it takes "
-                f"{list(strat.options) or 'no options'}."
-            )
-        if sync_batchnorm and self.world_size > 1:
-            module = convert_sync_batchnorm(module, self.device)
-        if not strat.places_module:
-            module = module.to(self.device)
-        for obs in self._on_model:
-            obs.on_model(module)
-        module = prepare_module(module, self._plan.precision)
-        ctx = WrapContext(self.device, self.world_size, self.rank, self._plan.precision)
-        options = {**self.config.strategy_options, **options}
-        wrapped = strat.wrap(module, ctx, options)
-        if compile:
-            wrapped = strat.compile(wrapped, {} if compile is True else dict(compile))
-        wrapped = self._plan.install_forward(wrapped, autocast, strat)
-        for obs in self._on_wrapped:
-            wrapped = obs.on_wrapped(wrapped)
-        self._strategies[wrapped] = strat
-        return wrapped
+        return self._models.wrap(module, strategy, sync_batchnorm=sync_batchnorm,
+                                 compile=compile, autocast=autocast, options=options)
 
     def strategy_of(self, model: nn.Module) -> Strategy:
-        """The strategy that wrapped ``model`` (looked up by type if run.model did not)."""
-        return self._strategies.get(model) or for_model(model)
+        """The strategy that wrapped ``model`` (found by its type if run.model did not)."""
+        return self._models.strategy_of(model)
 
     @staticmethod
     def unwrap(model: nn.Module) -> nn.Module:
