@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from functools import partial
 from typing import Any
 
 import torch
@@ -48,6 +49,8 @@ class Training:
         plan, loaders = self.plan, self.loaders
         if not before and around is None:
             return plan.backward
+        if not before:  # only watched (guards): a C-level partial, no Python frame of ours
+            return partial(around, _BACKWARD_OP, plan.backward)  # type: ignore[arg-type]
 
         def backward(loss: torch.Tensor) -> None:
             for obs in before:
