@@ -150,7 +150,8 @@ def test_no_import_goes_up_a_layer() -> None:
 
 def test_the_core_never_names_a_tool() -> None:
     """Not even in a string: the Run and its parts know observers only as observers."""
-    for name in ("runtime", "run_data", "run_training", "run_collectives", "run_checkpoints",
+    for name in ("runtime", "run_data", "run_models", "run_training", "run_collectives",
+                 "run_checkpoints",
                  "observe", "accumulate"):
         text = (ROOT / f"{name}.py").read_text()
         assert "verify" not in text and "desync" not in text, name
