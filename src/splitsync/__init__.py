@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "init": "splitsync.runtime",
+    "init": "splitsync.api",
     "Run": "splitsync.runtime",
     "RunConfig": "splitsync.config",
     "DistEnv": "splitsync.env",
@@ -23,7 +23,7 @@ _EXPORTS = {
     "ResumeState": "splitsync.ckpt.session",
     "CheckpointError": "splitsync.ckpt.store",
     "GroupError": "splitsync.group",
-    "DesyncError": "splitsync.desync",
+    "DesyncError": "splitsync.guards.desync",
     "DeviceMismatchError": "splitsync.guards.devices",
     "ConfigMismatchError": "splitsync.guards.consistency",
     "ParameterMismatchError": "splitsync.guards.consistency",
@@ -43,14 +43,15 @@ if TYPE_CHECKING:
     from splitsync.ckpt.session import ResumeState
     from splitsync.ckpt.store import CheckpointError
     from splitsync.config import RunConfig
-    from splitsync.desync import DesyncError
+    from splitsync.guards.desync import DesyncError
     from splitsync.device import move_to
     from splitsync.env import DistEnv, EnvError, detect_env
     from splitsync.group import GroupError
     from splitsync.guards.consistency import ConfigMismatchError, ParameterMismatchError
     from splitsync.guards.devices import DeviceMismatchError
     from splitsync.guards.hangs import CollectiveTimeoutError
-    from splitsync.runtime import Run, init
+    from splitsync.api import init
+    from splitsync.runtime import Run
     from splitsync.seeding import seed_everything
     from splitsync.throughput import Throughput
 

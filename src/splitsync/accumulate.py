@@ -16,21 +16,18 @@ first micro-batches (every optimizer step still sees exactly ``k``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-
 from splitsync.clip import clip_optimizer
 from splitsync.precision import Precision, forward_with
+from splitsync.strategies import Strategy, SyncSetter, for_model
 
-__all__ = ["StepPlan", "sync_setter", "no_sync", "prepare_module"]
-
-SyncSetter = Callable[[bool], None]
+__all__ = ["StepPlan", "prepare_module"]
 
 
 def _plain_backward(loss: torch.Tensor) -> None:
@@ -58,10 +55,14 @@ class StepPlan:
             self.backward = self._backward_general
             self.step = self._step_general
 
-    def use_sharded_scaler(self) -> None:
-        """Sharded gradients (FSDP2): found-inf must agree across ranks."""
-        if self.scaler is not None and self.micro == 0:
-            self.scaler = self.precision.make_scaler(sharded=True)
+    def use_strategy_scaler(self, strategy: Strategy, model: nn.Module) -> None:
+        """The scaler the model's strategy needs (FSDP2's sharded one: found-inf must agree
+        across ranks), swapped in only before the first backward."""
+        if self.scaler is None or self.micro:
+            return
+        scaler = strategy.make_scaler(self.precision, model)
+        if type(scaler) is not type(self.scaler):
+            self.scaler = scaler
 
     @property
     def sync_now(self) -> bool:
@@ -110,19 +111,20 @@ class StepPlan:
         return norm
 
     # --- models ------------------------------------------------------------------------
-    def install_forward(self, model: nn.Module, autocast: bool = True) -> nn.Module:
+    def install_forward(self, model: nn.Module, autocast: bool = True,
+                        strategy: Strategy | None = None) -> nn.Module:
         """Give ``model`` a forward with the precision's autocast and the accumulation sync.
 
         The forward is replaced on the instance (keys of ``state_dict`` are unchanged); when
         neither is needed the model is returned untouched. ``autocast=False`` leaves autocast
         to the user (``run.autocast()``).
         """
-        if self.scaler is not None and _is_fsdp(model):
-            self.use_sharded_scaler()
+        strategy = for_model(model) if strategy is None else strategy
+        self.use_strategy_scaler(strategy, model)
         forward = model.forward
         precision = self.precision if autocast else replace(self.precision, autocast_dtype=None)
         wrapped = forward_with(forward, precision)
-        setter = sync_setter(model) if self.every > 1 else None
+        setter = strategy.sync_setter(model) if self.every > 1 else None
         if setter is not None:
             wrapped = _synced(wrapped, setter, self)
         if wrapped is not forward:
@@ -133,7 +135,7 @@ class StepPlan:
         """Skip gradient sync for the coming micro-step unless it ends the window."""
         if self.sync_now:
             return nullcontext()
-        return no_sync(model)
+        return for_model(model).no_sync(model)
 
 
 def _synced(forward: Callable[..., Any], setter: SyncSetter,
@@ -143,46 +145,6 @@ def _synced(forward: Callable[..., Any], setter: SyncSetter,
         return forward(*args, **kwargs)
 
     return synced_forward
-
-
-def sync_setter(model: nn.Module) -> SyncSetter | None:
-    """A function turning gradient sync of ``model`` on/off, or None if it never syncs."""
-    if isinstance(model, DistributedDataParallel):
-        def set_ddp(flag: bool) -> None:
-            model.require_backward_grad_sync = flag  # what DDP.no_sync() toggles
-
-        return set_ddp
-    if _is_fsdp(model):
-        def set_fsdp(flag: bool) -> None:
-            model.set_requires_gradient_sync(flag)  # read by FSDP2 in post-backward
-
-        return set_fsdp
-    return None
-
-
-def _is_fsdp(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
-def no_sync(model: nn.Module) -> AbstractContextManager[None]:
-    """No gradient sync inside the block for DDP and FSDP2 models; a no-op otherwise."""
-    if isinstance(model, DistributedDataParallel):
-        return model.no_sync()
-    setter = sync_setter(model)
-    if setter is None:
-        return nullcontext()
-    return _setter_off(setter)
-
-
-@contextmanager
-def _setter_off(setter: SyncSetter) -> Iterator[None]:
-    setter(False)
-    try:
-        yield
-    finally:
-        setter(True)
 
 
 def prepare_module(module: nn.Module, precision: Precision) -> nn.Module:

@@ -6,11 +6,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from splitsync.precision import PRECISIONS, check_precision_name
 from splitsync.strategies import STRATEGY_NAMES
 
 __all__ = ["RunConfig", "PRECISIONS"]
-
-PRECISIONS: tuple[str, ...] = ("32", "bf16-mixed", "16-mixed", "bf16-true")
 
 
 @dataclass(frozen=True)
@@ -36,10 +35,7 @@ class RunConfig:
                 f"Unknown strategy {self.strategy!r}. Valid strategies: "
                 f"{', '.join(STRATEGY_NAMES)}."
             )
-        if self.precision not in PRECISIONS:
-            raise ValueError(
-                f"Unknown precision {self.precision!r}. Valid precisions: {', '.join(PRECISIONS)}."
-            )
+        check_precision_name(self.precision)
         if not isinstance(self.accumulate, int) or self.accumulate < 1:
             raise ValueError(
                 f"accumulate={self.accumulate!r}: give the number of micro-batches per "

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -83,28 +81,12 @@ def move_to(obj: T, device: torch.device | str, non_blocking: bool | None = None
 
 
 def _move(obj: Any, device: torch.device, non_blocking: bool | None) -> Any:
-    if isinstance(obj, torch.Tensor):
-        if obj.device == device:
-            return obj
-        nb = obj.is_pinned() if non_blocking is None else non_blocking
-        return obj.to(device, non_blocking=nb)
-    if isinstance(obj, Mapping):
-        moved = {k: _move(v, device, non_blocking) for k, v in obj.items()}
-        if type(obj) is dict:
-            return moved
-        try:  # keep OrderedDict and dict-like batch types
-            return type(obj)(moved)
-        except TypeError:
-            return moved
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*(_move(v, device, non_blocking) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_move(v, device, non_blocking) for v in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        changes = {
-            f.name: _move(getattr(obj, f.name), device, non_blocking)
-            for f in dataclasses.fields(obj)
-            if f.init
-        }
-        return dataclasses.replace(obj, **changes)
-    return obj
+    from splitsync.tree import map_tensors
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        if t.device == device:
+            return t
+        nb = t.is_pinned() if non_blocking is None else non_blocking
+        return t.to(device, non_blocking=nb)
+
+    return map_tensors(move, obj)

@@ -7,37 +7,28 @@ from typing import Any
 
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable
-from torch.nn.parallel import DistributedDataParallel
+
+from splitsync.strategies import for_model
 
 __all__ = ["join"]
 
 
 def join(*objects: nn.Module | Joinable, enable: bool = True,
          throw_on_early_termination: bool = False) -> AbstractContextManager[Any]:
-    """``torch.distributed.algorithms.Join`` over DDP models (and other Joinables).
+    """``torch.distributed.algorithms.Join`` over the models' joinables (DDP) and Joinables.
 
-    A single-process model needs no joining and gets a no-op context. FSDP has no join
-    support in PyTorch: give every rank the same number of batches instead
-    (``run.loader(..., drop_last=True)``).
+    Each model's strategy says what to join: a single-process model needs nothing (a no-op
+    context); FSDP has no join support in PyTorch and raises with the fix (give every rank
+    the same number of batches, ``run.loader(..., drop_last=True)``).
     """
-    joinables = []
+    joinables: list[Any] = []
     for obj in objects:
-        if isinstance(obj, (DistributedDataParallel, Joinable)):
+        if isinstance(obj, Joinable):
             joinables.append(obj)
-        elif _is_fsdp(obj):
-            raise ValueError(
-                "run.join() works with DDP models; FSDP has no uneven-input support in "
-                "PyTorch. Give every rank the same number of batches instead, e.g. "
-                "run.loader(data, batch_size, drop_last=True)."
-            )
-        elif not isinstance(obj, nn.Module):
+        elif isinstance(obj, nn.Module):
+            joinables.extend(for_model(obj).joinables(obj))
+        else:
             raise TypeError(f"run.join() takes models (or Joinables), got {type(obj).__name__}.")
     if not joinables or not enable:
         return nullcontext()
     return Join(joinables, enable=enable, throw_on_early_termination=throw_on_early_termination)
-
-
-def _is_fsdp(obj: Any) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(obj, FSDPModule)

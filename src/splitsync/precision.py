@@ -16,9 +16,20 @@ from typing import Any
 
 import torch
 
-from splitsync.config import PRECISIONS
+__all__ = ["Precision", "PRECISIONS", "check_precision_name", "get_precision", "cast_inputs",
+           "forward_with"]
 
-__all__ = ["Precision", "PRECISIONS", "get_precision", "cast_inputs", "forward_with"]
+PRECISIONS: tuple[str, ...] = ("32", "bf16-mixed", "16-mixed", "bf16-true")
+
+
+def check_precision_name(name: object) -> str:
+    """``name`` if it is a precision splitsync knows; else a ValueError naming the valid ones
+    (the one check, used by RunConfig and :func:`get_precision`)."""
+    if not isinstance(name, str) or name not in PRECISIONS:
+        raise ValueError(
+            f"Unknown precision {name!r}. Valid precisions: {', '.join(map(repr, PRECISIONS))}."
+        )
+    return name
 
 
 @dataclass(frozen=True)
@@ -57,10 +68,7 @@ class Precision:
 
 def get_precision(name: str, device: torch.device | str) -> Precision:
     """Validate ``name`` for ``device`` and describe it; raises ValueError with the fix."""
-    if not isinstance(name, str) or name not in PRECISIONS:
-        raise ValueError(
-            f"Unknown precision {name!r}. Valid precisions: {', '.join(map(repr, PRECISIONS))}."
-        )
+    check_precision_name(name)
     kind = torch.device(device).type
     if name == "32":
         return Precision(name, kind, None, None, False)
@@ -78,15 +86,9 @@ def get_precision(name: str, device: torch.device | str) -> Precision:
 
 def cast_inputs(obj: Any, dtype: torch.dtype) -> Any:
     """Floating-point tensors in a nested batch cast to ``dtype`` (others untouched)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if obj.is_floating_point() else obj
-    if isinstance(obj, dict):
-        return {k: cast_inputs(v, dtype) for k, v in obj.items()}
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(cast_inputs(v, dtype) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(cast_inputs(v, dtype) for v in obj)
-    return obj
+    from splitsync.tree import map_tensors
+
+    return map_tensors(lambda t: t.to(dtype) if t.is_floating_point() else t, obj)
 
 
 def forward_with(forward: Callable[..., Any], precision: Precision) -> Callable[..., Any]:

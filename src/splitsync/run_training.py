@@ -1,78 +1,99 @@
-"""Run methods for the optimisation step: precision, accumulation, clipping, uneven inputs."""
+"""The run's training part: backward/step (the per-step hot path), precision, accumulation,
+clipping and uneven inputs.
+
+The backward and step functions are chosen when the part is made and again whenever the
+run's observers change, never per call: without observers ``backward`` *is* the StepPlan's
+(plain ``loss.backward()`` for fp32 without accumulation).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
 
+from splitsync.accumulate import StepPlan
 from splitsync.join import join
+from splitsync.observe import Observer, chain_around, overriding
+from splitsync.run_data import Loaders
 
-if TYPE_CHECKING:
-    from splitsync.accumulate import StepPlan
-    from splitsync.data import DeviceLoader
-    from splitsync.guards.hangs import Watch
-    from splitsync.verify.record import ScriptRecorder
+__all__ = ["Training"]
 
-__all__ = ["TrainingMethods"]
+_BACKWARD_OP = "backward (gradient all-reduce)"
 
 
-class TrainingMethods:
-    """backward/step and friends; the per-step hot path, decided once by a StepPlan."""
+class Training:
+    """backward/step and friends, over one StepPlan."""
 
-    world_size: int
-    _plan: StepPlan
-    _watch: Watch | None
-    _verify: ScriptRecorder | None
-    _active: DeviceLoader | None
+    def __init__(self, plan: StepPlan, loaders: Loaders, world_size: int) -> None:
+        self.plan = plan
+        self.loaders = loaders
+        self.world_size = world_size
+        self.backward: Callable[[torch.Tensor], None] = plan.backward
+        self.step: Callable[..., torch.Tensor | None] = plan.step
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()``, scaled under "16-mixed" and divided by ``accumulate``."""
-        if self._verify is not None:
-            self._verify.on_backward(loss, self._active)
-        if self._watch is not None and self.world_size > 1:
-            self._watch.call("backward (gradient all-reduce)", self._plan.backward, loss)
-        else:
-            self._plan.backward(loss)
+    def set_observers(self, observers: Sequence[Observer]) -> None:
+        """Choose backward/step for these observers (the plain ones when none listens)."""
+        before = overriding(observers, "on_backward")
+        around = chain_around(observers) if self.world_size > 1 else None
+        self.backward = self._observed_backward(before, around)
+        self.step = self._observed_step(overriding(observers, "on_step_begin"),
+                                        overriding(observers, "on_step_end"))
 
-    def step(self, optimizer: torch.optim.Optimizer,
-             clip: float | None = None) -> torch.Tensor | None:
-        """Step the optimizer, then zero its gradients (set to None).
+    def _observed_backward(self, before: tuple[Observer, ...],
+                           around: Callable[..., Any] | None) -> Callable[[torch.Tensor], None]:
+        plan, loaders = self.plan, self.loaders
+        if not before and around is None:
+            return plan.backward
+        if not before:  # only watched (guards): a C-level partial, no Python frame of ours
+            return partial(around, _BACKWARD_OP, plan.backward)  # type: ignore[arg-type]
 
-        With ``accumulate=k`` only every k-th call steps (the others return at once).
-        ``clip`` clips gradients to that global norm first (unscaled under "16-mixed") and
-        the norm before clipping is returned; without ``clip`` the result is None.
-        """
-        if self._verify is None:
-            return self._plan.step(optimizer, clip)
-        self._verify.on_step_begin()
-        norm = self._plan.step(optimizer, clip)
-        self._verify.on_step_end()  # may end the script once enough steps are recorded
-        return norm
+        def backward(loss: torch.Tensor) -> None:
+            for obs in before:
+                obs.on_backward(loss, loaders.active)
+            if around is None:
+                plan.backward(loss)
+            else:
+                around(_BACKWARD_OP, plan.backward, loss)
+
+        return backward
+
+    def _observed_step(self, begin: tuple[Observer, ...],
+                       end: tuple[Observer, ...]) -> Callable[..., torch.Tensor | None]:
+        plan = self.plan
+        if not begin and not end:
+            return plan.step
+
+        def step(optimizer: torch.optim.Optimizer,
+                 clip: float | None = None) -> torch.Tensor | None:
+            for obs in begin:
+                obs.on_step_begin(optimizer)
+            norm = plan.step(optimizer, clip)
+            for obs in end:
+                obs.on_step_end(optimizer, norm)  # may end the script (SystemExit)
+            return norm
+
+        return step
 
     def autocast(self) -> AbstractContextManager[Any]:
-        """The precision's autocast context (models from ``run.model`` already use it)."""
-        return self._plan.precision.autocast()
+        return self.plan.precision.autocast()
 
     def accumulate(self, model: nn.Module) -> AbstractContextManager[None]:
-        """Around one micro-step (forward and backward): no gradient sync unless it is the
-        ``accumulate``-th. Models from ``run.model`` decide this by themselves."""
-        return self._plan.accumulate(model)
+        return self.plan.accumulate(model)
 
     @property
     def sync_gradients(self) -> bool:
-        """Whether the last backward completed an accumulation window (the step will step)."""
-        return self._plan.micro % self._plan.every == 0
+        return self.plan.micro % self.plan.every == 0
 
     @property
     def scaler(self) -> Any:
-        """The GradScaler under "16-mixed" (for checkpoints), else None."""
-        return self._plan.scaler
+        return self.plan.scaler
 
-    def join(self, *models: nn.Module, enable: bool = True,
+    @staticmethod
+    def join(*models: nn.Module, enable: bool = True,
              throw_on_early_termination: bool = False) -> AbstractContextManager[Any]:
-        """Uneven inputs: ranks that run out of batches keep shadowing the others' all-reduces
-        (``torch.distributed.algorithms.Join``) so that nobody hangs."""
         return join(*models, enable=enable, throw_on_early_termination=throw_on_early_termination)

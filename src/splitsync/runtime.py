@@ -1,11 +1,17 @@
-"""``init()`` and the :class:`Run` handle the user's script talks to."""
+"""The :class:`Run` handle the user's script talks to (made by ``splitsync.init``).
+
+A Run is who this process is plus parts it delegates to: the loaders (``run_data``), the
+training step (``run_training``), the collectives (``run_collectives``) and checkpoints
+(``run_checkpoints``) and the models (``run_models``). Tools watch it through observers (``splitsync.observe``); the Run
+knows none of them by name.
+"""
 
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Iterable, Iterator
-from datetime import timedelta
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -13,43 +19,39 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from splitsync import comm
-from splitsync.accumulate import StepPlan, prepare_module
-from splitsync.compiling import compile_model
+from splitsync.accumulate import StepPlan
 from splitsync.config import RunConfig
-from splitsync.data import DeviceLoader, build_loader, loader_kwargs_from
-from splitsync.device import choose_device, default_backend, move_to
-from splitsync.env import DistEnv, detect_env
-from splitsync.group import destroy_group, init_group
-from splitsync.guards import check_same_parameters, guard_forward
-from splitsync.guards.session import GuardSession, collective_timeout
-from splitsync.guards.session import start as start_guards
-from splitsync.logs import attach_rank_handler, get_logger
+from splitsync.data import DeviceLoader
+from splitsync.device import move_to
+from splitsync.env import DistEnv
+from splitsync.group import destroy_group
+from splitsync.logs import get_logger
 from splitsync.metrics import MetricsLog, average_metrics
+from splitsync.observe import Observer, overriding
 from splitsync.precision import Precision, get_precision
 from splitsync.progress import progress as _progress
-from splitsync.run_checkpoints import CheckpointMethods
-from splitsync.run_collectives import CollectiveMethods
-from splitsync.run_training import TrainingMethods
-from splitsync.seeding import draw_seed, seed_everything
-from splitsync.strategies import WrapContext, get_strategy, resolve, unwrap
-from splitsync.syncbn import convert_sync_batchnorm
-from splitsync.verify.record import ScriptRecorder
-from splitsync.verify.record import from_environ as verify_recorder
+from splitsync.run_checkpoints import Checkpoints
+from splitsync.run_collectives import Collectives
+from splitsync.run_data import Loaders
+from splitsync.run_models import Models
+from splitsync.run_training import Training
+from splitsync.strategies import Strategy, unwrap
 
 if TYPE_CHECKING:
-    from splitsync.ckpt import Checkpointer
+    import os
 
-__all__ = ["init", "Run"]
+    from splitsync.ckpt import ResumeState
+
+__all__ = ["Run"]
 
 
-class Run(TrainingMethods, CollectiveMethods, CheckpointMethods):
+class Run:
     """Who this process is, plus the helpers that make a loop data-parallel."""
 
     def __init__(self, config: RunConfig, env: DistEnv, device: torch.device, backend: str,
-                 seed: int, owns_group: bool, handler: logging.Handler | None,
-                 guards: GuardSession | None = None, verify: ScriptRecorder | None = None,
-                 precision: Precision | None = None) -> None:
+                 seed: int, owns_group: bool, handler: logging.Handler | None, *,
+                 precision: Precision | None = None,
+                 observers: Sequence[Observer] = ()) -> None:
         self.config = config
         self.env = env
         self.device = device
@@ -61,18 +63,47 @@ class Run(TrainingMethods, CollectiveMethods, CheckpointMethods):
         self.is_main = env.rank == 0
         self.log_handler = handler
         self._owns_group = owns_group
-        self._loaders: list[DeviceLoader] = []
-        self._active: DeviceLoader | None = None
-        self._ckpt: Checkpointer | None = None
         self._closed = False
         self._metrics: MetricsLog | None = None
-        # backward/step functions for this precision and accumulation, chosen once
         if precision is None:
             precision = get_precision(config.precision, device)
+        # backward/step functions for this precision and accumulation, chosen once
         self._plan = StepPlan(precision, config.accumulate)
-        self._guards = guards
-        self._watch = guards.watch if guards is not None else None
-        self._verify = verify  # set only under `splitsync verify script.py`
+        self._data = Loaders(self.rank, self.world_size, seed, device)
+        self._training = Training(self._plan, self._data, self.world_size)
+        self._collectives = Collectives(device, self._data)
+        self._checkpoints = Checkpoints(self.rank, self.world_size, self._data)
+        self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
+                              config.strategy_options)
+        self._observers: tuple[Observer, ...] = ()
+        self._on_log: tuple[Observer, ...] = ()
+        for obs in observers:
+            self.add_observer(obs)
+
+    # --- observers ---------------------------------------------------------------------
+    @property
+    def observers(self) -> tuple[Observer, ...]:
+        """The observers attached to this run, in the order they are called."""
+        return self._observers
+
+    def add_observer(self, observer: Observer) -> Observer:
+        """Attach ``observer`` (a :class:`splitsync.observe.Observer`); returns it."""
+        if not isinstance(observer, Observer):
+            raise TypeError(f"run.add_observer() takes a splitsync.observe.Observer, got "
+                            f"{type(observer).__name__}.")
+        self._set_observers((*self._observers, observer))
+        return observer
+
+    def remove_observer(self, observer: Observer) -> None:
+        """Detach ``observer`` (no-op if it is not attached)."""
+        self._set_observers(tuple(o for o in self._observers if o is not observer))
+
+    def _set_observers(self, observers: tuple[Observer, ...]) -> None:
+        # Each part chooses its functions here, once, not per call.
+        self._observers = observers
+        self._on_log = overriding(observers, "on_log")
+        for part in (self._models, self._data, self._training, self._collectives, self._checkpoints):
+            part.set_observers(observers)
 
     # --- model -------------------------------------------------------------------------
     def model(self, module: nn.Module, *, strategy: str | None = None,
@@ -84,30 +115,12 @@ class Run(TrainingMethods, CollectiveMethods, CheckpointMethods):
         and accumulation; ``compile=True`` (or a dict of ``torch.compile`` options) compiles
         it after wrapping.
         """
-        name = resolve(strategy or self.config.strategy, self.world_size)
-        strat = get_strategy(name)
-        unknown = set(options) - set(strat.options)
-        if unknown:
-            raise TypeError(
-                f"strategy {name!r} does not take {sorted(unknown)}; it takes "
-                f"{list(strat.options) or 'no options'}."
-            )
-        if sync_batchnorm and self.world_size > 1:
-            module = convert_sync_batchnorm(module, self.device)
-        if name != "dp":  # DataParallel places replicas itself, from device 0
-            module = module.to(self.device)
-        if self._watch is not None:
-            check_same_parameters(module, self.device)
-        if self._verify is not None:
-            self._verify.on_model(module)
-        module = prepare_module(module, self._plan.precision)
-        ctx = WrapContext(self.device, self.world_size, self.rank, self.config.precision)
-        options = {**self.config.strategy_options, **options}
-        wrapped = strat.wrap(module, ctx, options)
-        if compile:
-            wrapped = compile_model(wrapped, name, compile)
-        wrapped = self._plan.install_forward(wrapped, autocast)
-        return guard_forward(wrapped, self.device, self._watch) if self.config.guards else wrapped
+        return self._models.wrap(module, strategy, sync_batchnorm=sync_batchnorm,
+                                 compile=compile, autocast=autocast, options=options)
+
+    def strategy_of(self, model: nn.Module) -> Strategy:
+        """The strategy that wrapped ``model`` (found by its type if run.model did not)."""
+        return self._models.strategy_of(model)
 
     @staticmethod
     def unwrap(model: nn.Module) -> nn.Module:
@@ -119,43 +132,109 @@ class Run(TrainingMethods, CollectiveMethods, CheckpointMethods):
                shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
                collate_fn: Any = None, **extra: Any) -> DeviceLoader:
         """A loader over this rank's shard; ``batch_size`` is per process."""
-        if isinstance(data, DataLoader):
-            kwargs = loader_kwargs_from(data)
-            if kwargs.get("worker_init_fn") is None:
-                kwargs.pop("worker_init_fn", None)
-            kwargs.update(extra)
-        else:
-            if batch_size is None:
-                raise TypeError("run.loader(dataset, batch_size=...) needs a per-process batch_size.")
-            kwargs = dict(dataset=data, batch_size=batch_size, shuffle=shuffle,
-                          drop_last=drop_last, num_workers=num_workers, collate_fn=collate_fn,
-                          **extra)
-        if self._verify is not None:
-            kwargs = self._verify.loader_kwargs(kwargs)
-        loader = build_loader(rank=self.rank, world_size=self.world_size, seed=self.seed,
-                              device=self.device, on_iter=self._set_active, **kwargs)
-        self._loaders.append(loader)
-        if self._ckpt is not None:  # made after run.resume: continue where the checkpoint left it
-            self._ckpt.attach_loader(loader, len(self._loaders) - 1)
+        loader = self._data.build(data, batch_size, shuffle=shuffle, drop_last=drop_last,
+                                  num_workers=num_workers, collate_fn=collate_fn, **extra)
+        self._checkpoints.attach_loader(loader)  # made after run.resume: continue from it
         return loader
-
-    def _set_active(self, loader: DeviceLoader) -> None:
-        self._active = loader
-        if self._verify is not None:
-            self._verify.on_iter(loader)
 
     def epochs(self, n: int, start: int = 0) -> Iterator[int]:
         """Yield epoch numbers start..n-1, calling set_epoch on every loader first."""
-        if self._verify is not None:
-            n = self._verify.epochs(start, n)
-        for epoch in range(start, n):
-            for loader in self._loaders:
-                loader.set_epoch(epoch)
-            yield epoch
+        return self._data.epochs(n, start)
 
     def to_device(self, obj: Any) -> Any:
         """Move a (nested) batch to the run's device."""
         return move_to(obj, self.device)
+
+    # --- training (the hot path: each call is one lookup and the chosen function) --------
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, scaled under "16-mixed" and divided by ``accumulate``."""
+        self._training.backward(loss)
+
+    def step(self, optimizer: torch.optim.Optimizer,
+             clip: float | None = None) -> torch.Tensor | None:
+        """Step the optimizer, then zero its gradients (set to None).
+
+        With ``accumulate=k`` only every k-th call steps (the others return at once).
+        ``clip`` clips gradients to that global norm first (unscaled under "16-mixed") and
+        the norm before clipping is returned; without ``clip`` the result is None.
+        """
+        return self._training.step(optimizer, clip)
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        """The precision's autocast context (models from ``run.model`` already use it)."""
+        return self._training.autocast()
+
+    def accumulate(self, model: nn.Module) -> AbstractContextManager[None]:
+        """Around one micro-step (forward and backward): no gradient sync unless it is the
+        ``accumulate``-th. Models from ``run.model`` decide this by themselves."""
+        return self._training.accumulate(model)
+
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether the last backward completed an accumulation window (the step will step)."""
+        return self._training.sync_gradients
+
+    @property
+    def scaler(self) -> Any:
+        """The GradScaler under "16-mixed" (for checkpoints), else None."""
+        return self._training.scaler
+
+    def join(self, *models: nn.Module, enable: bool = True,
+             throw_on_early_termination: bool = False) -> AbstractContextManager[Any]:
+        """Uneven inputs: ranks that run out of batches keep shadowing the others' all-reduces
+        (``torch.distributed.algorithms.Join``) so that nobody hangs."""
+        return self._training.join(*models, enable=enable,
+                                   throw_on_early_termination=throw_on_early_termination)
+
+    # --- collectives -------------------------------------------------------------------
+    def mean(self, x: Any) -> Any:
+        """Average over ranks (tensor or number)."""
+        return self._collectives.mean(x)
+
+    def sum(self, x: Any) -> Any:
+        """Sum over ranks."""
+        return self._collectives.sum(x)
+
+    def max(self, x: Any) -> Any:
+        """Maximum over ranks."""
+        return self._collectives.max(x)
+
+    def gather(self, x: Any) -> torch.Tensor:
+        """Concatenate along dim 0 from all ranks, in rank order."""
+        return self._collectives.gather(x)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s object on every rank."""
+        return self._collectives.broadcast(obj, src)
+
+    def barrier(self) -> None:
+        """Wait for every rank (with guards: a monitored barrier that names absent ranks)."""
+        self._collectives.barrier()
+
+    def gather_for_metrics(self, x: torch.Tensor) -> torch.Tensor:
+        """Gather results of the current batch without the sampler's padded duplicates."""
+        return self._collectives.gather_for_metrics(x)
+
+    # --- checkpoints -------------------------------------------------------------------
+    def resume(self, dir: str | os.PathLike[str], *, keep: int = 3, **objects: Any) -> ResumeState:
+        """Register ``objects`` (model=, optimizer=, scheduler=, scaler=, ...) for
+        :meth:`save` and load the newest complete checkpoint under ``dir``, if any.
+
+        RNG states and the position of every loader made by :meth:`loader` are restored too,
+        so the loop continues exactly where the checkpoint was taken. Collective.
+        """
+        return self._checkpoints.resume(dir, keep=keep, **objects)
+
+    def save(self, dir: str | os.PathLike[str] | None = None, *, step: int | None = None,
+             epoch: int | None = None, **extra: Any) -> Path:
+        """Atomically save everything registered by :meth:`resume`, plus ``extra`` (JSON or
+        tensors), as ``dir/step-<step>/``; older checkpoints beyond ``keep`` are removed.
+        Collective: call it on every rank."""
+        return self._checkpoints.save(dir, step=step, epoch=epoch, **extra)
+
+    def export(self, path: str | os.PathLike[str], model: nn.Module | None = None) -> Path:
+        """Write the model's final weights to ``path`` as one unsharded safetensors file."""
+        return self._checkpoints.export(path, model)
 
     # --- output ------------------------------------------------------------------------
     def print(self, *args: Any, **kwargs: Any) -> None:
@@ -176,6 +255,8 @@ class Run(TrainingMethods, CollectiveMethods, CheckpointMethods):
             if self._metrics is None:
                 self._metrics = MetricsLog(self.config.run_dir)
             self._metrics.write(record)
+        for obs in self._on_log:
+            obs.on_log(record)
         return record
 
     @property
@@ -190,17 +271,14 @@ class Run(TrainingMethods, CollectiveMethods, CheckpointMethods):
             return
         self._closed = True
         try:
-            if self._verify is not None:
-                self._verify.flush()
-            if self._guards is not None:
-                self._guards.close(clean)  # debug mode: last cross-check, then unpatch
+            for obs in reversed(overriding(self._observers, "on_close")):
+                obs.on_close(clean)  # e.g. debug mode: last cross-check, then unpatch
             if clean and self._owns_group and self.world_size > 1:
                 self._barrier_before_teardown()
         finally:
             if self._metrics is not None:
                 self._metrics.close()
-            if self._ckpt is not None:
-                self._ckpt.close()
+            self._checkpoints.close()
             if self.log_handler is not None:
                 get_logger().removeHandler(self.log_handler)
             if self._owns_group:
@@ -225,44 +303,3 @@ class Run(TrainingMethods, CollectiveMethods, CheckpointMethods):
     def __repr__(self) -> str:
         return (f"Run(rank={self.rank}, world_size={self.world_size}, device={self.device}, "
                 f"backend={self.backend!r})")
-
-
-def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "32",
-         device: str | torch.device | None = None, backend: str | None = None,
-         accumulate: int = 1, timeout: float | timedelta = timedelta(minutes=10),
-         debug: bool = False, guards: bool = True, run_dir: str | None = None,
-         deterministic: bool = False, **strategy_options: Any) -> Run:
-    """Detect the launcher, pick the device, form the process group and seed every RNG."""
-    if not isinstance(timeout, timedelta):
-        timeout = timedelta(seconds=float(timeout))
-    config = RunConfig(seed=seed, strategy=strategy, precision=precision,
-                       device=None if device is None else str(device), backend=backend,
-                       accumulate=accumulate, timeout=timeout, debug=debug, guards=guards,
-                       run_dir=run_dir, deterministic=deterministic,
-                       strategy_options=strategy_options)
-    env = detect_env()  # validated before any network call
-    dev = choose_device(env, device)
-    policy = get_precision(precision, dev)  # "16-mixed" on a CPU fails here, before the network
-    chosen_backend = backend or default_backend(dev)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    owns = False
-    if env.launcher != "none":
-        # with guards on, collectives wait a little less so the explained error fits in
-        owns = init_group(env, chosen_backend, dev, collective_timeout(config, env.world_size))
-    try:
-        if deterministic:
-            torch.use_deterministic_algorithms(True)
-        final_seed = seed if seed is not None else comm.broadcast_object(draw_seed())
-        seed_everything(final_seed)
-        handler = attach_rank_handler(env.rank, env.world_size)
-        guards_on = start_guards(config, env.rank, env.world_size, dev)
-        verify = verify_recorder(os.environ, env.rank, env.world_size)
-    except BaseException:
-        if owns:
-            destroy_group()
-        raise
-    return Run(config, env, dev, chosen_backend, final_seed, owns, handler, guards_on, verify,
-               policy)
-
-

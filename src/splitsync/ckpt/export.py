@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from splitsync import comm
-from splitsync.ckpt.state import is_sharded, module_state
+from splitsync.strategies import for_model
 
 __all__ = ["export_safetensors"]
 
@@ -19,17 +19,8 @@ def export_safetensors(model: nn.Module, path: str | os.PathLike[str], rank: int
     from safetensors.torch import save_file
 
     out = Path(path)
-    if is_sharded(model):
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-        )
-
-        # Gathers every shard; with cpu_offload only rank 0 keeps the full tensors.
-        sd = get_model_state_dict(
-            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    else:
-        sd = module_state(model) if rank == 0 else {}
+    # Collective when the strategy shards the model; otherwise only rank 0 reads it.
+    sd = for_model(model).full_state(model, rank)
     if rank == 0:
         # Clones break storage sharing (tied weights), which safetensors refuses to write.
         tensors = {k: v.detach().cpu().contiguous().clone() for k, v in sd.items()

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from splitsync.ckpt.state import check_shapes, is_sharded, optimizer_from_fqn
+from splitsync.ckpt.state import check_shapes
 from splitsync.ckpt.store import CheckpointError
-from splitsync.strategies import unwrap
+from splitsync.strategies import for_model
 
 __all__ = ["write_pt", "load_pt", "split_extra", "load_full"]
 
@@ -63,32 +63,17 @@ def split_extra(extra: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any
 
 
 def load_full(where: str, state: Mapping[str, Any], models: Mapping[str, nn.Module],
-               optims: Mapping[str, tuple[torch.optim.Optimizer, str]]) -> None:
-    """Load an unsharded checkpoint into plain, DDP or sharded models (shapes checked first)."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    full = StateDictOptions(full_state_dict=True)
+              optims: Mapping[str, tuple[torch.optim.Optimizer, str]]) -> None:
+    """Load an unsharded checkpoint into any model; each model's strategy reads it in
+    (shapes are checked, and every optimizer state converted, before anything is loaded)."""
+    strategies = {name: for_model(m) for name, m in models.items()}
     for name, m in models.items():
-        current = get_model_state_dict(m) if is_sharded(m) else unwrap(m).state_dict()
         check_shapes(name, {k: v.shape for k, v in state["model"][name].items()},
-                     {k: v.shape for k, v in current.items()}, where)
-    # Convert every optimizer state first: a misfit raises before anything is loaded.
-    converted = {name: state["optim"][name] if is_sharded(models[owner]) else
-                 optimizer_from_fqn(models[owner], o, state["optim"][name])
+                     strategies[name].state_shapes(m), where)
+    converted = {name: strategies[owner].convert_optimizer_state(models[owner], o,
+                                                                 state["optim"][name])
                  for name, (o, owner) in optims.items()}
     for name, m in models.items():
-        if is_sharded(m):
-            set_model_state_dict(m, state["model"][name], options=full)
-        else:
-            unwrap(m).load_state_dict(state["model"][name])
+        strategies[name].load_full_state(m, state["model"][name])
     for name, (o, owner) in optims.items():
-        m = models[owner]
-        if is_sharded(m):
-            set_optimizer_state_dict(m, o, converted[name], options=full)
-        else:
-            o.load_state_dict(converted[name])
+        strategies[owner].load_optimizer_state(models[owner], o, converted[name])

@@ -16,10 +16,7 @@ from splitsync.ckpt.full import load_full, load_pt, split_extra, write_pt
 from splitsync.ckpt.sharded import load_sharded, save_sharded
 from splitsync.ckpt.state import (
     capture_rng,
-    is_sharded,
     loader_position,
-    module_state,
-    optimizer_to_fqn,
     owner_of,
     restore_loader,
     restore_rng,
@@ -37,6 +34,7 @@ from splitsync.ckpt.store import (
     write_manifest,
 )
 from splitsync.data import DeviceLoader
+from splitsync.strategies import for_model
 
 __all__ = ["ResumeState", "Checkpointer", "CheckpointWarning", "STATE_FILE", "rank_file"]
 
@@ -136,7 +134,8 @@ class Checkpointer:
             epoch = max((p["epoch"] for p, _ in positions), default=0)
         tmp = root / tmp_dirname(step)
         _collective_ok(self.rank, lambda: _prepare(root, tmp), "prepare", only_rank0=True)
-        sharded = any(is_sharded(m) for m in self.models.values())
+        strategies = {n: for_model(m) for n, m in self.models.items()}
+        sharded = any(strategies[n].is_sharded(m) for n, m in self.models.items())
 
         def write() -> None:
             if sharded:
@@ -153,8 +152,9 @@ class Checkpointer:
                     "extra": tensors,
                 }
                 if not sharded:
-                    state["model"] = {n: module_state(m) for n, m in self.models.items()}
-                    state["optim"] = {n: optimizer_to_fqn(self.models[owner], o)
+                    state["model"] = {n: strategies[n].full_state(m, self.rank)
+                                      for n, m in self.models.items()}
+                    state["optim"] = {n: strategies[owner].optimizer_state(self.models[owner], o)
                                       for n, (o, owner) in self.optims.items()}
                 write_pt(tmp / STATE_FILE, state)
 

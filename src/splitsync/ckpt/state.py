@@ -11,7 +11,7 @@ from torch import nn
 
 from splitsync.ckpt.store import CheckpointError
 from splitsync.data import DeviceLoader
-from splitsync.strategies import unwrap
+from splitsync.strategies.state import module_state, optimizer_from_fqn, optimizer_to_fqn
 
 __all__ = [
     "capture_rng", "restore_rng", "loader_position", "restore_loader", "is_sharded",
@@ -84,50 +84,14 @@ def restore_loader(loader: DeviceLoader, pos: Mapping[str, int],
 
 # --- models and optimizers ----------------------------------------------------------------
 def is_sharded(model: nn.Module) -> bool:
-    """True when any parameter is a DTensor (FSDP2 / tensor parallel), whatever the strategy."""
-    from torch.distributed.tensor import DTensor
+    """Whether the model's strategy keeps its state in shards (written through DCP)."""
+    from splitsync.strategies import for_model
 
-    return any(isinstance(p, DTensor) for p in model.parameters())
-
-
-def module_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The user's module's state dict (no DDP/compile prefixes), detached on CPU."""
-    return {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
+    return for_model(model).is_sharded(model)
 
 
-def _param_fqns(model: nn.Module) -> dict[int, str]:
-    return {id(p): name for name, p in unwrap(model).named_parameters()}
-
-
-def optimizer_to_fqn(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """``optimizer.state_dict()`` keyed by parameter names instead of positions.
-
-    Names make the state independent of parameter order and loadable into a sharded model
-    (the layout of torch.distributed.checkpoint's get_optimizer_state_dict).
-    """
-    names = _param_fqns(model)
-    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
-    raw = optimizer.state_dict()
-    state = {order[pid]: {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
-                          for k, v in st.items()}
-             for pid, st in raw["state"].items()}
-    groups = [{**g, "params": [order[pid] for pid in g["params"]]} for g in raw["param_groups"]]
-    return {"state": state, "param_groups": groups}
-
-
-def optimizer_from_fqn(model: nn.Module, optimizer: torch.optim.Optimizer,
-                       osd: Mapping[str, Any]) -> dict[str, Any]:
-    """Inverse of :func:`optimizer_to_fqn` for ``optimizer`` (positions of its own params)."""
-    names = _param_fqns(model)
-    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
-    pid = {name: i for i, name in enumerate(order)}
-    try:
-        state = {pid[name]: st for name, st in osd["state"].items()}
-        groups = [{**g, "params": [pid[n] for n in g["params"]]} for g in osd["param_groups"]]
-    except KeyError as e:
-        raise CheckpointError(f"the optimizer state names parameter {e.args[0]!r}, which this "
-                              "optimizer does not hold") from None
-    return {"state": state, "param_groups": groups}
+# module_state, optimizer_to_fqn and optimizer_from_fqn (whole state by parameter names) live
+# with the strategies, whose default state IO they are; re-exported here.
 
 
 def check_shapes(name: str, saved: Mapping[str, Sequence[int]],

@@ -27,14 +27,9 @@ def is_device_error(exc: BaseException) -> bool:
 
 
 def _tensors(obj: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    if isinstance(obj, torch.Tensor):
-        yield path, obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _tensors(v, f"{path}[{k!r}]")
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from _tensors(v, f"{path}[{i}]")
+    from splitsync.tree import iter_tensors
+
+    return iter_tensors(obj, path)
 
 
 def _by_device(items: Iterator[tuple[str, torch.Tensor]]) -> dict[str, list[str]]:

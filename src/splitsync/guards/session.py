@@ -1,48 +1,68 @@
-"""Start and stop the guards and debug recorder of one run (called by ``init``/``close``)."""
+"""Start the guards and the debug recorder of one run, as observers of it (used by ``init``)."""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from splitsync.config import RunConfig
-from splitsync.guards.consistency import check_same_config
+from splitsync.guards.consistency import check_same_config, check_same_parameters
+from splitsync.guards.desync import Recorder, debug_from_environ
+from splitsync.guards.devices import guard_forward
 from splitsync.guards.hangs import Watch, default_store, split_timeout
-from splitsync.guards.site import user_site
+from splitsync.observe import Observer
 
-__all__ = ["GuardSession", "start", "collective_timeout"]
+__all__ = ["DeviceGuard", "GuardObserver", "start", "collective_timeout"]
+
+T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class GuardSession:
-    """What one run switched on: the hang guard and/or the debug-mode recorder."""
+class DeviceGuard(Observer):
+    """The model ``run.model`` returns explains a forward that mixes devices."""
 
-    watch: Watch | None
-    recorder: Any | None  # splitsync.desync.Recorder
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.watch: Watch | None = None
 
-    def close(self, clean: bool) -> None:
-        """Final desync check on a clean exit, then restore torch.distributed."""
-        if self.recorder is None:
-            return
-        try:
-            if clean:
-                self.recorder.finish(user_site())
-        finally:
-            self.recorder.uninstall()
+    def on_wrapped(self, model: nn.Module) -> nn.Module:
+        return guard_forward(model, self.device, self.watch)
+
+
+class GuardObserver(DeviceGuard):
+    """All runtime guards of a group run, as one observer.
+
+    ``run.model``: initial parameters agree on all ranks, and a forward that mixes devices
+    is explained. Collectives and the gradient all-reduce go through the hang watch, which
+    names the ranks that never arrived; a barrier becomes its monitored barrier.
+    """
+
+    def __init__(self, device: torch.device, watch: Watch) -> None:
+        super().__init__(device)
+        self.watch: Watch = watch
+
+    def on_model(self, module: nn.Module) -> None:
+        check_same_parameters(module, self.device)
+
+    def around_collective(self, op: str, fn: Callable[..., T], *args: Any) -> T:
+        if op == "barrier":
+            self.watch.barrier()  # monitored: names every rank that did not arrive
+            return None  # type: ignore[return-value]
+        return self.watch.call(op, fn, *args)
+
+
+def _debug(config: RunConfig, environ: Mapping[str, str] | None) -> bool:
+    return config.debug or debug_from_environ(os.environ if environ is None else environ)
 
 
 def _active(config: RunConfig, world: int, environ: Mapping[str, str] | None) -> bool:
-    from splitsync.desync import debug_from_environ
-
-    debug = config.debug or debug_from_environ(os.environ if environ is None else environ)
-    return world > 1 and (config.guards or debug)
+    return world > 1 and (config.guards or _debug(config, environ))
 
 
 def collective_timeout(config: RunConfig, world: int,
@@ -56,13 +76,17 @@ def collective_timeout(config: RunConfig, world: int,
 
 def start(config: RunConfig, rank: int, world: int, device: torch.device,
           argv: list[str] | None = None, environ: Mapping[str, str] | None = None
-          ) -> GuardSession | None:
-    """Run the init-time guard and install what the config asks for; None when nothing is on."""
-    from splitsync.desync import Recorder, debug_from_environ
+          ) -> list[Observer]:
+    """Run the init-time guard and return the observers the config asks for (maybe none).
 
+    The device guard works in one process too; the hang watch, the parameter check and the
+    debug recorder need a group of two or more.
+    """
+    observers: list[Observer] = []
     if not _active(config, world, environ):
-        return None
-    debug = config.debug or debug_from_environ(os.environ if environ is None else environ)
+        if config.guards:
+            observers.append(DeviceGuard(device))
+        return observers
     if not dist.is_gloo_available():
         raise RuntimeError("splitsync's guards and debug mode need the gloo backend for their "
                            "side channel; this PyTorch has none. Use init(guards=False).")
@@ -70,11 +94,14 @@ def start(config: RunConfig, rank: int, world: int, device: torch.device,
         check_same_config(config, list(sys.argv if argv is None else argv), device)
     side = dist.new_group(backend="gloo", timeout=split_timeout(config.timeout)[0])
     store = default_store()
-    watch = Watch(rank, world, config.timeout, side, store) if config.guards else None
-    recorder = None
-    if debug:
+    watch = None
+    if config.guards:
+        watch = Watch(rank, world, config.timeout, side, store)
+        observers.append(GuardObserver(device, watch))
+    if _debug(config, environ):
         recorder = Recorder(rank, world, side, config.timeout, store)
         recorder.install()
         if watch is not None:
             watch.recorder = recorder
-    return GuardSession(watch, recorder)
+        observers.append(recorder)
+    return observers

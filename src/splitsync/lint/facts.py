@@ -17,7 +17,7 @@ __all__ = ["Facts", "build_facts", "dotted", "last_name", "in_order", "SCOPES", 
 
 #: Nodes that open a new variable scope.
 SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.Module)
-_INIT_NAMES = frozenset({"splitsync.init", "splitsync.runtime.init"})
+_INIT_NAMES = frozenset({"splitsync.init", "splitsync.runtime.init", "splitsync.api.init"})
 #: Calls that, made at module level, show the file is a training script.
 _WORK = frozenset({"DistributedDataParallel", "DDP", "FullyShardedDataParallel", "fully_shard",
                    "init_process_group", "init", "backward", "DataLoader", "model", "loader"})

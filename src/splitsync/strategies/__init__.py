@@ -1,22 +1,26 @@
-"""The strategy seam: how a module is wrapped for data-parallel training.
+"""The strategy seam: how a module is wrapped, and everything that differs because of it.
 
-Each strategy lives in its own small module that exposes ``STRATEGY``, a frozen
-:class:`Strategy`. Modules are imported only when their strategy is used.
+Each strategy lives in its own small module that exposes ``STRATEGY``, an instance of
+:class:`Strategy` (see :mod:`splitsync.strategies.base` for what a strategy decides).
+Modules are imported only when their strategy is used or looked for. Adding one (HSDP, say)
+is a new module here plus its line in ``_MODULES``.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
 
-import torch
 from torch import nn
 
-__all__ = ["Strategy", "WrapContext", "STRATEGY_NAMES", "resolve", "get_strategy", "unwrap"]
+from splitsync.strategies.base import Strategy, SyncSetter, WrapContext
+from splitsync.strategies.modules import unwrap
 
+__all__ = ["Strategy", "SyncSetter", "WrapContext", "STRATEGY_NAMES", "resolve",
+           "get_strategy", "for_model", "unwrap"]
+
+# Name -> module. The order is also the order in which for_model() asks "is this yours?":
+# a more specific wrapper (HSDP is an FSDP module too) goes before the general one.
 _MODULES: Mapping[str, str] = {
     "single": "splitsync.strategies.single",
     "ddp": "splitsync.strategies.ddp",
@@ -24,39 +28,6 @@ _MODULES: Mapping[str, str] = {
     "dp": "splitsync.strategies.dp",
 }
 STRATEGY_NAMES: tuple[str, ...] = ("auto", *_MODULES)
-
-
-@dataclass(frozen=True)
-class WrapContext:
-    """What a strategy needs to know about the run to wrap a module."""
-
-    device: torch.device
-    world_size: int
-    rank: int = 0
-    precision: str = "32"
-
-
-def _no_sync(model: nn.Module) -> AbstractContextManager[None]:
-    return nullcontext()
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module under any number of DDP/DP/compile wrappers."""
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if not isinstance(inner, nn.Module):
-            return model
-        model = inner
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """A named way to wrap a module; ``no_sync`` skips gradient sync for accumulation."""
-
-    name: str
-    wrap: Callable[[nn.Module, WrapContext, Mapping[str, Any]], nn.Module]
-    no_sync: Callable[[nn.Module], AbstractContextManager[None]] = field(default=_no_sync)
-    options: tuple[str, ...] = ()  # keyword options this strategy accepts
 
 
 def resolve(name: str, world_size: int) -> str:
@@ -76,4 +47,22 @@ def get_strategy(name: str) -> Strategy:
         raise ValueError(
             f"Unknown strategy {name!r}. Valid strategies: {', '.join(STRATEGY_NAMES)}."
         )
-    return importlib.import_module(_MODULES[name]).STRATEGY
+    strategy: Strategy = importlib.import_module(_MODULES[name]).STRATEGY
+    return strategy
+
+
+def for_model(model: nn.Module) -> Strategy:
+    """The strategy whose wrapper ``model`` is (looking through ``torch.compile``).
+
+    A model no strategy claims is a plain module ("single"), unless its parameters are
+    DTensors (sharded by hand): its state is then read and written like FSDP's.
+    """
+    inner = getattr(model, "_orig_mod", None)
+    target = inner if isinstance(inner, nn.Module) else model
+    for name in _MODULES:
+        strategy = get_strategy(name)
+        if strategy.owns(target):
+            return strategy
+    from splitsync.strategies.state import has_dtensor_params
+
+    return get_strategy("fsdp" if has_dtensor_params(target) else "single")

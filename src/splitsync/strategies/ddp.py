@@ -10,39 +10,62 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from splitsync.strategies import Strategy, WrapContext
+from splitsync.strategies.base import Strategy, SyncSetter, WrapContext
 
 OPTIONS = ("find_unused_parameters", "static_graph", "bucket_cap_mb", "broadcast_buffers",
            "comm_hook", "comm_hook_options")
 
 
-def _wrap(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
-    if not dist.is_initialized():
-        raise RuntimeError(
-            "strategy='ddp' needs a process group. Launch with `splitsync run -n N script.py` "
-            "(or torchrun), or use strategy='auto' to run unwrapped in one process."
+class DDP(Strategy):
+    """One replica per process; gradients all-reduced in buckets during backward."""
+
+    name = "ddp"
+    options = OPTIONS
+    joins_uneven = True
+
+    def owns(self, model: nn.Module) -> bool:
+        return isinstance(model, DistributedDataParallel)
+
+    def wrap(self, module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "strategy='ddp' needs a process group. Launch with `splitsync run -n N "
+                "script.py` (or torchrun), or use strategy='auto' to run unwrapped in one "
+                "process."
+            )
+        device_ids = [ctx.device.index] if ctx.device.type in ("cuda", "xpu") else None
+        kwargs = dict(options)
+        hook = kwargs.pop("comm_hook", None)
+        hook_options = kwargs.pop("comm_hook_options", None)
+        # gradient_as_bucket_view: gradients alias the buckets, so no second copy is kept.
+        model = DistributedDataParallel(
+            module, device_ids=device_ids, gradient_as_bucket_view=True, **kwargs
         )
-    device_ids = [ctx.device.index] if ctx.device.type in ("cuda", "xpu") else None
-    kwargs = dict(options)
-    hook = kwargs.pop("comm_hook", None)
-    hook_options = kwargs.pop("comm_hook_options", None)
-    # gradient_as_bucket_view: gradients alias the buckets, so no second copy is kept.
-    model = DistributedDataParallel(
-        module, device_ids=device_ids, gradient_as_bucket_view=True, **kwargs
-    )
-    if hook is not None:
-        from splitsync.hooks import register_comm_hook
+        if hook is not None:
+            from splitsync.strategies.ddp_hooks import register_comm_hook
 
-        register_comm_hook(model, hook, hook_options)
-    elif hook_options:
-        raise ValueError("comm_hook_options given without comm_hook; name the hook too.")
-    return model
+            register_comm_hook(model, hook, hook_options)
+        elif hook_options:
+            raise ValueError("comm_hook_options given without comm_hook; name the hook too.")
+        return model
+
+    def sync_setter(self, model: nn.Module) -> SyncSetter | None:
+        if not isinstance(model, DistributedDataParallel):
+            return None
+
+        def set_ddp(flag: bool) -> None:
+            # what DDP.no_sync() toggles; DDP reads it in forward
+            model.require_backward_grad_sync = flag
+
+        return set_ddp
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
+        if isinstance(model, DistributedDataParallel):
+            return model.no_sync()
+        return nullcontext()
+
+    def joinables(self, model: nn.Module) -> list[Any]:
+        return [model] if isinstance(model, DistributedDataParallel) else []
 
 
-def _no_sync(model: nn.Module) -> AbstractContextManager[None]:
-    if isinstance(model, DistributedDataParallel):
-        return model.no_sync()
-    return nullcontext()
-
-
-STRATEGY = Strategy(name="ddp", wrap=_wrap, no_sync=_no_sync, options=OPTIONS)
+STRATEGY = DDP()

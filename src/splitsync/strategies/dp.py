@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.parallel import DataParallel
 
 from splitsync.device import visible_device_count
-from splitsync.strategies import Strategy, WrapContext
+from splitsync.strategies.base import Strategy, WrapContext
 
 OPTIONS = ("device_ids",)
 
@@ -34,25 +34,21 @@ class DataParallelWarning(UserWarning):
 
 def check_batch(inputs: Any, n_devices: int, where: str = "input") -> None:
     """Every tensor in a nested batch needs a batch dimension of at least ``n_devices``."""
-    if isinstance(inputs, torch.Tensor):
-        if inputs.dim() == 0:
+    from splitsync.tree import iter_tensors
+
+    for name, t in iter_tensors(inputs, where):
+        if t.dim() == 0:
             raise ValueError(
-                f"strategy='dp': {where} is a tensor without a batch dimension (shape ()). "
+                f"strategy='dp': {name} is a tensor without a batch dimension (shape ()). "
                 "DataParallel splits inputs along dim 0; add one, e.g. x.unsqueeze(0), or "
                 "pass scalars as Python numbers."
             )
-        if inputs.shape[0] < n_devices:
+        if t.shape[0] < n_devices:
             raise ValueError(
-                f"strategy='dp': {where} has batch size {inputs.shape[0]} (shape "
-                f"{tuple(inputs.shape)}) but DataParallel splits it over {n_devices} GPUs. "
+                f"strategy='dp': {name} has batch size {t.shape[0]} (shape "
+                f"{tuple(t.shape)}) but DataParallel splits it over {n_devices} GPUs. "
                 f"Use a batch of at least {n_devices} (drop_last=True avoids a short last batch)."
             )
-    elif isinstance(inputs, Mapping):
-        for k, v in inputs.items():
-            check_batch(v, n_devices, f"{where}[{k!r}]")
-    elif isinstance(inputs, (list, tuple)):
-        for i, v in enumerate(inputs):
-            check_batch(v, n_devices, f"{where}[{i}]")
 
 
 class CheckedDataParallel(DataParallel):
@@ -86,4 +82,24 @@ def _wrap(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn
     return CheckedDataParallel(module, device_ids=device_ids)
 
 
-STRATEGY = Strategy(name="dp", wrap=_wrap, options=OPTIONS)
+class DP(Strategy):
+    """nn.DataParallel over the visible GPUs of one process."""
+
+    name = "dp"
+    options = OPTIONS
+    places_module = True  # DataParallel places replicas itself, from device 0
+
+    def owns(self, model: nn.Module) -> bool:
+        return isinstance(model, DataParallel)
+
+    def wrap(self, module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
+        return _wrap(module, ctx, options)
+
+    def compile(self, model: nn.Module, options: Mapping[str, Any]) -> nn.Module:
+        raise ValueError(
+            "run.model(..., compile=True) does not work with strategy='dp' (DataParallel "
+            "re-replicates the module every step). Use strategy='ddp' to compile."
+        )
+
+
+STRATEGY = DP()

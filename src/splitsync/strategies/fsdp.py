@@ -2,7 +2,8 @@
 
 Parameters, gradients and optimizer state are sharded across ranks; each block's
 parameters are all-gathered just before its forward/backward and freed after. The
-mixed-precision policy follows the run's precision.
+mixed-precision policy follows the run's precision; state is read and written through
+``torch.distributed.checkpoint.state_dict`` (sharded, or gathered whole).
 """
 
 from __future__ import annotations
@@ -10,29 +11,34 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from splitsync.strategies import Strategy, WrapContext
+from splitsync.strategies import state as _state
+from splitsync.strategies.base import Strategy, SyncSetter, WrapContext
+
+if TYPE_CHECKING:
+    from splitsync.precision import Precision
 
 OPTIONS = ("blocks", "reshard_after_forward")
 
 _log = logging.getLogger("splitsync")
 
 
-def mixed_precision_policy(precision: str) -> Any:
-    """FSDP2 policy for a precision name: compute dtype for mixed, fp32 gradient reduction."""
+def mixed_precision_policy(precision: Precision | None) -> Any:
+    """FSDP2 policy for a precision: its autocast dtype for compute, fp32 gradient reduction.
+
+    "32" and "bf16-true" (whose parameters already are bf16) get the default policy.
+    """
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    if precision == "bf16-mixed":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    if precision == "16-mixed":
-        return MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()  # "32"; "bf16-true" parameters already are bf16
+    dtype = None if precision is None else precision.autocast_dtype
+    if dtype is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
 def default_blocks(module: nn.Module) -> list[nn.Module]:
@@ -94,6 +100,23 @@ def _blocks(module: nn.Module, given: Any) -> list[nn.Module]:
     return found + [m for m in mods if all(m is not f for f in found)]
 
 
+def compile_blocks(model: nn.Module, kwargs: Mapping[str, Any]) -> int:
+    """Compile the forward of each sharded block (the root too if it has no blocks).
+
+    Only the block's own forward is compiled: FSDP2's unshard/reshard hooks stay eager
+    around it, as in the usual per-block recipe. Returns the number compiled.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    subs = [m for m in model.modules() if m is not model and isinstance(m, FSDPModule)]
+    targets: Iterable[nn.Module] = subs or [model]
+    n = 0
+    for m in targets:
+        m.forward = torch.compile(m.forward, **kwargs)
+        n += 1
+    return n
+
+
 def _wrap(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
     if not dist.is_initialized():
         if ctx.world_size == 1:
@@ -118,38 +141,105 @@ def _wrap(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn
     return fully_shard(module, **kwargs)
 
 
-def compile_blocks(model: nn.Module, kwargs: Mapping[str, Any]) -> int:
-    """Compile the forward of each sharded block (the root too if it has no blocks).
-
-    Only the block's own forward is compiled: FSDP2's unshard/reshard hooks stay eager
-    around it, as in the usual per-block recipe. Returns the number compiled.
-    """
+def _is_fsdp(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
-    subs = [m for m in model.modules() if m is not model and isinstance(m, FSDPModule)]
-    targets: Iterable[nn.Module] = subs or [model]
-    n = 0
-    for m in targets:
-        m.forward = torch.compile(m.forward, **kwargs)
-        n += 1
-    return n
+    return isinstance(model, FSDPModule)
 
 
-def _no_sync(model: nn.Module) -> AbstractContextManager[None]:
-    from torch.distributed.fsdp import FSDPModule
+def _full() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    if isinstance(model, FSDPModule):
-        return _gradient_sync_off(model)
-    return nullcontext()
+    return StateDictOptions(full_state_dict=True)
 
 
-@contextmanager
-def _gradient_sync_off(model: Any) -> Iterator[None]:
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
+class FSDP(Strategy):
+    """FSDP2: parameters become DTensor shards, so state is sharded and goes through DCP."""
+
+    name = "fsdp"
+    options = OPTIONS
+    replaces_parameters = True
+
+    def owns(self, model: nn.Module) -> bool:
+        return _is_fsdp(model)
+
+    def wrap(self, module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
+        return _wrap(module, ctx, options)
+
+    def sync_setter(self, model: nn.Module) -> SyncSetter | None:
+        if not _is_fsdp(model):
+            return None
+
+        def set_fsdp(flag: bool) -> None:
+            model.set_requires_gradient_sync(flag)  # read by FSDP2 in post-backward
+
+        return set_fsdp
+
+    def make_scaler(self, precision: Precision, model: nn.Module | None = None) -> Any:
+        if model is not None and not _is_fsdp(model):
+            return super().make_scaler(precision, model)  # ran unsharded
+        # Every rank sees only its gradient shard: found-inf must be all-reduced so that all
+        # ranks skip the same steps.
+        return precision.make_scaler(sharded=True)
+
+    def compile(self, model: nn.Module, options: Mapping[str, Any]) -> nn.Module:
+        if _is_fsdp(model):
+            compile_blocks(model, options)
+            return model
+        return super().compile(model, options)  # ran unsharded (one process, no group)
+
+    def joinables(self, model: nn.Module) -> list[Any]:
+        if _is_fsdp(model):
+            raise ValueError(
+                "run.join() works with DDP models; FSDP has no uneven-input support in "
+                "PyTorch. Give every rank the same number of batches instead, e.g. "
+                "run.loader(data, batch_size, drop_last=True)."
+            )
+        return []
+
+    # --- state: DTensor-aware through torch.distributed.checkpoint.state_dict ------------
+    def is_sharded(self, model: nn.Module) -> bool:
+        return _state.has_dtensor_params(model)
+
+    def full_state(self, model: nn.Module, rank: int) -> dict[str, torch.Tensor]:
+        if not self.is_sharded(model):
+            return super().full_state(model, rank)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        # Collective: gathers every shard; with cpu_offload only rank 0 keeps the tensors.
+        return get_model_state_dict(
+            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def state_shapes(self, model: nn.Module) -> dict[str, tuple[int, ...]]:
+        if not self.is_sharded(model):
+            return super().state_shapes(model)
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return {k: tuple(v.shape) for k, v in get_model_state_dict(model).items()}
+
+    def load_full_state(self, model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+        if not self.is_sharded(model):
+            return super().load_full_state(model, state)
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(model, dict(state), options=_full())
+
+    def convert_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                                state: Mapping[str, Any]) -> Any:
+        if not self.is_sharded(model):
+            return super().convert_optimizer_state(model, optimizer, state)
+        return state  # name-keyed already: set_optimizer_state_dict takes it as it is
+
+    def load_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                             converted: Any) -> None:
+        if not self.is_sharded(model):
+            return super().load_optimizer_state(model, optimizer, converted)
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, converted, options=_full())
 
 
-STRATEGY = Strategy(name="fsdp", wrap=_wrap, no_sync=_no_sync, options=OPTIONS)
+STRATEGY = FSDP()

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from torch import nn
-
-from splitsync.strategies import Strategy, WrapContext
+from splitsync.strategies.base import Strategy
 
 
-def _wrap(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
-    return module
+class Single(Strategy):
+    """The module as it is; every default of :class:`Strategy` applies."""
+
+    name = "single"
 
 
-STRATEGY = Strategy(name="single", wrap=_wrap)
+STRATEGY = Single()

@@ -1,6 +1,6 @@
 """In-script recorder for ``splitsync verify script.py``; inert unless the environment asks.
 
-``init()`` calls :func:`from_environ` once. When ``SPLITSYNC_VERIFY_DIR`` is set the run:
+``init()`` calls :func:`from_environ` once and attaches the recorder to the run as an observer. When ``SPLITSYNC_VERIFY_DIR`` is set the run:
 
 - gives each shuffled ``run.loader`` (the training data) a per-process batch of B/N, where B (``SPLITSYNC_VERIFY_BATCH``, or the
   script's own batch size times ``SPLITSYNC_VERIFY_NPROC``) is the global batch, and limits the
@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from torch.utils.data import Subset
 
+from splitsync.observe import Observer
+
 __all__ = ["ScriptRecorder", "from_environ", "ENV_DIR"]
 
 ENV_DIR = "SPLITSYNC_VERIFY_DIR"
@@ -40,8 +42,8 @@ def _row_hashes(x: torch.Tensor) -> list[str]:
     return [hashlib.sha1(r.numpy().tobytes()).hexdigest()[:16] for r in rows]
 
 
-class ScriptRecorder:
-    """Collects one rank's trace of a verify run and writes it as JSON."""
+class ScriptRecorder(Observer):
+    """Collects one rank's trace of a verify run and writes it as JSON (a run observer)."""
 
     def __init__(self, out_dir: Path, rank: int, world: int, batch: int | None, nproc: int,
                  steps: int, epochs: int) -> None:
@@ -56,7 +58,7 @@ class ScriptRecorder:
         self._pending: dict[str, Any] = {"losses": [], "rows": [], "indices": []}
         self._orders: dict[int, tuple[list[int], int]] = {}  # id(loader) -> order, batch
 
-    # --- hooks called by Run -------------------------------------------------------------
+    # --- observer hooks ------------------------------------------------------------------
     def loader_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Per-process batch B/N and a dataset of steps x B samples (shuffled loaders only:
         an unshuffled loader is taken for evaluation and left whole)."""
@@ -87,7 +89,7 @@ class ScriptRecorder:
         if module.training and args and isinstance(args[0], torch.Tensor):
             self._pending["rows"].extend(_row_hashes(args[0]))
 
-    def on_iter(self, loader: Any) -> None:
+    def on_loader_iter(self, loader: Any) -> None:
         sampler = loader.sampler
         order = list(iter(sampler)) if sampler is not None else []
         self._orders[id(loader)] = (order, loader.batch_size or 1)
@@ -105,7 +107,7 @@ class ScriptRecorder:
             seen = active.batches_seen
             self._pending["indices"].extend(order[(seen - 1) * bs: seen * bs])
 
-    def on_step_begin(self) -> None:
+    def on_step_begin(self, optimizer: Any = None) -> None:
         """Before optimizer.step(): gradients are final (all-reduced) here."""
         grads = [p.grad.detach().float().norm() for p in self._params() if p.grad is not None]
         norm = float(torch.stack(grads).norm().item()) if grads else 0.0
@@ -117,9 +119,12 @@ class ScriptRecorder:
         self._pending = {"losses": [], "rows": [], "indices": []}
         self.flush()
 
-    def on_step_end(self) -> None:
+    def on_step_end(self, optimizer: Any = None, norm: Any = None) -> None:
         if len(self.data["steps"]) >= self.steps_per_epoch * self.max_epochs:
             raise SystemExit(0)  # enough steps recorded: end the script quietly
+
+    def on_close(self, clean: bool) -> None:
+        self.flush()
 
     def flush(self) -> None:
         tmp = self.path.with_suffix(".tmp")

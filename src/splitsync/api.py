@@ -1,0 +1,71 @@
+"""``splitsync.init()``: detect the launcher, form the group, and assemble the :class:`Run`.
+
+This is the one place that knows which tools exist: it attaches the guards (from the
+config) and the ``splitsync verify`` recorder (from the environment) to the run as
+observers. The core (``runtime`` and the Run's parts) never names them.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from splitsync import comm
+from splitsync.config import RunConfig
+from splitsync.device import choose_device, default_backend
+from splitsync.env import detect_env
+from splitsync.group import destroy_group, init_group
+from splitsync.guards.session import collective_timeout
+from splitsync.guards.session import start as start_guards
+from splitsync.logs import attach_rank_handler
+from splitsync.observe import Observer
+from splitsync.precision import get_precision
+from splitsync.runtime import Run
+from splitsync.seeding import draw_seed, seed_everything
+from splitsync.verify.record import from_environ as verify_recorder
+
+__all__ = ["init"]
+
+
+def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "32",
+         device: str | torch.device | None = None, backend: str | None = None,
+         accumulate: int = 1, timeout: float | timedelta = timedelta(minutes=10),
+         debug: bool = False, guards: bool = True, run_dir: str | None = None,
+         deterministic: bool = False, **strategy_options: Any) -> Run:
+    """Detect the launcher, pick the device, form the process group and seed every RNG."""
+    if not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=float(timeout))
+    config = RunConfig(seed=seed, strategy=strategy, precision=precision,
+                       device=None if device is None else str(device), backend=backend,
+                       accumulate=accumulate, timeout=timeout, debug=debug, guards=guards,
+                       run_dir=run_dir, deterministic=deterministic,
+                       strategy_options=strategy_options)
+    env = detect_env()  # validated before any network call
+    dev = choose_device(env, device)
+    policy = get_precision(precision, dev)  # "16-mixed" on a CPU fails here, before the network
+    chosen_backend = backend or default_backend(dev)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    owns = False
+    if env.launcher != "none":
+        # with guards on, collectives wait a little less so the explained error fits in
+        owns = init_group(env, chosen_backend, dev, collective_timeout(config, env.world_size))
+    try:
+        if deterministic:
+            torch.use_deterministic_algorithms(True)
+        final_seed = seed if seed is not None else comm.broadcast_object(draw_seed())
+        seed_everything(final_seed)
+        handler = attach_rank_handler(env.rank, env.world_size)
+        observers: list[Observer] = list(start_guards(config, env.rank, env.world_size, dev))
+        verify = verify_recorder(os.environ, env.rank, env.world_size)
+        if verify is not None:
+            observers.append(verify)
+    except BaseException:
+        if owns:
+            destroy_group()
+        raise
+    return Run(config, env, dev, chosen_backend, final_seed, owns, handler, precision=policy,
+               observers=observers)

@@ -1,0 +1,113 @@
+"""The observer protocol: how the core reports what a run does to whoever listens.
+
+A tool (a script recorder, the runtime guards, a profiler, a metrics tracker) subclasses
+:class:`Observer`, overrides the hooks it needs and is registered with
+``run.add_observer(obs)``. The core holds a list of observers and knows none of them by name.
+Every default is a no-op, and the run calls only the hooks a subclass overrides: with no
+observer overriding ``on_backward``, a backward costs exactly what it costs without any.
+
+Hooks run in registration order, except :meth:`Observer.on_close`, which runs in reverse
+(the last tool attached is the first torn down).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from splitsync.data import DeviceLoader
+
+__all__ = ["Observer", "overriding", "chain_around"]
+
+T = TypeVar("T")
+
+
+class Observer:
+    """Base class for run observers; override only what you need."""
+
+    # --- model -------------------------------------------------------------------------
+    def on_model(self, module: nn.Module) -> None:
+        """``run.model``: the user's module on the run's device, before any wrapper."""
+
+    def on_wrapped(self, model: nn.Module) -> nn.Module:
+        """``run.model``: the wrapped model about to be returned; return it (or a model
+        whose forward is wrapped, e.g. by a guard)."""
+        return model
+
+    # --- data --------------------------------------------------------------------------
+    def loader_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``run.loader``: the DataLoader arguments, which an observer may adjust."""
+        return kwargs
+
+    def on_loader_iter(self, loader: DeviceLoader) -> None:
+        """A loader made by ``run.loader`` starts a pass."""
+
+    def epochs(self, start: int, stop: int) -> int:
+        """``run.epochs(stop, start)``: the epoch to stop before (may be smaller)."""
+        return stop
+
+    def on_epoch(self, epoch: int) -> None:
+        """An epoch of ``run.epochs`` begins (loaders' ``set_epoch`` already called)."""
+
+    # --- training ----------------------------------------------------------------------
+    def on_backward(self, loss: torch.Tensor, loader: DeviceLoader | None) -> None:
+        """``run.backward(loss)``, before the backward pass; ``loader`` is the active one."""
+
+    def on_step_begin(self, optimizer: torch.optim.Optimizer) -> None:
+        """``run.step``, before it (gradients are final here when it steps:
+        ``run.sync_gradients``)."""
+
+    def on_step_end(self, optimizer: torch.optim.Optimizer,
+                    norm: torch.Tensor | None) -> None:
+        """``run.step``, after it; ``norm`` is the clipped gradient norm or None."""
+
+    def around_collective(self, op: str, fn: Callable[..., T], *args: Any) -> T:
+        """Wrap one collective (``run.mean/sum/max/gather/broadcast/barrier``, and the
+        gradient all-reduce of ``run.backward`` when world_size > 1). Must call ``fn`` (or
+        run an equivalent collective) and return its result."""
+        return fn(*args)
+
+    # --- output and lifecycle ----------------------------------------------------------
+    def on_log(self, record: Mapping[str, int | float]) -> None:
+        """``run.log``: the metrics averaged over ranks."""
+
+    def on_save(self, path: Path, step: int) -> None:
+        """``run.save``: a checkpoint was committed at ``path``."""
+
+    def on_close(self, clean: bool) -> None:
+        """``run.close``; ``clean`` is False when the run ends on an exception."""
+
+
+def overriding(observers: Iterable[Observer], hook: str) -> tuple[Observer, ...]:
+    """The observers whose class overrides ``hook`` (the only ones worth calling)."""
+    base = getattr(Observer, hook)
+    return tuple(o for o in observers if getattr(type(o), hook, base) is not base)
+
+
+def chain_around(observers: Iterable[Observer]) -> Callable[..., Any] | None:
+    """One ``call(op, fn, *args)`` running ``fn`` inside every observer's
+    ``around_collective`` (the first registered outermost); None when none overrides it."""
+    chain = overriding(observers, "around_collective")
+    if not chain:
+        return None
+    if len(chain) == 1:
+        return chain[0].around_collective
+
+    def call(op: str, fn: Callable[..., Any], *args: Any) -> Any:
+        for obs in reversed(chain):
+            fn = _bound(obs, op, fn)
+        return fn(*args)
+
+    return call
+
+
+def _bound(obs: Observer, op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def inner(*args: Any) -> Any:
+        return obs.around_collective(op, fn, *args)
+
+    return inner

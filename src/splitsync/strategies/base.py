@@ -1,0 +1,135 @@
+"""The strategy seam: everything that differs between DDP, FSDP2, DataParallel and one module.
+
+A :class:`Strategy` is stateless; each strategy module exposes one instance as ``STRATEGY``.
+The rest of splitsync asks the strategy (found by name, or by :func:`for_model` for a wrapped
+model) and never checks wrapper types itself. The defaults here are those of a plain module
+in one process: no gradient sync to switch, an ordinary GradScaler, compile in place, nothing
+to join, and state read and written whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from splitsync.strategies import state as _state
+from splitsync.strategies.modules import unwrap
+
+if TYPE_CHECKING:
+    from torch.distributed.algorithms.join import Joinable
+
+    from splitsync.precision import Precision
+
+__all__ = ["Strategy", "WrapContext", "SyncSetter", "unwrap"]
+
+SyncSetter = Callable[[bool], None]
+
+
+@dataclass(frozen=True)
+class WrapContext:
+    """What a strategy needs to know about the run to wrap a module."""
+
+    device: torch.device
+    world_size: int
+    rank: int = 0
+    precision: Precision | None = None  # the run's policy object; None: plain fp32
+
+
+@contextmanager
+def sync_off(setter: SyncSetter) -> Iterator[None]:
+    """Gradient sync off inside the block, back on after it."""
+    setter(False)
+    try:
+        yield
+    finally:
+        setter(True)
+
+
+class Strategy:
+    """A named way to wrap a module, and everything that follows from the wrapper."""
+
+    name: str = ""
+    options: tuple[str, ...] = ()  # keyword options wrap() accepts
+    replaces_parameters: bool = False  # wrap() swaps nn.Parameters (FSDP2: for DTensors)
+    places_module: bool = False  # wrap() places the module itself; else Run moves it first
+    joins_uneven: bool = False  # run.join() lets ranks with fewer batches shadow the others
+
+    def __repr__(self) -> str:
+        return f"<Strategy {self.name!r}>"
+
+    # --- wrapping ----------------------------------------------------------------------
+    def owns(self, model: nn.Module) -> bool:
+        """Whether ``model`` is a wrapper this strategy makes."""
+        return False
+
+    def wrap(self, module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
+        """The module, wrapped for this strategy (already on ``ctx.device`` unless
+        ``places_module``)."""
+        return module
+
+    # --- gradient sync for accumulation ------------------------------------------------
+    def sync_setter(self, model: nn.Module) -> SyncSetter | None:
+        """A function turning gradient sync of ``model`` on/off; None if it never syncs."""
+        return None
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
+        """No gradient sync inside the block (a no-op for a model that never syncs)."""
+        setter = self.sync_setter(model)
+        return nullcontext() if setter is None else sync_off(setter)
+
+    # --- precision ---------------------------------------------------------------------
+    def make_scaler(self, precision: Precision, model: nn.Module | None = None) -> Any:
+        """The GradScaler this strategy needs under ``precision`` (None without scaling) for
+        ``model`` as :meth:`wrap` returned it (None: any model of this strategy)."""
+        return precision.make_scaler()
+
+    # --- torch.compile -----------------------------------------------------------------
+    def compile(self, model: nn.Module, options: Mapping[str, Any]) -> nn.Module:
+        """Compile the wrapped ``model`` in place and return it: the user's module inside
+        the wrapper is compiled, so the wrapper's own forward runs eagerly around it."""
+        unwrap(model).compile(**options)
+        return model
+
+    # --- uneven inputs -----------------------------------------------------------------
+    def joinables(self, model: nn.Module) -> list[Joinable]:
+        """What ``torch.distributed.algorithms.Join`` must join for ``model`` (none here)."""
+        return []
+
+    # --- state -------------------------------------------------------------------------
+    def is_sharded(self, model: nn.Module) -> bool:
+        """Whether the state lives in shards (checkpoints then go through DCP)."""
+        return False
+
+    def full_state(self, model: nn.Module, rank: int) -> dict[str, torch.Tensor]:
+        """The whole, unsharded state with the user's names, on CPU (may be empty off rank 0;
+        collective for sharded strategies)."""
+        return _state.module_state(model) if rank == 0 else {}
+
+    def state_shapes(self, model: nn.Module) -> dict[str, tuple[int, ...]]:
+        """Global shapes of the model's state, by the user's names."""
+        return {k: tuple(v.shape) for k, v in unwrap(model).state_dict().items()}
+
+    def load_full_state(self, model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+        """Load an unsharded state dict (the user's names)."""
+        unwrap(model).load_state_dict(state)
+
+    def optimizer_state(self, model: nn.Module,
+                        optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The optimizer's whole state keyed by parameter names, on CPU."""
+        return _state.optimizer_to_fqn(model, optimizer)
+
+    def convert_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                                state: Mapping[str, Any]) -> Any:
+        """Check a saved (name-keyed) state fits ``optimizer``; the result feeds
+        :meth:`load_optimizer_state`. Raises CheckpointError; loads nothing."""
+        return _state.optimizer_from_fqn(model, optimizer, state)
+
+    def load_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                             converted: Any) -> None:
+        """Load what :meth:`convert_optimizer_state` returned."""
+        optimizer.load_state_dict(converted)

@@ -1,0 +1,167 @@
+"""The package's import structure: no cycles, and no import from a lower layer to a higher one.
+
+Walks every module of src/splitsync with ``ast``. Imports inside functions count (a lazy
+import is still a dependency); imports under ``if TYPE_CHECKING:`` count for the direction
+of layers but not for cycles (they never run, so a type-only loop cannot bite).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import splitsync
+
+ROOT = Path(splitsync.__file__).resolve().parent
+
+# Lowest first. A module belongs to the layer of its longest matching prefix; anything not
+# listed is core. A module may import its own layer and lower ones only.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("core", ("splitsync.",)),
+    ("launch", ("splitsync.launch",)),
+    ("tools", ("splitsync.guards", "splitsync.desync", "splitsync.verify", "splitsync.lint",
+               "splitsync.envreport")),
+    ("api", ("splitsync", "splitsync.api")),  # "splitsync" alone: the package itself
+    ("apps", ("splitsync.bench", "splitsync.verify.worker")),
+    ("commands", ("splitsync.commands", "splitsync.cli", "splitsync.__main__")),
+)
+RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
+
+
+def layer_of(module: str) -> str:
+    best, length = "core", 0
+    for name, prefixes in LAYERS:
+        for p in prefixes:
+            exact = module == p or module.startswith(p + ".")
+            if p.endswith("."):
+                exact = module.startswith(p)
+            if exact and len(p) > length:
+                best, length = name, len(p)
+    return best
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def _targets(node: ast.AST, here: str, is_pkg: bool) -> Iterator[str]:
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.name.split(".")[0] == "splitsync":
+                yield alias.name
+    elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+            pkg = here.split(".") if is_pkg else here.split(".")[:-1]
+            pkg = pkg[: len(pkg) - (node.level - 1)]
+            base = ".".join([*pkg, base] if base else pkg)
+        if base.split(".")[0] != "splitsync":
+            return
+        for alias in node.names:
+            sub = f"{base}.{alias.name}"
+            if sub in MODULES:
+                yield sub
+            elif base == "splitsync" and alias.name.startswith("__"):
+                continue  # __version__: a constant, not the public API
+            else:
+                yield base
+
+
+def _type_only(tree: ast.Module) -> set[int]:
+    """ids of import nodes under ``if TYPE_CHECKING:``."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            found |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return found
+
+
+def graph(runtime_only: bool = False) -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for mod, path in MODULES.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        is_pkg = path.name == "__init__.py"
+        skip = _type_only(tree) if runtime_only else set()
+        edges[mod] = {t for n in ast.walk(tree) if id(n) not in skip
+                      for t in _targets(n, mod, is_pkg) if t in MODULES and t != mod}
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_layers_are_assigned_as_intended() -> None:
+    assert layer_of("splitsync.runtime") == "core"
+    assert layer_of("splitsync.strategies.fsdp") == "core"
+    assert layer_of("splitsync.guards.hangs") == "tools"
+    assert layer_of("splitsync.verify.record") == "tools"
+    assert layer_of("splitsync.verify.worker") == "apps"
+    assert layer_of("splitsync") == "api" and layer_of("splitsync.api") == "api"
+    assert layer_of("splitsync.commands.run") == "commands"
+    assert layer_of("splitsync.launch.spec") == "launch"
+    assert layer_of("splitsync.bench.workloads") == "apps"
+
+
+def test_no_import_goes_up_a_layer() -> None:
+    bad = [f"{mod} ({layer_of(mod)}) imports {dep} ({layer_of(dep)})"
+           for mod, deps in graph().items() for dep in sorted(deps)
+           if RANK[layer_of(dep)] > RANK[layer_of(mod)]]
+    assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_the_core_never_names_a_tool() -> None:
+    """Not even in a string: the Run and its parts know observers only as observers."""
+    for name in ("runtime", "run_data", "run_models", "run_training", "run_collectives",
+                 "run_checkpoints",
+                 "observe", "accumulate"):
+        text = (ROOT / f"{name}.py").read_text()
+        assert "verify" not in text and "desync" not in text, name
+
+
+def test_no_import_cycles() -> None:
+    found = cycles(graph(runtime_only=True))
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
