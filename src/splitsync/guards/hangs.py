@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
+from splitsync.guards.responder import ask_everyone, position_key, start_responder
 from splitsync.guards.site import user_site
 
 __all__ = [
@@ -27,7 +28,6 @@ __all__ = [
 T = TypeVar("T")
 _FAILURE_WORDS = ("timed out", "timeout", "connection closed", "connection reset",
                   "broken pipe", "monitoredbarrier", "connection refused", "peer")
-_KEY = "splitsync/guard/stuck/{rank}"
 _POLL_S = 0.05
 
 
@@ -79,7 +79,7 @@ def _read_positions(store: Any, world: int, me: Position, grace: float) -> dict[
     deadline = time.monotonic() + grace
     while len(seen) < world and time.monotonic() < deadline:
         for r in range(world):
-            key = _KEY.format(rank=r)
+            key = position_key(r)
             if r not in seen and store.check([key]):
                 seen[r] = _decode(store.get(key))
         time.sleep(_POLL_S)
@@ -93,14 +93,16 @@ def _decode(raw: bytes) -> Position:
 
 
 def explain_failure(exc: BaseException, me: Position, world: int, timeout: timedelta,
-                    store: Any | None) -> CollectiveTimeoutError:
-    """Post this rank's position, gather the others', and build the error to raise."""
+                    store: Any | None, post: Position | None = None) -> CollectiveTimeoutError:
+    """Post this rank's position (``post``: where it first failed, if earlier than ``me``),
+    gather the others', and build the error to raise."""
     grace = split_timeout(timeout)[1]
     seen: dict[int, Position] = {me.rank: me}
     note = ""
     if store is not None:
         try:
-            store.set(_KEY.format(rank=me.rank), json.dumps(asdict(me)))
+            store.set(position_key(me.rank), json.dumps(asdict(post or me)))
+            ask_everyone(store, world, me.rank)  # ranks blocked elsewhere answer at once
             seen = _read_positions(store, world, me, grace)
         except Exception as store_exc:  # the store lives in a rank or agent that may be gone
             note = f"\n  (could not reach the other ranks through the job's store: {store_exc})"
@@ -146,17 +148,42 @@ class Watch:
         self.side_group = side_group
         self.store = store
         self.calls = 0
+        self.op = ""  # the op of the call in progress (read by the responder thread)
+        self.in_call = False
+        # Where this rank first failed: the point of divergence. Later failures (e.g. the
+        # barrier in close()) are its consequences, so peers are told this one.
+        self.first_failure: Position | None = None
         self.recorder: Any | None = None  # debug mode's desync.Recorder, if on
+        self._responder = start_responder(store, rank, self._position_now)
 
     def call(self, op: str, fn: Callable[..., T], *args: Any) -> T:
         """Run one collective; on a communication failure raise a CollectiveTimeoutError."""
         self.calls += 1
+        self.op = op
+        self.in_call = True
         try:
             return fn(*args)
         except Exception as exc:
             if not is_comm_failure(exc):
                 raise
             raise self.explain(exc, op) from exc
+        finally:
+            self.in_call = False
+
+    def _position_now(self, site: str) -> Position | None:
+        """Where the main thread stands, for a peer that asks; None outside a collective."""
+        if self.first_failure is not None:
+            return self.first_failure
+        if not self.in_call:
+            return None
+        history = self.recorder.history() if self.recorder is not None else ()
+        return Position(self.rank, self.calls, self.op, site, history)
+
+    def close(self) -> None:
+        """Stop the responder thread."""
+        if self._responder is not None:
+            self._responder.close()
+            self._responder = None
 
     def explain(self, exc: BaseException, op: str, counted: bool = True
                 ) -> CollectiveTimeoutError:
@@ -164,7 +191,10 @@ class Watch:
         reported as the next call without shifting the count."""
         history = self.recorder.history() if self.recorder is not None else ()
         me = Position(self.rank, self.calls + (0 if counted else 1), op, user_site(), history)
-        return explain_failure(exc, me, self.world, self.timeout, self.store)
+        first = self.first_failure
+        if first is None:
+            self.first_failure = me
+        return explain_failure(exc, me, self.world, self.timeout, self.store, first)
 
     def barrier(self) -> None:
         """A monitored barrier on the side gloo group: names every rank that did not arrive."""

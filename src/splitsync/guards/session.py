@@ -56,6 +56,9 @@ class GuardObserver(DeviceGuard):
             return None  # type: ignore[return-value]
         return self.watch.call(op, fn, *args)
 
+    def on_close(self, clean: bool) -> None:
+        self.watch.close()  # stop the thread that answers peers' "where are you?"
+
 
 def _debug(config: RunConfig, environ: Mapping[str, str] | None) -> bool:
     return config.debug or debug_from_environ(os.environ if environ is None else environ)
