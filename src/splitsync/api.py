@@ -34,15 +34,19 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
          device: str | torch.device | None = None, backend: str | None = None,
          accumulate: int = 1, timeout: float | timedelta = timedelta(minutes=10),
          debug: bool = False, guards: bool = True, run_dir: str | None = None,
-         deterministic: bool = False, **strategy_options: Any) -> Run:
-    """Detect the launcher, pick the device, form the process group and seed every RNG."""
+         deterministic: bool = False, save_blocking: bool = True,
+         **strategy_options: Any) -> Run:
+    """Detect the launcher, pick the device, form the process group and seed every RNG.
+
+    ``save_blocking=False`` makes ``run.save`` write checkpoints in the background.
+    """
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
     config = RunConfig(seed=seed, strategy=strategy, precision=precision,
                        device=None if device is None else str(device), backend=backend,
                        accumulate=accumulate, timeout=timeout, debug=debug, guards=guards,
                        run_dir=run_dir, deterministic=deterministic,
-                       strategy_options=strategy_options)
+                       save_blocking=save_blocking, strategy_options=strategy_options)
     env = detect_env()  # validated before any network call
     dev = choose_device(env, device)
     policy = get_precision(precision, dev)  # "16-mixed" on a CPU fails here, before the network

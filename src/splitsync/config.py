@@ -27,6 +27,7 @@ class RunConfig:
     guards: bool = True
     run_dir: str | None = None
     deterministic: bool = False
+    save_blocking: bool = True  # run.save's default; False: background saves
     strategy_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

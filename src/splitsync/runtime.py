@@ -40,7 +40,7 @@ from splitsync.strategies import Strategy, unwrap
 if TYPE_CHECKING:
     import os
 
-    from splitsync.ckpt import ResumeState
+    from splitsync.ckpt import ResumeState, SaveHandle
 
 __all__ = ["Run"]
 
@@ -72,7 +72,8 @@ class Run:
         self._data = Loaders(self.rank, self.world_size, seed, device)
         self._training = Training(self._plan, self._data, self.world_size)
         self._collectives = Collectives(device, self._data)
-        self._checkpoints = Checkpoints(self.rank, self.world_size, self._data)
+        self._checkpoints = Checkpoints(self.rank, self.world_size, self._data, config,
+                                        self.add_observer, self.remove_observer)
         self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
                               config.strategy_options)
         self._observers: tuple[Observer, ...] = ()
@@ -216,24 +217,36 @@ class Run:
         return self._collectives.gather_for_metrics(x)
 
     # --- checkpoints -------------------------------------------------------------------
-    def resume(self, dir: str | os.PathLike[str], *, keep: int = 3, **objects: Any) -> ResumeState:
+    def resume(self, dir: str | os.PathLike[str], *, keep: int = 3,
+               save_blocking: bool | None = None, **objects: Any) -> ResumeState:
         """Register ``objects`` (model=, optimizer=, scheduler=, scaler=, ...) for
         :meth:`save` and load the newest complete checkpoint under ``dir``, if any.
 
-        RNG states and the position of every loader made by :meth:`loader` are restored too,
-        so the loop continues exactly where the checkpoint was taken. Collective.
+        ``dir`` is a path or an fsspec URL (``s3://bucket/prefix``). RNG states and the
+        position of every loader made by :meth:`loader` are restored too, so the loop
+        continues exactly where the checkpoint was taken. ``save_blocking`` sets the default
+        of :meth:`save`'s ``blocking`` (else ``init(save_blocking=...)``). Collective.
         """
-        return self._checkpoints.resume(dir, keep=keep, **objects)
+        return self._checkpoints.resume(dir, keep=keep, save_blocking=save_blocking, **objects)
 
     def save(self, dir: str | os.PathLike[str] | None = None, *, step: int | None = None,
-             epoch: int | None = None, **extra: Any) -> Path:
+             epoch: int | None = None, blocking: bool | None = None,
+             **extra: Any) -> Path | str | SaveHandle:
         """Atomically save everything registered by :meth:`resume`, plus ``extra`` (JSON or
         tensors), as ``dir/step-<step>/``; older checkpoints beyond ``keep`` are removed.
-        Collective: call it on every rank."""
-        return self._checkpoints.save(dir, step=step, epoch=epoch, **extra)
 
-    def export(self, path: str | os.PathLike[str], model: nn.Module | None = None) -> Path:
-        """Write the model's final weights to ``path`` as one unsharded safetensors file."""
+        ``blocking=False`` returns a :class:`~splitsync.ckpt.SaveHandle` as soon as the
+        state is copied to host memory; the write and commit finish in the background (one
+        save at a time: the next save, ``run.step`` and ``run.close`` raise its failure).
+        Blocking (the default unless changed in ``init``/``resume``) returns the committed
+        checkpoint's path (a URL string in object storage). Collective: call it on every rank.
+        """
+        return self._checkpoints.save(dir, step=step, epoch=epoch, blocking=blocking, **extra)
+
+    def export(self, path: str | os.PathLike[str],
+               model: nn.Module | None = None) -> Path | str:
+        """Write the model's final weights to ``path`` (a path or an fsspec URL) as one
+        unsharded safetensors file."""
         return self._checkpoints.export(path, model)
 
     # --- output ------------------------------------------------------------------------
@@ -271,6 +284,8 @@ class Run:
             return
         self._closed = True
         try:
+            # a background save commits (or reports its failure) before anything is torn down
+            self._checkpoints.settle(wait=True, raise_errors=clean)
             for obs in reversed(overriding(self._observers, "on_close")):
                 obs.on_close(clean)  # e.g. debug mode: last cross-check, then unpatch
             if clean and self._owns_group and self.world_size > 1:
@@ -278,7 +293,7 @@ class Run:
         finally:
             if self._metrics is not None:
                 self._metrics.close()
-            self._checkpoints.close()
+            self._checkpoints.close(clean=False)  # also destroys the background group
             if self.log_handler is not None:
                 get_logger().removeHandler(self.log_handler)
             if self._owns_group:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,43 +11,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from splitsync import comm
-from splitsync.ckpt.full import load_full, load_pt, split_extra, write_pt
-from splitsync.ckpt.sharded import load_sharded, save_sharded
-from splitsync.ckpt.state import (
-    capture_rng,
-    loader_position,
-    owner_of,
-    restore_loader,
-    restore_rng,
-)
-from splitsync.ckpt.store import (
-    CheckpointError,
-    clear_stale,
-    commit,
-    committed_steps,
-    newest_valid,
-    prune,
-    set_aside,
-    step_dirname,
-    tmp_dirname,
-    write_manifest,
-)
+from splitsync.ckpt.background import SaveHandle, run_job, start
+from splitsync.ckpt.fs import open_storage
+from splitsync.ckpt.full import load_full
+from splitsync.ckpt.reading import CheckpointWarning, find_checkpoint
+from splitsync.ckpt.saving import STATE_FILE, build_job, rank_file
+from splitsync.ckpt.sharded import load_sharded
+from splitsync.ckpt.staging import Stager
+from splitsync.ckpt.state import owner_of, restore_loader, restore_rng
+from splitsync.ckpt.store import CheckpointError
 from splitsync.data import DeviceLoader
-from splitsync.strategies import for_model
 
 __all__ = ["ResumeState", "Checkpointer", "CheckpointWarning", "STATE_FILE", "rank_file"]
 
-STATE_FILE = "state.pt"
 RESERVED = ("step", "epoch")
-
-
-class CheckpointWarning(UserWarning):
-    """A checkpoint was skipped (incomplete or corrupted) while looking for one to resume."""
-
-
-def rank_file(rank: int) -> str:
-    return f"rank-{rank:05d}.pt"
 
 
 @dataclass(frozen=True)
@@ -57,7 +34,7 @@ class ResumeState:
     step: int = 0
     epoch: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
-    path: Path | None = None  # the checkpoint loaded; None on a fresh start
+    path: Path | str | None = None  # the checkpoint loaded (a URL in object storage)
     world_size: int | None = None  # of the run that wrote it
 
     @property
@@ -68,15 +45,18 @@ class ResumeState:
 class Checkpointer:
     """The objects registered by ``run.resume`` and the step counter they advance."""
 
-    def __init__(self, root: Path, objects: Mapping[str, Any], *, keep: int, rank: int,
-                 world_size: int) -> None:
+    def __init__(self, root: str | os.PathLike[str], objects: Mapping[str, Any], *, keep: int,
+                 rank: int, world_size: int) -> None:
         if not isinstance(keep, int) or keep < 2:
             raise ValueError(f"keep={keep!r}: keep at least 2 checkpoints, so one complete "
                              "checkpoint always survives a crash during the next save.")
         bad = sorted(set(objects) & set(RESERVED))
         if bad:
             raise TypeError(f"run.resume(...) cannot register objects named {bad}; rename them.")
-        self.root = Path(root)
+        self.where = root
+        self.storage = open_storage(root)
+        self.root = self.storage.root
+        self.inflight: SaveHandle | None = None
         self.keep = keep
         self.rank = rank
         self.world_size = world_size
@@ -113,100 +93,68 @@ class Checkpointer:
             first = next(iter(self.optims.values()))[0]
             self._hook = first.register_step_post_hook(self._on_step)
 
-    def close(self) -> None:
-        """Stop counting optimizer steps (a new ``run.resume`` replaces this one)."""
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+    def close(self, raise_errors: bool = True) -> None:
+        """Wait for a background save, then stop counting optimizer steps."""
+        try:
+            self.wait_saves(raise_errors)
+        finally:
+            if self._hook is not None:
+                self._hook.remove()
+                self._hook = None
 
     # --- saving --------------------------------------------------------------------------
-    def save(self, root: Path, loaders: Sequence[DeviceLoader], *, step: int | None,
-             epoch: int | None, extra: Mapping[str, Any]) -> Path:
-        """Collective: write everything registered as ``root/step-<step>/``; returns its path."""
+    def save(self, where: str | os.PathLike[str] | None, loaders: Sequence[DeviceLoader], *,
+             step: int | None, epoch: int | None, extra: Mapping[str, Any],
+             blocking: bool = True, group: Any = None,
+             stager: Stager | None = None) -> Path | str | SaveHandle:
+        """Collective: write everything registered as ``step-<step>/`` under ``where`` (the
+        resume directory by default). Blocking: returns its location once committed;
+        ``blocking=False``: returns a :class:`SaveHandle` once the state is staged, and the
+        background thread's handshakes run on ``group`` (never the training loop's)."""
+        self.wait_saves()  # at most one in flight; an earlier failure is raised here
         if step is None:
             if not self.optims:
                 raise TypeError("run.save(...) cannot count steps without a registered "
                                 "optimizer; pass step=<number of steps done>.")
             step = self.step
-        plain, tensors = split_extra(extra)
-        positions = [loader_position(ld) for ld in loaders]
-        if epoch is None:
-            epoch = max((p["epoch"] for p, _ in positions), default=0)
-        tmp = root / tmp_dirname(step)
-        _collective_ok(self.rank, lambda: _prepare(root, tmp), "prepare", only_rank0=True)
-        strategies = {n: for_model(m) for n, m in self.models.items()}
-        sharded = any(strategies[n].is_sharded(m) for n, m in self.models.items())
+        storage = self.storage if where is None or str(where) == str(self.where) else \
+            open_storage(where)
+        self._counting = False  # DCP may step optimizers to build their state
+        try:
+            job = build_job(self, storage, loaders, step=step, epoch=epoch, extra=extra,
+                            blocking=blocking, group=group, stager=stager)
+        finally:
+            self._counting = True
+        if blocking:
+            run_job(job)
+            return Path(job.final) if storage.local else job.final
+        self.inflight = start(job)
+        return self.inflight
 
-        def write() -> None:
-            if sharded:
-                self._counting = False
-                try:
-                    save_sharded(tmp, self.models, self.optims)
-                finally:
-                    self._counting = True
-            write_pt(tmp / rank_file(self.rank),
-                      {"rng": capture_rng(), "generators": [g for _, g in positions]})
-            if self.rank == 0:
-                state: dict[str, Any] = {
-                    "objects": {n: o.state_dict() for n, o in self.others.items()},
-                    "extra": tensors,
-                }
-                if not sharded:
-                    state["model"] = {n: strategies[n].full_state(m, self.rank)
-                                      for n, m in self.models.items()}
-                    state["optim"] = {n: strategies[owner].optimizer_state(self.models[owner], o)
-                                      for n, (o, owner) in self.optims.items()}
-                write_pt(tmp / STATE_FILE, state)
-
-        _collective_ok(self.rank, write, "write")
-        body = {
-            "step": step, "epoch": epoch, "world_size": self.world_size,
-            "layout": "sharded" if sharded else "full", "models": sorted(self.models),
-            "optimizers": {n: owner for n, (_, owner) in self.optims.items()},
-            "objects": sorted(self.others), "loaders": [p for p, _ in positions],
-            "extra": plain, "tensor_extra": sorted(tensors), "torch": torch.__version__,
-        }
-        def finish() -> None:
-            write_manifest(tmp, body)
-            prune(root, self.keep, commit(tmp, root, step))
-
-        _collective_ok(self.rank, finish, "commit", only_rank0=True)
-        return root / step_dirname(step)
+    def wait_saves(self, raise_errors: bool = True) -> None:
+        """Wait for the background save in flight, if any; raise its error."""
+        h, self.inflight = self.inflight, None
+        if h is None:
+            return
+        h._done.wait()
+        if raise_errors:
+            h.raise_if_failed()
 
     # --- loading -------------------------------------------------------------------------
     def load(self, loaders: Sequence[DeviceLoader]) -> ResumeState:
         """Collective: load the newest complete checkpoint under ``root``, or start fresh."""
-        found: tuple[str | None, Any, list[tuple[str, str]], int] = (None, None, [], 0)
-        if self.rank == 0:
-            cand = newest_valid(self.root)
-            found = (None if cand.path is None else str(cand.path), cand.body,
-                     [(str(p), why) for p, why in cand.skipped],
-                     len(committed_steps(self.root)))
-            for p, why in found[2]:
-                aside = ""
-                if cand.path is not None:  # set it aside so keep-last-k never counts it
-                    aside = set_aside(Path(p))
-                warnings.warn(f"skipping checkpoint {p}: {why}{aside}", CheckpointWarning,
-                              stacklevel=3)
-        path_s, body, skipped, total = comm.broadcast_object(found)
-        if path_s is None:
-            if total:
-                listing = "; ".join(f"{p}: {why}" for p, why in skipped)
-                raise CheckpointError(
-                    f"no usable checkpoint in {self.root}: every one is incomplete or corrupted "
-                    f"({listing}). Move them away to start fresh, or restore a good copy.")
+        found = find_checkpoint(self.storage, self.rank, self.world_size, self._needed)
+        if found is None:
             self._start_counting()
             return ResumeState()
-        path = Path(path_s)
+        name, body, state, per_rank = found
         self._counting = False
         try:
-            extra = self._load_objects(path, body)
+            extra = self._load_objects(name, body, state)
         finally:
             self._counting = True
-        rank_state = path / rank_file(self.rank)
         generators: list[torch.Tensor | None] = []
-        if rank_state.is_file():  # ranks beyond the saved world size keep their fresh seeds
-            per_rank = load_pt(rank_state)
+        if per_rank is not None:  # ranks beyond the saved world size keep their fresh seeds
             restore_rng(per_rank["rng"])
             generators = list(per_rank["generators"])
         self._pending = [(pos, generators[i] if i < len(generators) else None)
@@ -215,8 +163,13 @@ class Checkpointer:
             self.attach_loader(ld, i)
         self.step = int(body["step"])
         self._start_counting()
-        return ResumeState(step=self.step, epoch=int(body["epoch"]), extra=extra, path=path,
+        where = self.storage.where(name)
+        return ResumeState(step=self.step, epoch=int(body["epoch"]), extra=extra,
+                           path=Path(where) if self.storage.local else where,
                            world_size=int(body["world_size"]))
+
+    def _needed(self, body: Mapping[str, Any]) -> list[str]:
+        return [STATE_FILE, rank_file(self.rank)]
 
     def attach_loader(self, loader: DeviceLoader, index: int) -> None:
         """Continue the ``index``-th loader made by the run where the checkpoint left it."""
@@ -224,36 +177,21 @@ class Checkpointer:
             pos, gen = self._pending[index]
             restore_loader(loader, pos, gen)
 
-    def _load_objects(self, path: Path, body: Mapping[str, Any]) -> dict[str, Any]:
+    def _load_objects(self, name: str, body: Mapping[str, Any],
+                      state: Mapping[str, Any]) -> dict[str, Any]:
         missing = [n for n in (*self.models, *self.optims, *self.others)
                    if n not in (*body["models"], *body["optimizers"], *body["objects"])]
+        where = self.storage.where(name)
         if missing:
-            raise CheckpointError(f"checkpoint {path} has no state for {missing}; it holds "
+            raise CheckpointError(f"checkpoint {where} has no state for {missing}; it holds "
                                   f"{[*body['models'], *body['optimizers'], *body['objects']]}.")
-        state = load_pt(path / STATE_FILE)
         if body["layout"] == "sharded":
-            load_sharded(path, self.models, self.optims)
+            if not self.storage.local:
+                raise CheckpointError(f"{where}: sharded checkpoints are read from a "
+                                      "filesystem path, not from object storage.")
+            load_sharded(Path(self.storage.root) / name, self.models, self.optims)
         else:
-            load_full(path.name, state, self.models, self.optims)
+            load_full(name, state, self.models, self.optims)
         for n, o in self.others.items():
             o.load_state_dict(state["objects"][n])
         return {**body["extra"], **state["extra"]}
-
-
-def _prepare(root: Path, tmp: Path) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    clear_stale(root)
-    tmp.mkdir()
-
-
-def _collective_ok(rank: int, fn: Callable[[], None], what: str, only_rank0: bool = False) -> None:
-    """Run ``fn`` (on rank 0 only, or everywhere) and raise on every rank if any rank failed."""
-    err = None
-    if rank == 0 or not only_rank0:
-        try:
-            fn()
-        except Exception as e:  # reported to every rank below, then re-raised
-            err = f"rank {rank}: {type(e).__name__}: {e}"
-    errors = [e for e in comm.gather_object(err) if e]
-    if errors:
-        raise CheckpointError(f"checkpoint {what} failed on {errors[0]}")

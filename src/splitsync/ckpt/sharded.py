@@ -21,7 +21,8 @@ from torch import nn
 from splitsync.ckpt.state import check_shapes
 from splitsync.ckpt.store import CheckpointError
 
-__all__ = ["DCP_DIR", "save_sharded", "load_sharded", "safe_reader", "read_shapes"]
+__all__ = ["DCP_DIR", "save_sharded", "async_save_sharded", "load_sharded", "safe_reader",
+           "read_shapes"]
 
 DCP_DIR = "dcp"
 _ALLOWED_MODULES = (
@@ -114,6 +115,18 @@ def save_sharded(path: Path, models: Mapping[str, nn.Module],
 
     save(_template(models, optims), storage_writer=FileSystemWriter(path / DCP_DIR, sync_files=True),
          no_dist=not _dist_active())
+
+
+def async_save_sharded(path: Path, models: Mapping[str, nn.Module],
+                       optims: Mapping[str, tuple[torch.optim.Optimizer, str]],
+                       group: Any) -> Any:
+    """DCP's own asynchronous save: stages the shards in host memory now, writes them in its
+    thread, and coordinates on ``group`` (not the training loop's). Returns its future."""
+    from torch.distributed.checkpoint import FileSystemWriter, async_save
+
+    return async_save(_template(models, optims),
+                      storage_writer=FileSystemWriter(path / DCP_DIR, sync_files=True),
+                      process_group=group, no_dist=not _dist_active())
 
 
 def read_shapes(path: Path, prefix: str) -> dict[str, tuple[int, ...]]:

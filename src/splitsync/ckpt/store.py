@@ -21,12 +21,13 @@ __all__ = [
     "CheckpointError", "Candidate", "MANIFEST", "LATEST", "FORMAT", "step_dirname", "tmp_dirname",
     "sha256_file", "fsync_file", "fsync_dir", "write_manifest", "read_manifest", "verify",
     "commit", "prune", "set_aside", "committed_steps", "newest_valid", "clear_stale",
+    "manifest_text", "parse_manifest", "STEP_RE",
 ]
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
 FORMAT = 1
-_STEP_RE = re.compile(r"^step-(\d+)$")
+STEP_RE = re.compile(r"^step-(\d+)$")
 _CHUNK = 1 << 20
 
 
@@ -88,6 +89,29 @@ def _write_atomic(path: Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
+def manifest_text(body: dict[str, Any], files: dict[str, dict[str, Any]]) -> str:
+    """The manifest document: ``body`` plus size and SHA-256 of ``files``, with its own digest."""
+    full = {"format": FORMAT, **body, "files": dict(sorted(files.items()))}
+    # The manifest carries its own digest, so a flipped bit in it is caught too.
+    return json.dumps({"body": full, "sha256": _body_digest(full)}, indent=1, sort_keys=True)
+
+
+def parse_manifest(text: str) -> dict[str, Any]:
+    """The body of a manifest document; raises CheckpointError saying what is wrong."""
+    if not text:
+        raise CheckpointError(f"{MANIFEST} is zero bytes")
+    try:
+        doc = json.loads(text)
+        body, digest = doc["body"], doc["sha256"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{MANIFEST} is unreadable ({type(e).__name__}: {e})") from None
+    if _body_digest(body) != digest:
+        raise CheckpointError(f"{MANIFEST} fails its own checksum (corrupted)")
+    if body.get("format") != FORMAT:
+        raise CheckpointError(f"{MANIFEST} has format {body.get('format')!r}, expected {FORMAT}")
+    return body
+
+
 def write_manifest(tmp: Path, body: dict[str, Any]) -> dict[str, Any]:
     """Checksum every file under ``tmp`` and write the manifest (the last file written)."""
     files: dict[str, dict[str, Any]] = {}
@@ -98,11 +122,9 @@ def write_manifest(tmp: Path, body: dict[str, Any]) -> dict[str, Any]:
                                                      "sha256": sha256_file(p)}
     for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, reverse=True):
         fsync_dir(d)
-    body = {"format": FORMAT, **body, "files": files}
-    # The manifest carries its own digest, so a flipped bit in it is caught too.
-    _write_atomic(tmp / MANIFEST, json.dumps({"body": body, "sha256": _body_digest(body)},
-                                             indent=1, sort_keys=True))
-    return body
+    text = manifest_text(body, files)
+    _write_atomic(tmp / MANIFEST, text)
+    return parse_manifest(text)
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -110,18 +132,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
     mf = path / MANIFEST
     if not mf.is_file():
         raise CheckpointError(f"{MANIFEST} is missing (the save did not finish)")
-    if mf.stat().st_size == 0:
-        raise CheckpointError(f"{MANIFEST} is zero bytes")
     try:
-        doc = json.loads(mf.read_text(encoding="utf-8"))
-        body, digest = doc["body"], doc["sha256"]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        text = mf.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
         raise CheckpointError(f"{MANIFEST} is unreadable ({type(e).__name__}: {e})") from None
-    if _body_digest(body) != digest:
-        raise CheckpointError(f"{MANIFEST} fails its own checksum (corrupted)")
-    if body.get("format") != FORMAT:
-        raise CheckpointError(f"{MANIFEST} has format {body.get('format')!r}, expected {FORMAT}")
-    return body
+    return parse_manifest(text)
 
 
 def verify(path: Path) -> dict[str, Any]:
@@ -146,7 +161,7 @@ def committed_steps(root: Path) -> list[tuple[int, Path]]:
     if not root.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir()
-             if p.is_dir() and (m := _STEP_RE.match(p.name))]
+             if p.is_dir() and (m := STEP_RE.match(p.name))]
     return sorted(found, reverse=True)
 
 

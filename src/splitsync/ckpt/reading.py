@@ -1,0 +1,183 @@
+"""Finding the checkpoint to resume from and reading its files, verified while they are read.
+
+Rank 0 lists the checkpoints and checks each manifest and every file's size (cheap). Then
+every rank reads, in parallel with the others, the files it needs, hashing them on the way;
+only if every rank's files verify is the checkpoint used, otherwise the next older one is
+tried. Nothing is unpickled before its bytes match the manifest's SHA-256.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from splitsync import comm
+from splitsync.ckpt.chunked import CHUNK, load_bytes, read_verified, refused
+from splitsync.ckpt.fs import Storage
+from splitsync.ckpt.store import CheckpointError, parse_manifest
+
+__all__ = ["CheckpointWarning", "Listing", "list_candidates", "read_part", "verify_files",
+           "find_checkpoint"]
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was skipped (incomplete or corrupted) while looking for one to resume."""
+
+
+@dataclass(frozen=True)
+class Listing:
+    """Checkpoints whose manifest and sizes check out (newest first), and those skipped."""
+
+    good: tuple[tuple[str, dict[str, Any]], ...]
+    skipped: tuple[tuple[str, str], ...]
+    total: int  # committed checkpoints found at all
+
+
+def _check_sizes(storage: Storage, name: str, body: dict[str, Any]) -> None:
+    for rel, info in body["files"].items():
+        size = storage.size(name, rel)
+        if size is None:
+            raise CheckpointError(f"{rel} is missing")
+        if size != info["size"]:
+            what = "zero bytes" if size == 0 else f"{size} bytes"
+            raise CheckpointError(f"{rel} is {what}, the manifest says {info['size']} "
+                                  "(truncated or overwritten)")
+
+
+def list_candidates(storage: Storage) -> Listing:
+    """Rank 0: every checkpoint, newest first, split into plausible ones and broken ones."""
+    good, skipped = [], []
+    steps = storage.steps()
+    for _, name in steps:
+        try:
+            body = parse_manifest(storage.read_manifest_text(name))
+            _check_sizes(storage, name, body)
+            good.append((name, body))
+        except CheckpointError as e:
+            skipped.append((name, str(e)))
+        except (OSError, UnicodeDecodeError) as e:
+            skipped.append((name, f"unreadable ({e})"))
+    return Listing(tuple(good), tuple(skipped), len(steps))
+
+
+def read_part(storage: Storage, name: str, rel: str, info: dict[str, Any]) -> Any:
+    """One ``torch.save`` file of checkpoint ``name``, verified, then loaded (weights only).
+
+    Local files are hashed in one sequential pass and then memory-mapped, so their tensors
+    are not copied a second time; from object storage the verified bytes are loaded.
+    """
+    label = f"{rel}"
+    if storage.local:
+        path = Path(storage.root) / name / rel
+        with open(path, "rb", buffering=0) as f:
+            _hash_only(f, label, info)
+        import pickle
+
+        try:  # verified just now; mapped, so the tensors are not copied again
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except pickle.UnpicklingError as e:
+            raise refused(label, e) from None
+    with storage.open(name, rel) as f:
+        return load_bytes(read_verified(f, label, info), label)
+
+
+def _hash_only(f: Any, label: str, info: dict[str, Any]) -> None:
+    """Like read_verified, with a reusable pair of buffers (nothing kept)."""
+    import hashlib
+
+    size = int(info["size"])
+    bufs = [bytearray(CHUNK), bytearray(CHUNK)]
+    h = hashlib.sha256()
+    got, i = 0, 0
+    if hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except OSError:
+            pass
+    with ThreadPoolExecutor(1, thread_name_prefix="ckpt-hash") as pool:
+        pending = None
+        while True:
+            view = memoryview(bufs[i])
+            n = f.readinto(view)
+            if not n:
+                break
+            if pending is not None:
+                pending.result()  # the other buffer is free again
+            pending = pool.submit(h.update, view[:n])
+            got += n
+            i = 1 - i
+        if pending is not None:
+            pending.result()
+    if got != size:
+        raise CheckpointError(f"{label} is {got} bytes, the manifest says {size} "
+                              "(truncated or overwritten)")
+    if h.hexdigest() != info["sha256"]:
+        raise CheckpointError(f"{label} fails its SHA-256 checksum (corrupted)")
+
+
+def verify_files(storage: Storage, name: str, rels: Iterable[str],
+                 files: dict[str, dict[str, Any]]) -> None:
+    """Hash ``rels`` without loading them (files another library reads, e.g. DCP shards)."""
+    for rel in rels:
+        with storage.open(name, rel) as f:
+            if storage.local:
+                _hash_only(f, rel, files[rel])
+            else:
+                read_verified(f, rel, files[rel])
+
+
+def _read_rank_parts(storage: Storage, name: str, body: Mapping[str, Any], rank: int,
+                     world: int, needed: list[str]) -> dict[str, Any]:
+    files = body["files"]
+    out = {rel: read_part(storage, name, rel, files[rel]) for rel in needed if rel in files}
+    # Files nobody loads here (DCP shards, which DCP reads itself) are verified in parallel,
+    # each by one rank; which rank reads which shard is DCP's business.
+    others = sorted(r for r in files if r.startswith("dcp/"))
+    verify_files(storage, name, others[rank::world], files)
+    return out
+
+
+Found = tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None]
+
+
+def find_checkpoint(storage: Storage, rank: int, world: int,
+                    needed: Callable[[Mapping[str, Any]], list[str]]) -> Found | None:
+    """Collective: the newest checkpoint every rank can read and verify, read into memory:
+    (name, manifest body, state.pt contents, this rank's rank file or None). None: fresh."""
+    listing = list_candidates(storage) if rank == 0 else None
+    listing = comm.broadcast_object(listing)
+    skipped = list(listing.skipped)
+    found: Found | None = None
+    for name, body in listing.good:
+        err, parts = None, {}
+        try:
+            parts = _read_rank_parts(storage, name, body, rank, world, needed(body))
+        except CheckpointError as e:
+            err = str(e)
+        except OSError as e:
+            err = f"unreadable ({e})"
+        errors = [e for e in comm.gather_object(err) if e]
+        if not errors:
+            wanted = needed(body)
+            found = (name, body, parts[wanted[0]], parts.get(wanted[1]))
+            break
+        skipped.append((name, errors[0]))
+    if rank == 0:
+        for name, why in skipped:
+            aside = storage.set_aside(name) if found is not None else ""
+            # set aside only when something loads: keep-last-k never counts a bad one then
+            warnings.warn(f"skipping checkpoint {storage.where(name)}: {why}{aside}",
+                          CheckpointWarning, stacklevel=4)
+    if found is None and listing.total:
+        listing_s = "; ".join(f"{storage.where(n)}: {why}" for n, why in skipped)
+        raise CheckpointError(
+            f"no usable checkpoint in {storage.where('')}: every one is incomplete or corrupted "
+            f"({listing_s}). Move them away to start fresh, or restore a good copy.")
+    return found
