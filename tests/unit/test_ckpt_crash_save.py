@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent("""
     import torch
     from torch import nn
     import splitsync as ss
-    from splitsync.ckpt import session, store
+    from splitsync.ckpt import background, store
 
     root, point = sys.argv[1], sys.argv[2]
     def die(*a, **k):
@@ -32,15 +32,17 @@ SCRIPT = textwrap.dedent("""
         run.step(opt)
         if step == 4:
             if point == "files":  # half of state.pt is on disk
-                real = session.write_pt
-                def half(path, obj):
-                    real(path, obj)
-                    if path.name == "state.pt":
-                        path.write_bytes(path.read_bytes()[:100])
+                real = background.write_object
+                def half(create, durable, obj):
+                    if "model" in obj:  # state.pt
+                        with create() as f:
+                            f.write(b"x" * 100)
+                            durable(f)
                         die()
-                session.write_pt = half
+                    return real(create, durable, obj)
+                background.write_object = half
             elif point == "manifest":  # every file written, no manifest yet
-                session.write_manifest = die
+                background.manifest_text = die
             elif point == "latest":  # renamed into place, `latest` not yet updated
                 real_atomic = store._write_atomic
                 def atomic(path, text):
