@@ -166,8 +166,9 @@ class ObjectStorage:
         self.fs.invalidate_cache()
 
     def _is_local_fs(self) -> bool:
-        proto = self.fs.protocol
-        return bool({"file", "local"} & set(proto if isinstance(proto, tuple) else (proto,)))
+        from fsspec.implementations.local import LocalFileSystem
+
+        return isinstance(self.fs, LocalFileSystem)
 
     def _block(self) -> dict[str, int]:
         return {} if self._is_local_fs() or "memory" in str(self.fs.protocol) else \

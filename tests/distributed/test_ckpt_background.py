@@ -1,0 +1,143 @@
+"""Background saves on 2 gloo ranks: bit-exact resume, no interleaving, failures never lost."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import splitsync as ss
+from splitsync.testing import spawn
+
+
+def _build(run: ss.Run) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = run.model(nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.2),
+                                    nn.Linear(32, 1)))
+    return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+
+def _step(run: ss.Run, model: nn.Module, opt: torch.optim.Optimizer, i: int) -> float:
+    g = torch.Generator().manual_seed(100 * i + run.rank)
+    x = torch.randn(8, 6, generator=g)
+    loss = F.mse_loss(model(x), x.sum(1, keepdim=True))
+    run.backward(loss)
+    run.step(opt)
+    return loss.item()
+
+
+def _params(model: nn.Module) -> list[Any]:
+    return [p.detach().numpy().copy() for p in model.parameters()]
+
+
+def scenario(rank: int, world: int, root: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with ss.init(seed=0, save_blocking=False) as run:  # the default set once, at init
+        model, opt = _build(run)
+        run.resume(f"{root}/bg", model=model, optimizer=opt)
+        losses = {i: _step(run, model, opt, i) for i in range(1, 4)}
+        h3 = run.save()  # background
+        before = _params(model)
+        losses.update({i: _step(run, model, opt, i) for i in range(4, 6)})  # while it writes
+        h5 = run.save(note="five")  # waits for step 3's save: never two at once
+        out["first_done_when_second_started"] = h3.done()
+        out["handles"] = (type(h3).__name__, h3.path, h5.path)
+        losses.update({i: _step(run, model, opt, i) for i in range(6, 9)})
+        out["base"] = (losses, _params(model))
+        out["at3"] = before
+    # resume from step 5 (committed by close) and continue: bit-equal to the run above
+    with ss.init(seed=0) as run:
+        model, opt = _build(run)
+        state = run.resume(f"{root}/bg", model=model, optimizer=opt)
+        out["resumed"] = (state.step, dict(state.extra))
+        rest = {i: _step(run, model, opt, i) for i in range(state.step + 1, 9)}
+        out["rest"] = (rest, _params(model))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_background_save_then_resume_is_bit_exact(tmp_path: Path) -> None:
+    results = spawn(scenario, 2, str(tmp_path), timeout=140)
+    for res in results:
+        assert res["first_done_when_second_started"]
+        kind, p3, p5 = res["handles"]
+        assert kind == "SaveHandle" and p3.endswith("step-000003") and p5.endswith("step-000005")
+        assert res["resumed"] == (5, {"note": "five"})
+        losses, final = res["base"]
+        rest, resumed_final = res["rest"]
+        assert all(rest[i] == losses[i] for i in rest) and sorted(rest) == [6, 7, 8]
+        for a, b in zip(final, resumed_final, strict=True):
+            assert (a == b).all()
+    assert results[0]["base"][0] != results[1]["base"][0]  # ranks saw different data
+    # step 3's checkpoint holds the state at step 3, not what training did while it wrote
+    with ss.init(seed=0) as run:
+        model, opt = _build(run)
+        run.resume(tmp_path / "bg", model=model, optimizer=opt)  # newest: step 5
+    import shutil
+
+    shutil.rmtree(tmp_path / "bg" / "step-000005")
+    with ss.init(seed=0) as run:
+        model, opt = _build(run)
+        assert run.resume(tmp_path / "bg", model=model, optimizer=opt).step == 3
+        for a, b in zip(_params(model), results[0]["at3"], strict=True):
+            assert (a == b).all()
+
+
+def failing(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Rank 1's part of the step-4 save fails in the background, as on a full disk."""
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    class Broken(LocalFileSystem):
+        protocol = ("broken",)
+
+        def _open(self, path: str, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:
+            if "w" in mode and path.endswith("step-000004/rank-00001.pt"):
+                raise OSError(28, "No space left on device")
+            return super()._open(path, mode, *args, **kwargs)
+
+    fsspec.register_implementation("broken", Broken, clobber=True)
+    url = f"broken://{root}/ck"
+    out: dict[str, Any] = {}
+    with ss.init(seed=0) as run:
+        model, opt = _build(run)
+        run.resume(url, model=model, optimizer=opt)
+        for i in range(1, 3):
+            _step(run, model, opt, i)
+        run.save(blocking=False).wait()
+        good = _params(model)
+        for i in range(3, 5):
+            _step(run, model, opt, i)
+        run.save(blocking=False)
+        err = None
+        deadline = time.monotonic() + 60
+        try:  # raised at a run.step boundary once the background write has failed
+            while time.monotonic() < deadline:
+                _step(run, model, opt, 5)
+                time.sleep(0.01)
+        except ss.ckpt.CheckpointError as e:
+            err = str(e)
+        out["error"] = err
+        run.barrier()
+    with ss.init(seed=0) as run:
+        model, opt = _build(run)
+        out["resumed"] = run.resume(url, model=model, optimizer=opt).step
+        out["same"] = all((a == b).all() for a, b in zip(_params(model), good, strict=True))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_failed_background_write_is_raised_and_loses_nothing(tmp_path: Path) -> None:
+    for res in spawn(failing, 2, str(tmp_path), timeout=140):
+        assert res["error"] is not None, "the failure was lost"
+        assert "rank 1 writing" in res["error"] and "step-000004/rank-00001.pt" in res["error"]
+        assert "No space left" in res["error"] and "earlier checkpoints are untouched" in \
+            res["error"]
+        assert res["resumed"] == 2 and res["same"]
