@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
@@ -32,6 +33,11 @@ class HashingWriter(io.RawIOBase):
         self.pool = pool
         self.hash = hashlib.sha256()
         self.size = 0
+        self._flushed = 0
+        try:  # a real file: its dirty pages can be sent to the disk while we go on
+            self._fd: int | None = raw.fileno() if hasattr(os, "posix_fadvise") else None
+        except (OSError, AttributeError, ValueError, io.UnsupportedOperation):
+            self._fd = None
 
     def writable(self) -> bool:
         return True
@@ -49,7 +55,20 @@ class HashingWriter(io.RawIOBase):
                 self.raw.write(piece)
                 pending.result()  # ``data`` may be a temporary buffer: done with it here
         self.size += n
+        if self._fd is not None and self.size - self._flushed >= CHUNK:
+            self._start_writeback()
         return n
+
+    def _start_writeback(self) -> None:
+        # Linux starts (without waiting for) write-back of a range given POSIX_FADV_DONTNEED,
+        # so the disk works while the next chunks are hashed; the final fsync waits for less.
+        self.raw.flush()
+        try:
+            os.posix_fadvise(self._fd, self._flushed, self.size - self._flushed,  # type: ignore[arg-type]
+                             os.POSIX_FADV_DONTNEED)
+        except OSError:
+            self._fd = None
+        self._flushed = self.size
 
     def flush(self) -> None:
         self.raw.flush()

@@ -1,0 +1,184 @@
+"""Checkpoint costs side by side, 2 gloo ranks, a ~50M-parameter model with AdamW.
+
+    python benchmarks/ckpt_bench.py [--rounds 5] [--dir /path/on/the/disk/to/measure]
+
+Every round measures, in rotating order and in the same processes: an in-memory copy of the
+state (the floor for any save's stall), a blocking ``run.save``, the stall of a background
+``run.save(blocking=False)`` and its write throughput, the disk's own sequential write+fsync
+speed for the same number of bytes, a resume (read caches dropped first) and the disk's own
+cold sequential read of the same files. Peak RSS above the pre-save level is sampled during
+the background save. Medians over rounds and their ratios are printed (rank 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import splitsync as ss
+from splitsync.ckpt.background import stage
+from splitsync.ckpt.state import module_state, optimizer_to_fqn
+from splitsync.testing import spawn
+
+CHUNK = 16 << 20
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)  # 12 x (2048 x 2048 + 2048) = 50.4M parameters
+    return nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(12)])
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _drop_cache(paths: list[Path]) -> None:
+    for p in paths:  # evicts clean pages of these files: the next read comes from the disk
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _disk_write(path: Path, nbytes: int) -> float:
+    buf = memoryview(bytearray(os.urandom(1 << 20)) * 16)
+    t = time.perf_counter()
+    with open(path, "wb") as f:
+        left = nbytes
+        while left > 0:
+            left -= f.write(buf[:min(CHUNK, left)])
+        f.flush()
+        os.fsync(f.fileno())
+    dt = time.perf_counter() - t
+    path.unlink()
+    return nbytes / dt
+
+
+def _disk_read(paths: list[Path]) -> float:
+    _drop_cache(paths)
+    buf = memoryview(bytearray(CHUNK))
+    total, t = 0, time.perf_counter()
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                total += n
+    return total / (time.perf_counter() - t)
+
+
+def bench(rank: int, world: int, root: str, rounds: int) -> dict[str, Any]:
+    res: dict[str, list[float]] = {k: [] for k in (
+        "copy_s", "blocking_s", "stall_s", "bg_write_Bps", "disk_write_Bps", "resume_Bps",
+        "disk_read_Bps", "rss_extra_B")}
+    with ss.init(seed=0) as run:
+        model = run.model(_model())
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        run.backward(model(torch.randn(4, 2048)).square().mean())
+        run.step(opt)
+        ck = Path(root) / "ck"
+        run.resume(ck, keep=2, model=model, optimizer=opt)
+        state_bytes = sum(v.numel() * v.element_size() for v in module_state(model).values())
+        state_bytes += sum(v.numel() * v.element_size()
+                           for st in opt.state_dict()["state"].values()
+                           for v in st.values() if isinstance(v, torch.Tensor))
+        step = 1
+        for r in range(rounds):
+            order = ["copy", "blocking", "background", "disk", "resume"]
+            order = order[r % len(order):] + order[:r % len(order)]
+            for what in order:
+                run.barrier()
+                if what == "copy":
+                    t = time.perf_counter()
+                    if rank == 0:
+                        stage({"m": module_state(model),
+                               "o": optimizer_to_fqn(run.unwrap(model), opt)})
+                    res["copy_s"].append(time.perf_counter() - t)
+                elif what == "blocking":
+                    step += 1
+                    t = time.perf_counter()
+                    run.save(ck, step=step, blocking=True)
+                    res["blocking_s"].append(time.perf_counter() - t)
+                elif what == "background":
+                    step += 1
+                    base, peak, stop = _rss(), [0], threading.Event()
+
+                    def sample(base: int = base, peak: list[int] = peak,
+                               stop: threading.Event = stop) -> None:
+                        while not stop.is_set():
+                            peak[0] = max(peak[0], _rss() - base)
+                            time.sleep(0.002)
+
+                    sampler = threading.Thread(target=sample, daemon=True)
+                    sampler.start()
+                    t = time.perf_counter()
+                    h = run.save(ck, step=step, blocking=False)
+                    t1 = time.perf_counter()
+                    h.wait()
+                    t2 = time.perf_counter()
+                    stop.set()
+                    sampler.join()
+                    res["stall_s"].append(t1 - t)
+                    written = sum(p.stat().st_size for p in Path(h.path).iterdir())
+                    res["bg_write_Bps"].append(written / (t2 - t1))
+                    res["rss_extra_B"].append(float(peak[0]))
+                elif what == "disk":
+                    nbytes = state_bytes if rank == 0 else 1 << 20
+                    res["disk_write_Bps"].append(_disk_write(Path(root) / f"dd-{rank}", nbytes))
+                elif what == "resume":
+                    newest = sorted(ck.glob("step-*"))[-1]
+                    files = [p for p in newest.iterdir() if p.name != "manifest.json"]
+                    mine = [p for p in files if p.name in ("state.pt", f"rank-{rank:05d}.pt")]
+                    res["disk_read_Bps"].append(_disk_read(mine))
+                    _drop_cache(files)
+                    run.barrier()
+                    t = time.perf_counter()
+                    run.resume(ck, keep=2, model=model, optimizer=opt)
+                    dt = time.perf_counter() - t
+                    res["resume_Bps"].append(sum(p.stat().st_size for p in mine) / dt)
+    return {"state_bytes": state_bytes, **res}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dir", default=None, help="directory on the disk to measure")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir=a.dir) as d:
+        res = spawn(bench, 2, d, a.rounds, timeout=3600)[0]
+    med = {k: statistics.median(v) for k, v in res.items() if isinstance(v, list)}
+    gb = res["state_bytes"] / 1e9
+    print(f"state: {gb:.2f} GB (model + AdamW), 2 ranks, {a.rounds} rounds, medians (rank 0)")
+    rows = [
+        ("in-memory copy of the state", f"{med['copy_s']:.3f} s", ""),
+        ("blocking run.save", f"{med['blocking_s']:.3f} s", ""),
+        ("background run.save: stall", f"{med['stall_s']:.3f} s",
+         f"{med['stall_s'] / med['copy_s']:.2f}x the copy (target <= 1.5x); "
+         f"{med['blocking_s'] / med['stall_s']:.1f}x smaller than blocking (target >= 5x)"),
+        ("background write", f"{med['bg_write_Bps'] / 1e6:.0f} MB/s",
+         f"{med['bg_write_Bps'] / med['disk_write_Bps']:.2f}x the disk (target >= 0.8x)"),
+        ("disk sequential write+fsync", f"{med['disk_write_Bps'] / 1e6:.0f} MB/s", ""),
+        ("resume (cold cache)", f"{med['resume_Bps'] / 1e6:.0f} MB/s",
+         f"{med['resume_Bps'] / med['disk_read_Bps']:.2f}x the disk (target >= 0.8x)"),
+        ("disk sequential read (cold)", f"{med['disk_read_Bps'] / 1e6:.0f} MB/s", ""),
+        ("peak RSS extra, background save", f"{med['rss_extra_B'] / 1e9:.2f} GB",
+         f"{med['rss_extra_B'] / res['state_bytes']:.2f}x the state (target <= 1x)"),
+    ]
+    for name, value, ratio in rows:
+        print(f"{name:34s} {value:>12s}  {ratio}")
+    print("all rounds:", {k: [round(x, 4) for x in v] for k, v in res.items()
+                          if isinstance(v, list)})
+
+
+if __name__ == "__main__":
+    main()
