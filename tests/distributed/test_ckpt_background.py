@@ -36,6 +36,14 @@ def _params(model: nn.Module) -> list[Any]:
 
 
 def scenario(rank: int, world: int, root: str) -> dict[str, Any]:
+    holder = ss.init(seed=0)  # one process group across the simulated restarts
+    try:
+        return _scenario(root)
+    finally:
+        holder.close()
+
+
+def _scenario(root: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with ss.init(seed=0, save_blocking=False) as run:  # the default set once, at init
         model, opt = _build(run)
@@ -91,6 +99,14 @@ def test_background_save_then_resume_is_bit_exact(tmp_path: Path) -> None:
 
 def failing(rank: int, world: int, root: str) -> dict[str, Any]:
     """Rank 1's part of the step-4 save fails in the background, as on a full disk."""
+    holder = ss.init(seed=0)  # one process group across the simulated restarts
+    try:
+        return _failing(root)
+    finally:
+        holder.close()
+
+
+def _failing(root: str) -> dict[str, Any]:
     import fsspec
     from fsspec.implementations.local import LocalFileSystem
 
