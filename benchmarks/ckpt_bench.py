@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 import splitsync as ss
-from splitsync.ckpt.background import stage
-from splitsync.ckpt.state import module_state, optimizer_to_fqn
+from splitsync.ckpt.staging import stage
+from splitsync.strategies.state import module_state, optimizer_to_fqn
 from splitsync.testing import spawn
 
 CHUNK = 16 << 20

@@ -1,13 +1,13 @@
-"""Large sequential reads and writes that compute SHA-256 on the way, in a second thread.
+"""Large sequential writes that compute the chunk digests on the way, in a second thread,
+and reads from object storage checked before they are interpreted.
 
-hashlib and file I/O both release the GIL on large buffers, so hashing one chunk runs while
-the same chunk is written (or the next one is read): the checksum costs no extra pass over
-the data and, with two cores, almost no extra time.
+hashlib and file I/O both release the GIL on large buffers, so hashing one piece runs while
+the same piece is written: the checksum costs no extra pass over the data and, with two
+cores, almost no extra time (one SHA-256 stream outruns the disk's write speed).
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 from collections.abc import Callable
@@ -16,11 +16,11 @@ from typing import Any, BinaryIO
 
 import torch
 
+from splitsync.ckpt.digest import CHUNK, ChunkHasher, verify_buffer
 from splitsync.ckpt.store import CheckpointError
 
 __all__ = ["CHUNK", "HashingWriter", "write_object", "read_verified", "load_bytes", "refused"]
 
-CHUNK = 16 << 20
 _INLINE = 1 << 20  # smaller pieces are hashed inline: a thread hop would cost more
 
 
@@ -31,7 +31,7 @@ class HashingWriter(io.RawIOBase):
         super().__init__()
         self.raw = raw
         self.pool = pool
-        self.hash = hashlib.sha256()
+        self.hash = ChunkHasher()
         self.size = 0
         self._flushed = 0
         try:  # a real file: its dirty pages can be sent to the disk while we go on
@@ -76,43 +76,35 @@ class HashingWriter(io.RawIOBase):
 
 def write_object(create: Callable[[], BinaryIO], durable: Callable[[BinaryIO], None],
                  obj: Any) -> dict[str, Any]:
-    """``torch.save(obj)`` into a new file; returns its size and SHA-256 (made while writing)."""
+    """``torch.save(obj)`` into a new file; returns its size and chunk digests (made while
+    writing)."""
     with ThreadPoolExecutor(1, thread_name_prefix="ckpt-hash") as pool, create() as raw:
         w = HashingWriter(raw, pool)
         torch.save(obj, w)
         durable(raw)
-    return {"size": w.size, "sha256": w.hash.hexdigest()}
+    return w.hash.info()
 
 
 def read_verified(f: BinaryIO, name: str, info: dict[str, Any]) -> bytearray:
-    """All of ``f`` in large reads, hashed while the next chunk is read; checked against
-    ``info`` (the manifest's size and SHA-256) before anything may interpret the bytes."""
+    """All of ``f`` in large reads, then checked against ``info`` (the manifest's size and
+    chunk digests, hashed in parallel) before anything may interpret the bytes."""
     size = int(info["size"])
     buf = bytearray(size)
     view = memoryview(buf)
-    h = hashlib.sha256()
     got = 0
-    with ThreadPoolExecutor(1, thread_name_prefix="ckpt-hash") as pool:
-        pending = None
-        while got < size:
-            n = f.readinto(view[got:got + CHUNK]) if hasattr(f, "readinto") else None
-            if n is None:  # some fsspec files only offer read()
-                chunk = f.read(min(CHUNK, size - got))
-                n = len(chunk)
-                view[got:got + n] = chunk
-            if not n:
-                break
-            if pending is not None:
-                pending.result()
-            pending = pool.submit(h.update, view[got:got + n])
-            got += n
-        if pending is not None:
-            pending.result()
+    while got < size:
+        n = f.readinto(view[got:got + CHUNK]) if hasattr(f, "readinto") else None
+        if n is None:  # some fsspec files only offer read()
+            chunk = f.read(min(CHUNK, size - got))
+            n = len(chunk)
+            view[got:got + n] = chunk
+        if not n:
+            break
+        got += n
     if got != size or f.read(1):
         raise CheckpointError(f"{name} is not {size} bytes as the manifest says "
                               "(truncated or overwritten)")
-    if h.hexdigest() != info["sha256"]:
-        raise CheckpointError(f"{name} fails its SHA-256 checksum (corrupted)")
+    verify_buffer(buf, name, info)
     return buf
 
 

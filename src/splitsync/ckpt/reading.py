@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,8 @@ from typing import Any
 import torch
 
 from splitsync import comm
-from splitsync.ckpt.chunked import CHUNK, load_bytes, read_verified, refused
+from splitsync.ckpt.chunked import load_bytes, read_verified, refused
+from splitsync.ckpt.digest import verify_fd
 from splitsync.ckpt.fs import Storage
 from splitsync.ckpt.store import CheckpointError, parse_manifest
 
@@ -70,66 +70,39 @@ def list_candidates(storage: Storage) -> Listing:
 def read_part(storage: Storage, name: str, rel: str, info: dict[str, Any]) -> Any:
     """One ``torch.save`` file of checkpoint ``name``, verified, then loaded (weights only).
 
-    Local files are hashed in one sequential pass and then memory-mapped, so their tensors
-    are not copied a second time; from object storage the verified bytes are loaded.
+    A local file is read and hashed once, chunks by several threads at once, and then
+    memory-mapped: its pages are in the page cache by then, so it is neither read from the
+    disk nor copied a second time. From object storage the verified bytes are loaded.
     """
-    label = f"{rel}"
     if storage.local:
         path = Path(storage.root) / name / rel
-        with open(path, "rb", buffering=0) as f:
-            _hash_only(f, label, info)
+        _verify_local(path, rel, info)
         import pickle
 
         try:  # verified just now; mapped, so the tensors are not copied again
             return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except pickle.UnpicklingError as e:
-            raise refused(label, e) from None
+            raise refused(rel, e) from None
     with storage.open(name, rel) as f:
-        return load_bytes(read_verified(f, label, info), label)
+        return load_bytes(read_verified(f, rel, info), rel)
 
 
-def _hash_only(f: Any, label: str, info: dict[str, Any]) -> None:
-    """Like read_verified, with a reusable pair of buffers (nothing kept)."""
-    import hashlib
-
-    size = int(info["size"])
-    bufs = [bytearray(CHUNK), bytearray(CHUNK)]
-    h = hashlib.sha256()
-    got, i = 0, 0
-    if hasattr(os, "posix_fadvise"):
-        try:
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        except OSError:
-            pass
-    with ThreadPoolExecutor(1, thread_name_prefix="ckpt-hash") as pool:
-        pending = None
-        while True:
-            view = memoryview(bufs[i])
-            n = f.readinto(view)
-            if not n:
-                break
-            if pending is not None:
-                pending.result()  # the other buffer is free again
-            pending = pool.submit(h.update, view[:n])
-            got += n
-            i = 1 - i
-        if pending is not None:
-            pending.result()
-    if got != size:
-        raise CheckpointError(f"{label} is {got} bytes, the manifest says {size} "
-                              "(truncated or overwritten)")
-    if h.hexdigest() != info["sha256"]:
-        raise CheckpointError(f"{label} fails its SHA-256 checksum (corrupted)")
+def _verify_local(path: Path, label: str, info: dict[str, Any]) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        verify_fd(fd, label, info)
+    finally:
+        os.close(fd)
 
 
 def verify_files(storage: Storage, name: str, rels: Iterable[str],
                  files: dict[str, dict[str, Any]]) -> None:
     """Hash ``rels`` without loading them (files another library reads, e.g. DCP shards)."""
     for rel in rels:
-        with storage.open(name, rel) as f:
-            if storage.local:
-                _hash_only(f, rel, files[rel])
-            else:
+        if storage.local:
+            _verify_local(Path(storage.root) / name / rel, rel, files[rel])
+        else:
+            with storage.open(name, rel) as f:
                 read_verified(f, rel, files[rel])
 
 

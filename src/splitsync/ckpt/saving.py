@@ -53,7 +53,7 @@ def collective_ok(rank: int, fn: Callable[[], None], what: str, only_rank0: bool
 
 def _dcp_files(storage: Storage, work: str, rank: int) -> dict[str, dict[str, Any]]:
     """Size and SHA-256 of the DCP files this rank wrote (rank 0: also DCP's metadata)."""
-    from splitsync.ckpt.store import sha256_file
+    from splitsync.ckpt.digest import digest_path
 
     base = Path(storage.root) / work / DCP_DIR
     mine = f"__{rank}_"
@@ -61,7 +61,7 @@ def _dcp_files(storage: Storage, work: str, rank: int) -> dict[str, dict[str, An
     for p in sorted(base.iterdir()):
         if p.is_file() and (p.name.startswith(mine) or (rank == 0 and not p.name.startswith("__"))):
             # DCP writes these itself, so they are hashed in a pass after its own fsync.
-            out[f"{DCP_DIR}/{p.name}"] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
+            out[f"{DCP_DIR}/{p.name}"] = digest_path(p)
     return out
 
 

@@ -139,6 +139,18 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return parse_manifest(text)
 
 
+def _chunk_digests(path: Path, chunk: int) -> list[str]:
+    out = []
+    with open(path, "rb") as f:
+        while True:
+            data = f.read(chunk)
+            if not data and out:
+                return out
+            out.append(hashlib.sha256(data).hexdigest())
+            if len(data) < chunk:
+                return out
+
+
 def verify(path: Path) -> dict[str, Any]:
     """Check every file against the manifest; return the manifest body or raise CheckpointError."""
     body = read_manifest(path)
@@ -151,7 +163,10 @@ def verify(path: Path) -> dict[str, Any]:
             what = "zero bytes" if size == 0 else f"{size} bytes"
             raise CheckpointError(f"{rel} is {what}, the manifest says {info['size']} "
                                   "(truncated or overwritten)")
-        if sha256_file(f) != info["sha256"]:
+        if "sha256_chunks" in info:  # one digest per chunk (resume checks them in parallel)
+            if _chunk_digests(f, int(info["chunk_bytes"])) != info["sha256_chunks"]:
+                raise CheckpointError(f"{rel} fails its SHA-256 checksum (corrupted)")
+        elif sha256_file(f) != info["sha256"]:
             raise CheckpointError(f"{rel} fails its SHA-256 checksum (corrupted)")
     return body
 
