@@ -6,8 +6,9 @@ Every round measures, in rotating order and in the same processes: an in-memory 
 state (the floor for any save's stall), a blocking ``run.save``, the stall of a background
 ``run.save(blocking=False)`` and its write throughput, the disk's own sequential write+fsync
 speed for the same number of bytes, a resume (read caches dropped first) and the disk's own
-cold sequential read of the same files. Peak RSS above the pre-save level is sampled during
-the background save. Medians over rounds and their ratios are printed (rank 0).
+cold sequential read of the same files (their cached pages dropped the same way). Peak RSS
+above the pre-save level is sampled during background saves; the largest is reported (the
+first background save allocates the staging buffers that later ones reuse). Medians over rounds and their ratios are printed (rank 0).
 """
 
 from __future__ import annotations
@@ -171,8 +172,11 @@ def main() -> None:
         ("resume (cold cache)", f"{med['resume_Bps'] / 1e6:.0f} MB/s",
          f"{med['resume_Bps'] / med['disk_read_Bps']:.2f}x the disk (target >= 0.8x)"),
         ("disk sequential read (cold)", f"{med['disk_read_Bps'] / 1e6:.0f} MB/s", ""),
-        ("peak RSS extra, background save", f"{med['rss_extra_B'] / 1e9:.2f} GB",
-         f"{med['rss_extra_B'] / res['state_bytes']:.2f}x the state (target <= 1x)"),
+        # the first background save allocates the staging buffers every later one reuses:
+        # the largest peak over the rounds is the one to compare, not the median
+        ("peak RSS extra, background save", f"{max(res['rss_extra_B']) / 1e9:.2f} GB",
+         f"{max(res['rss_extra_B']) / res['state_bytes']:.2f}x the state, max over rounds "
+         "(target <= 1x)"),
     ]
     for name, value, ratio in rows:
         print(f"{name:34s} {value:>12s}  {ratio}")
