@@ -284,10 +284,11 @@ class Run:
             return
         self._closed = True
         try:
-            # a background save commits (or reports its failure) before anything is torn down
-            self._checkpoints.settle(wait=True, raise_errors=clean)
-            for obs in reversed(overriding(self._observers, "on_close")):
-                obs.on_close(clean)  # e.g. debug mode: last cross-check, then unpatch
+            try:  # a background save commits (or raises its failure) before teardown
+                self._checkpoints.settle(wait=True, raise_errors=clean)
+            finally:
+                for obs in reversed(overriding(self._observers, "on_close")):
+                    obs.on_close(clean)  # e.g. debug mode: last cross-check, then unpatch
             if clean and self._owns_group and self.world_size > 1:
                 self._barrier_before_teardown()
         finally:

@@ -157,3 +157,41 @@ def test_failed_background_write_is_raised_and_loses_nothing(tmp_path: Path) -> 
         assert "No space left" in res["error"] and "earlier checkpoints are untouched" in \
             res["error"]
         assert res["resumed"] == 2 and res["same"]
+
+
+def one_group(rank: int, world: int, root: str) -> dict[str, Any]:
+    """Several resumes, each followed by background saves: one background group per run."""
+    import torch.distributed as dist
+
+    holder = ss.init(seed=0)
+    try:
+        out: dict[str, Any] = {}
+        with ss.init(seed=0) as run:
+            model, opt = _build(run)
+            groups, watched = [], []
+            for k in range(3):
+                run.resume(f"{root}/g", model=model, optimizer=opt, save_blocking=False)
+                _step(run, model, opt, k)
+                h = run.save()
+                groups.append(run._checkpoints._group)
+                watched.append(len(run.observers))  # the step-boundary watch is attached
+                h.wait()
+                _step(run, model, opt, k)  # ...and removed at the next step once done
+                watched.append(len(run.observers))
+            out["same_group"] = all(g is groups[0] for g in groups) and groups[0] is not None
+            out["watched"] = watched
+            before = len(dist.distributed_c10d._world.pg_map)
+        out["destroyed"] = before - len(dist.distributed_c10d._world.pg_map)
+        return out
+    finally:
+        holder.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_one_background_group_per_run_destroyed_on_close(tmp_path: Path) -> None:
+    for res in spawn(one_group, 2, str(tmp_path), timeout=140):
+        assert res["same_group"], "a new gloo group per resume leaks groups"
+        base = res["watched"][1]
+        assert res["watched"] == [base + 1, base] * 3
+        assert res["destroyed"] == 1

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
+from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -96,23 +96,42 @@ def verify_fd(fd: int, label: str, info: dict[str, Any]) -> None:
             raise CheckpointError(f"{label} fails its SHA-256 checksum (corrupted)")
         return
     chunk = _expect_chunks(label, info)
-    local = threading.local()
+    for i, digest in enumerate(_hash_chunks(fd, size, chunk, label)):
+        _check(label, info, i, digest)
 
-    def one(i: int, start: int, n: int) -> None:
-        buf = getattr(local, "buf", None)
-        if buf is None:
-            buf = local.buf = memoryview(bytearray(chunk))
-        got = 0
-        while got < n:  # pread may return less than asked
-            k = os.preadv(fd, [buf[got:n]], start + got)
-            if k == 0:
-                raise CheckpointError(f"{label} ended early (truncated while being read)")
-            got += k
-        _check(label, info, i, hashlib.sha256(buf[:n]).hexdigest())
 
+def _hash_chunks(fd: int, size: int, chunk: int, label: str) -> list[str]:
+    """SHA-256 of every chunk of ``fd``: read in order by this thread (the disk sees one
+    sequential stream, as concurrent reads at scattered offsets defeat readahead), hashed by
+    a pool of threads, through a ring of reused buffers."""
+    count = max(1, -(-size // chunk))
+    ring = [memoryview(bytearray(chunk)) for _ in range(min(count, workers() + 2))]
+    if hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except OSError:
+            pass
+    os.lseek(fd, 0, os.SEEK_SET)
+    pending: deque[Future[str]] = deque()
+    digests: list[str] = []
     with ThreadPoolExecutor(workers(), thread_name_prefix="ckpt-verify") as pool:
-        for fut in [pool.submit(one, *r) for r in _ranges(size, chunk)]:
-            fut.result()
+        for i, start, n in _ranges(size, chunk):
+            if len(pending) == len(ring):  # the oldest hash frees the buffer reused now
+                digests.append(pending.popleft().result())
+            buf = ring[i % len(ring)]
+            got = 0
+            while got < n:
+                k = os.readv(fd, [buf[got:n]])
+                if k == 0:
+                    raise CheckpointError(f"{label} ended early (truncated while being read)")
+                got += k
+            pending.append(pool.submit(_sha, buf[:n]))
+        digests.extend(f.result() for f in pending)
+    return digests
+
+
+def _sha(view: memoryview) -> str:
+    return hashlib.sha256(view).hexdigest()
 
 
 def verify_buffer(buf: Any, label: str, info: dict[str, Any]) -> None:
@@ -141,12 +160,7 @@ def digest_path(path: Path) -> dict[str, Any]:
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
-
-        def one(start: int, n: int) -> str:
-            return hashlib.sha256(os.pread(fd, n, start)).hexdigest()
-
-        with ThreadPoolExecutor(workers(), thread_name_prefix="ckpt-digest") as pool:
-            digests = list(pool.map(lambda r: one(r[1], r[2]), _ranges(size, CHUNK)))
+        digests = _hash_chunks(fd, size, CHUNK, str(path))
     finally:
         os.close(fd)
     return {"size": size, "chunk_bytes": CHUNK, "sha256_chunks": digests}
