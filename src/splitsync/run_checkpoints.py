@@ -32,7 +32,9 @@ class _SaveWatch(Observer):
     def __init__(self, part: Checkpoints) -> None:
         self.part = part
 
-    def on_step_begin(self, optimizer: torch.optim.Optimizer) -> None:
+    def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None) -> None:
+        # After the step, not before: each rank learns of the failure at its own step, and a
+        # rank that raised before stepping would have skipped a step the others took.
         self.part.settle(wait=False)
 
 

@@ -135,7 +135,9 @@ def _failing(root: str) -> dict[str, Any]:
         deadline = time.monotonic() + 60
         try:  # raised at a run.step boundary once the background write has failed
             while time.monotonic() < deadline:
-                _step(run, model, opt, 5)
+                # no collective here: each rank learns of the failure at its own step, and
+                # a rank gone on to an all-reduce the other never joins would wait forever
+                run.step(opt)
                 time.sleep(0.01)
         except ss.ckpt.CheckpointError as e:
             err = str(e)
