@@ -17,7 +17,7 @@ from ckpt_crash_script import Data
 from torch import nn
 
 import splitsync as ss
-from splitsync.ckpt import background, saving
+from splitsync.ckpt import background, staging
 
 
 def die(*_: Any, **__: Any) -> None:
@@ -26,7 +26,7 @@ def die(*_: Any, **__: Any) -> None:
 
 def arm(point: str, rank: int) -> None:
     if point == "staging":  # while copying the state to host memory
-        saving.stage = die
+        staging.Stager.stage = die  # type: ignore[method-assign]
     elif point == "writing":  # in the background thread, with a part half written
         real = background.write_object
 
