@@ -28,6 +28,8 @@ class RunConfig:
     run_dir: str | None = None
     deterministic: bool = False
     strategy_options: dict[str, Any] = field(default_factory=dict)
+    loggers: tuple[str, ...] | None = None  # None: the default trackers (see splitsync.trackers)
+    straggler_threshold: float | None = 0.5  # None: no straggler report
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGY_NAMES:
@@ -41,5 +43,11 @@ class RunConfig:
                 f"accumulate={self.accumulate!r}: give the number of micro-batches per "
                 "optimizer step, an integer >= 1."
             )
+        if self.straggler_threshold is not None and (
+                isinstance(self.straggler_threshold, bool)
+                or not isinstance(self.straggler_threshold, (int, float))
+                or not self.straggler_threshold >= 0):
+            raise ValueError(f"straggler_threshold={self.straggler_threshold!r}: give a "
+                             "fraction >= 0 (0.5: the slowest rank 50% slower) or None.")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed={self.seed!r}: give a non-negative integer or None.")
