@@ -29,7 +29,7 @@ class StepClock:
     __slots__ = ("_mark", "_own", "_steps")
 
     def __init__(self) -> None:
-        self._mark = time.perf_counter()
+        self._mark = -1.0  # paused until the first backward/step ends: setup is not a step
         self._own = 0.0
         self._steps = 0
 
