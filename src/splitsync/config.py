@@ -8,6 +8,7 @@ from typing import Any
 
 from splitsync.precision import PRECISIONS, check_precision_name
 from splitsync.strategies import STRATEGY_NAMES
+from splitsync.stragglers import DEFAULT_THRESHOLD
 
 __all__ = ["RunConfig", "PRECISIONS"]
 
@@ -29,7 +30,7 @@ class RunConfig:
     deterministic: bool = False
     strategy_options: dict[str, Any] = field(default_factory=dict)
     loggers: tuple[str, ...] | None = None  # None: the default trackers (see splitsync.trackers)
-    straggler_threshold: float | None = 0.5  # None: no straggler report
+    straggler_threshold: float | None = DEFAULT_THRESHOLD  # None: no straggler report
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGY_NAMES:
@@ -48,6 +49,6 @@ class RunConfig:
                 or not isinstance(self.straggler_threshold, (int, float))
                 or not self.straggler_threshold >= 0):
             raise ValueError(f"straggler_threshold={self.straggler_threshold!r}: give a "
-                             "fraction >= 0 (0.5: the slowest rank 50% slower) or None.")
+                             "fraction of a step >= 0 (0.25: the others wait a quarter of each step for the slowest rank) or None.")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed={self.seed!r}: give a non-negative integer or None.")
