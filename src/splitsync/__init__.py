@@ -36,10 +36,11 @@ __all__ = [
     "init", "Run", "RunConfig", "DistEnv", "EnvError", "detect_env", "move_to",
     "seed_everything", "Throughput", "ResumeState", "CheckpointError", "GroupError",
     "DesyncError", "DeviceMismatchError", "ConfigMismatchError", "ParameterMismatchError",
-    "CollectiveTimeoutError", "__version__",
+    "CollectiveTimeoutError", "launch", "__version__",
 ]
 
 if TYPE_CHECKING:
+    from splitsync import launch  # callable: splitsync.launch(fn, nprocs=N, args=...)
     from splitsync.ckpt.session import ResumeState
     from splitsync.ckpt.store import CheckpointError
     from splitsync.config import RunConfig

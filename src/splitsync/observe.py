@@ -12,7 +12,7 @@ Hooks run in registration order, except :meth:`Observer.on_close`, which runs in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -73,6 +73,15 @@ class Observer:
         return fn(*args)
 
     # --- output and lifecycle ----------------------------------------------------------
+    def log_extra(self) -> Sequence[float]:
+        """``run.log`` with metrics, on every rank before its all-reduce: numbers to average
+        in that same collective (as many on every rank). Their means go to
+        :meth:`on_log_extra`; riding along costs no collective of its own."""
+        return ()
+
+    def on_log_extra(self, means: list[float]) -> None:
+        """``run.log``, on every rank: the means of what :meth:`log_extra` gave."""
+
     def on_log(self, record: Mapping[str, int | float]) -> None:
         """``run.log``: the metrics averaged over ranks."""
 

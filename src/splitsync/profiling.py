@@ -1,16 +1,18 @@
 """``with run.profile(wait=1, warmup=1, active=3, ranks=(0,)):``, torch.profiler stepped by run.step.
 
 On the chosen ranks, ``torch.profiler.profile`` runs with that schedule (CPU activity,
-plus CUDA on a GPU); every ``run.step`` inside the block advances it. Each finished
-active window is written by ``tensorboard_trace_handler`` as a Chrome trace
-(``<dir>/rank<r>.<time>.pt.trace.json``), which TensorBoard's profiler plugin and
-Perfetto both open. When the block ends, the lowest profiled rank prints a short table
+plus CUDA on a GPU); every ``run.step`` inside the block advances it, through an observer
+(:class:`ProfileStepper`, ``on_step_end``) attached only while the block is open: outside
+it, ``run.step`` is the plain one. Each finished active window is written by
+``tensorboard_trace_handler`` as a Chrome trace (``<dir>/rank<r>.<time>.pt.trace.json``),
+which TensorBoard's profiler plugin and Perfetto both open. When the block ends, the lowest profiled rank prints a short table
 of the top ops by self time and writes it to ``<dir>/rank<r>-top-ops.txt``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +20,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["profile_steps", "PROFILE_DIR", "top_ops_table"]
+from splitsync.observe import Observer
+
+__all__ = ["profile_steps", "ProfileStepper", "PROFILE_DIR", "top_ops_table"]
 
 PROFILE_DIR = "profile"
 _log = logging.getLogger("splitsync")
@@ -37,11 +41,22 @@ def top_ops_table(prof: Any, device: torch.device, rows: int = 10) -> str:
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
+class ProfileStepper(Observer):
+    """Advances one profiler's schedule after every ``run.step``."""
+
+    def __init__(self, prof: Any) -> None:
+        self.prof = prof
+
+    def on_step_end(self, optimizer: torch.optim.Optimizer,
+                    norm: torch.Tensor | None) -> None:
+        self.prof.step()
+
+
 @contextmanager
-def profile_steps(run: Any, *, wait: int, warmup: int, active: int, repeat: int,
-                  ranks: Sequence[int] | None, dir: Path | None, rows: int,
-                  record_shapes: bool, with_stack: bool,
-                  profile_memory: bool) -> Iterator[Any]:
+def profile_steps(run: Any, *, wait: int, warmup: int, active: int, repeat: int = 1,
+                  ranks: Sequence[int] | None = (0,), dir: str | os.PathLike[str] | None = None,
+                  rows: int = 10, record_shapes: bool = False, with_stack: bool = False,
+                  profile_memory: bool = False) -> Iterator[Any]:
     """Profile this rank's steps (when it is among ``ranks``); yields the profiler or None."""
     _check(wait, warmup, active, repeat)
     chosen = tuple(range(run.world_size)) if ranks is None else tuple(ranks)
@@ -53,7 +68,8 @@ def profile_steps(run: Any, *, wait: int, warmup: int, active: int, repeat: int,
             raise ValueError("run.profile() writes traces under run_dir: pass "
                              "init(run_dir=...) or run.profile(dir=...).")
         dir = Path(run.config.run_dir) / PROFILE_DIR
-    if run._profiler is not None:
+    dir = Path(dir)
+    if any(isinstance(o, ProfileStepper) for o in run.observers):
         raise RuntimeError("run.profile() is already active; profiles do not nest.")
     if run.rank not in chosen:
         yield None
@@ -71,11 +87,11 @@ def profile_steps(run: Any, *, wait: int, warmup: int, active: int, repeat: int,
         record_shapes=record_shapes, with_stack=with_stack, profile_memory=profile_memory,
     )
     prof.start()
-    run._profiler = prof
+    stepper = run.add_observer(ProfileStepper(prof))
     try:
         yield prof
     finally:
-        run._profiler = None
+        run.remove_observer(stepper)  # run.step is the plain one again
         prof.stop()  # an unfinished active window is written now
     if prof.step_num < wait + warmup + 1:
         _log.warning("run.profile: the block ended after %d step(s), before the first active "

@@ -8,6 +8,8 @@ import json
 import logging
 from pathlib import Path
 
+import pytest
+
 from splitsync.testing import spawn
 
 
@@ -20,7 +22,8 @@ class _Collect(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def _train(run, steps: int, slow_rank: int | None = None, sleep: float = 0.0) -> None:
+def _train(run, steps: int, slow_rank: int | None = None, sleep: float = 0.0,
+           mean_first: bool = False) -> None:
     import time
 
     import torch
@@ -32,6 +35,8 @@ def _train(run, steps: int, slow_rank: int | None = None, sleep: float = 0.0) ->
         if run.rank == slow_rank:
             time.sleep(sleep)  # a slow data pipeline on one rank
         loss = model(torch.randn(8, 16)).pow(2).mean()
+        if mean_first:  # the fast rank waits here, not in the backward
+            run.mean(loss.detach())
         run.backward(loss)
         run.step(opt)
 
@@ -66,20 +71,32 @@ def test_profile_writes_a_trace_naming_the_model_ops_on_chosen_ranks(tmp_path: P
     assert any("before the first active step" in m for m in msgs0)
 
 
-def _straggler_rank(rank: int, world_size: int) -> list[str]:
+def _straggler_rank(rank: int, world_size: int, mean_first: bool = False,
+                    threshold: float | None = 0.25) -> tuple[list[str], int]:
     import splitsync as ss
+    from splitsync.stragglers import StepClock
 
     handler = _Collect()
-    with ss.init(seed=0) as run, contextlib.redirect_stdout(io.StringIO()):
+    with ss.init(seed=0, straggler_threshold=threshold) as run, \
+            contextlib.redirect_stdout(io.StringIO()):
         logging.getLogger("splitsync").addHandler(handler)
-        _train(run, 5, slow_rank=1, sleep=0.3)
+        clocks = sum(isinstance(o, StepClock) for o in run.observers)
+        _train(run, 5, slow_rank=1, sleep=0.3, mean_first=mean_first)
         run.log(loss=1.0)
-    return [m for m in handler.messages if m.startswith("straggler")]
+    return [m for m in handler.messages if m.startswith("straggler")], clocks
 
 
-def test_straggler_report_names_the_slow_rank() -> None:
-    reports0, reports1 = spawn(_straggler_rank, 2, timeout=180)
+@pytest.mark.parametrize("mean_first", [False, True])
+def test_straggler_report_names_the_slow_rank(mean_first: bool) -> None:
+    """Also when the fast rank does its waiting in run.mean: collectives pause the clock."""
+    (reports0, clocks), (reports1, _) = spawn(_straggler_rank, 2, mean_first, timeout=180)
+    assert clocks == 1
     assert reports1 == []  # rank 0 reports
     assert len(reports0) == 1, reports0
     assert "rank 1 is slowest" in reports0[0]
     assert "min" in reports0[0] and "median" in reports0[0] and "max" in reports0[0]
+
+
+def test_no_clock_and_no_report_with_threshold_none() -> None:
+    (reports0, clocks), _ = spawn(_straggler_rank, 2, False, None, timeout=180)
+    assert clocks == 0 and reports0 == []
