@@ -13,6 +13,7 @@ Hooks run in registration order, except :meth:`Observer.on_close`, which runs in
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -106,17 +107,13 @@ def chain_around(observers: Iterable[Observer]) -> Callable[..., Any] | None:
         return None
     if len(chain) == 1:
         return chain[0].around_collective
+    outer = chain[0].around_collective
+    inner = [o.around_collective for o in reversed(chain[1:])]
 
     def call(op: str, fn: Callable[..., Any], *args: Any) -> Any:
-        for obs in reversed(chain):
-            fn = _bound(obs, op, fn)
-        return fn(*args)
+        # C-level partials, no closure of ours per layer: this runs on every backward
+        for around in inner:
+            fn = partial(around, op, fn)
+        return outer(op, fn, *args)
 
     return call
-
-
-def _bound(obs: Observer, op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    def inner(*args: Any) -> Any:
-        return obs.around_collective(op, fn, *args)
-
-    return inner
