@@ -79,20 +79,43 @@ class IterSource(Source):
 
 
 class HFSource(Source):
-    """A Hugging Face ``datasets.IterableDataset``: its own shards, skipped by its own state."""
+    """A stream with ``n_shards`` and ``shard(num_shards, index)``: a Hugging Face
+    ``datasets.IterableDataset``, or a torch IterableDataset with the same two members.
 
-    kind = "Hugging Face IterableDataset"
+    Offsets inside a shard use the shard's own ``state_dict``/``load_state_dict`` where it
+    has them (HF: Arrow-backed shards jump over record batches without decoding them),
+    else its ``skip``, else reading and dropping.
+    """
 
-    def __init__(self, ds: Any) -> None:
+    def __init__(self, ds: Any, kind: str = "Hugging Face IterableDataset") -> None:
         self.ds = ds
+        self.kind = kind
+        self.hf = type(ds).__module__.split(".")[0] == "datasets"
         self.n_shards = int(ds.n_shards)
-        self.skips_by_reading = False
+        if self.n_shards < 1:
+            raise ValueError(f"{kind} reports n_shards={self.n_shards}; need at least 1.")
+        self.skips_by_reading = not callable(getattr(ds, "state_dict", None))
 
     def open(self, shard: int, start: int) -> Iterator[Any]:
-        part = self.ds.shard(num_shards=self.n_shards, index=shard, contiguous=True)
+        part = self.ds.shard(num_shards=self.n_shards, index=shard)
         if start and not _hf_seek(part, start):
-            part = part.skip(start)  # the library's own skip: reads and drops
-        return iter(part)
+            if callable(getattr(part, "skip", None)):
+                part = part.skip(start)  # the library's own skip: reads and drops
+            else:
+                return islice(iter(part), start, None)
+        return _hf_rows(part) if self.hf else iter(part)
+
+
+def _hf_rows(part: Any, chunk: int = 256) -> Iterator[dict[str, Any]]:
+    """Rows of an HF stream through its public ``iter(batch_size)``: unlike ``iter(ds)`` it
+    does not split itself among DataLoader workers (splitsync already gave this worker its
+    shard), and it converts columns a chunk at a time."""
+    for cols in part.iter(batch_size=chunk):
+        keys = list(cols)
+        if not keys:
+            continue
+        for i in range(len(cols[keys[0]])):
+            yield {k: cols[k][i] for k in keys}
 
 
 def _hf_seek(part: Any, start: int) -> bool:
@@ -101,9 +124,11 @@ def _hf_seek(part: Any, start: int) -> bool:
     Arrow-backed shards then jump over whole record batches without decoding them. Only a
     state with exactly one example counter is rewritten; anything else uses ``skip``.
     """
+    if not callable(getattr(part, "state_dict", None)):
+        return False
     try:
         state = part.state_dict()
-    except (AttributeError, NotImplementedError, TypeError):
+    except (NotImplementedError, TypeError):
         return False
     found: list[dict[str, Any]] = []
 
@@ -156,11 +181,16 @@ def _is_file_list(data: Any) -> bool:
                for x in data)
 
 
+def _shardable(data: Any) -> bool:
+    return isinstance(getattr(data, "n_shards", None), int) and callable(
+        getattr(data, "shard", None))
+
+
 def is_stream(data: Any) -> bool:
     """True for data that ``run.loader`` reads as a stream rather than by index."""
     if isinstance(data, (Source, IterableDataset)) or _is_file_list(data):
         return True
-    if type(data).__module__.split(".")[0] == "datasets" and hasattr(data, "n_shards"):
+    if _shardable(data):
         return True
     indexable = hasattr(data, "__len__") and hasattr(data, "__getitem__")
     return hasattr(data, "__iter__") and not indexable
@@ -171,8 +201,9 @@ def as_source(data: Any) -> Source:
     if isinstance(data, Source):
         return data
     root = type(data).__module__.split(".")[0]
-    if root == "datasets" and hasattr(data, "n_shards"):
-        return HFSource(data)
+    if _shardable(data):
+        kind = "Hugging Face IterableDataset" if root == "datasets" else type(data).__name__
+        return HFSource(data, kind)
     if root == "webdataset":
         return _from_webdataset(data)
     if _is_file_list(data):
