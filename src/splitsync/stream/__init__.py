@@ -24,7 +24,8 @@ def build_stream_loader(data: Any, *, batch_size: int, shuffle: bool, drop_last:
                         num_workers: int, collate_fn: Callable[[list[Any]], Any] | None,
                         rank: int, world_size: int, seed: int, device: torch.device,
                         on_iter: Callable[[Any], None] | None = None, at_end: str = "stop",
-                        buffer_size: int = DEFAULT_BUFFER, **extra: Any) -> StreamLoader:
+                        buffer_size: int = DEFAULT_BUFFER, agree_every: int = 64,
+                        **extra: Any) -> StreamLoader:
     """A :class:`StreamLoader` over ``data``; ``batch_size`` is per process."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: give a positive per-process batch size.")
@@ -46,4 +47,5 @@ def build_stream_loader(data: Any, *, batch_size: int, shuffle: bool, drop_last:
     generator = torch.Generator().manual_seed(seed * 1000003 + rank)
     loader = DataLoader(readers, batch_size=None, num_workers=num_workers, generator=generator,
                         **extra)
-    return StreamLoader(readers, loader, device, at_end=at_end, on_iter=on_iter)
+    return StreamLoader(readers, loader, device, at_end=at_end, on_iter=on_iter,
+                        agree_every=agree_every)

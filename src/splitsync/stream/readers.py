@@ -120,34 +120,42 @@ class StreamReaders(IterableDataset):
         worker = info.id if info is not None else 0
         return ((worker + self.rotation) % self.workers) * self.world + self.rank
 
-    def _tagged(self, shards: list[int]) -> Iterator[tuple[int, Any]]:
+    def _runs(self, shards: list[int]) -> Iterator[tuple[int, Iterator[Any]]]:
+        """(shard, its samples in epoch order from its offset) for ``shards`` in turn."""
         for s in shards:
-            for x in window_shuffled(self.source, s, self.offsets[s], self.window, self.seed,
-                                     self.epoch):
-                yield s, x
+            yield s, window_shuffled(self.source, s, self.offsets[s], self.window, self.seed,
+                                     self.epoch)
 
     def __iter__(self) -> Iterator[tuple[Any, list[tuple[int, int]]]]:
         j, r = self.reader(), self.layout.readers
         order = self.shard_order()
         if self.layout.mode == "shard":
-            stream = self._tagged(order[j::r])
-            return self._batches(stream)
-        return self._batches(self._dealt(self._tagged(order), j, r))
+            return self._batches(self._runs(order[j::r]), j, 1)
+        return self._batches(self._runs(order), j, r)
 
-    def _dealt(self, stream: Iterator[tuple[int, Any]], j: int, r: int
-               ) -> Iterator[tuple[int, Any]]:
-        b = self.batch_size
-        for i, item in enumerate(stream):
-            if (i // b) % r == j:
-                yield item
-
-    def _batches(self, stream: Iterator[tuple[int, Any]]
+    def _batches(self, runs: Iterator[tuple[int, Iterator[Any]]], j: int, r: int
                  ) -> Iterator[tuple[Any, list[tuple[int, int]]]]:
-        while True:
-            items = list(islice(stream, self.batch_size))
-            if not items or (self.drop_last and len(items) < self.batch_size):
-                return
-            counts: dict[int, int] = {}
-            for s, _ in items:
-                counts[s] = counts.get(s, 0) + 1
-            yield self.collate([x for _, x in items]), sorted(counts.items())
+        """Batches of ``batch_size`` over the concatenated runs, keeping global batches
+        j, j+r, ... (r=1: all). Counts per shard are kept per run, not per sample."""
+        b = self.batch_size
+        items: list[Any] = []
+        counts: list[tuple[int, int]] = []
+        index = skipped = 0  # global batch number; samples of another reader's batch read
+        for s, samples in runs:
+            taken = 0  # samples of shard s in the current batch
+            for x in samples:
+                if r > 1 and index % r != j:  # another reader's batch: read past it
+                    skipped += 1
+                    if skipped == b:
+                        skipped, index = 0, index + 1
+                    continue
+                items.append(x)
+                taken += 1
+                if len(items) == b:
+                    counts.append((s, taken))
+                    yield self.collate(items), counts
+                    items, counts, taken, index = [], [], 0, index + 1
+            if taken:
+                counts.append((s, taken))
+        if items and not self.drop_last:
+            yield self.collate(items), counts
