@@ -28,6 +28,7 @@ _EXPORTS = {
     "ConfigMismatchError": "splitsync.guards.consistency",
     "ParameterMismatchError": "splitsync.guards.consistency",
     "CollectiveTimeoutError": "splitsync.guards.hangs",
+    "Shards": "splitsync.stream.sources",
 }
 
 _SUBMODULES = ("testing", "launch")
@@ -36,7 +37,7 @@ __all__ = [
     "init", "Run", "RunConfig", "DistEnv", "EnvError", "detect_env", "move_to",
     "seed_everything", "Throughput", "ResumeState", "CheckpointError", "GroupError",
     "DesyncError", "DeviceMismatchError", "ConfigMismatchError", "ParameterMismatchError",
-    "CollectiveTimeoutError", "launch", "__version__",
+    "CollectiveTimeoutError", "launch", "Shards", "__version__",
 ]
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from splitsync.api import init
     from splitsync.runtime import Run
     from splitsync.seeding import seed_everything
+    from splitsync.stream.sources import Shards
     from splitsync.throughput import Throughput
 
 

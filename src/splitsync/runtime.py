@@ -128,7 +128,11 @@ class Run:
     def loader(self, data: Dataset | DataLoader, batch_size: int | None = None, *,
                shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
                collate_fn: Any = None, **extra: Any) -> DeviceLoader:
-        """A loader over this rank's shard; ``batch_size`` is per process."""
+        """A loader over this rank's shard; ``batch_size`` is per process.
+
+        A stream (IterableDataset, HF streaming dataset, webdataset, shard files, any
+        iterable) gets a :class:`~splitsync.stream.StreamLoader`; see docs/streams.md.
+        """
         loader = self._data.build(data, batch_size, shuffle=shuffle, drop_last=drop_last,
                                   num_workers=num_workers, collate_fn=collate_fn, **extra)
         self._checkpoints.attach_loader(loader)  # made after run.resume: continue from it
