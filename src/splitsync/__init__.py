@@ -28,6 +28,7 @@ _EXPORTS = {
     "ConfigMismatchError": "splitsync.guards.consistency",
     "ParameterMismatchError": "splitsync.guards.consistency",
     "CollectiveTimeoutError": "splitsync.guards.hangs",
+    "Shards": "splitsync.stream.sources",
 }
 
 _SUBMODULES = ("testing", "launch")
@@ -36,10 +37,11 @@ __all__ = [
     "init", "Run", "RunConfig", "DistEnv", "EnvError", "detect_env", "move_to",
     "seed_everything", "Throughput", "ResumeState", "CheckpointError", "GroupError",
     "DesyncError", "DeviceMismatchError", "ConfigMismatchError", "ParameterMismatchError",
-    "CollectiveTimeoutError", "__version__",
+    "CollectiveTimeoutError", "launch", "Shards", "__version__",
 ]
 
 if TYPE_CHECKING:
+    from splitsync import launch  # callable: splitsync.launch(fn, nprocs=N, args=...)
     from splitsync.ckpt.session import ResumeState
     from splitsync.ckpt.store import CheckpointError
     from splitsync.config import RunConfig
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
     from splitsync.api import init
     from splitsync.runtime import Run
     from splitsync.seeding import seed_everything
+    from splitsync.stream.sources import Shards
     from splitsync.throughput import Throughput
 
 

@@ -1,8 +1,9 @@
 """``splitsync.init()``: detect the launcher, form the group, and assemble the :class:`Run`.
 
 This is the one place that knows which tools exist: it attaches the guards (from the
-config) and the ``splitsync verify`` recorder (from the environment) to the run as
-observers. The core (``runtime`` and the Run's parts) never names them.
+config), the straggler clock (runs of two or more processes, unless
+``straggler_threshold=None``) and the ``splitsync verify`` recorder (from the environment)
+to the run as observers. The core (``runtime`` and the Run's parts) never names them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 
 from splitsync import comm
-from splitsync.config import RunConfig
+from splitsync.config import DEFAULT_STRAGGLER_THRESHOLD, RunConfig
 from splitsync.device import choose_device, default_backend
 from splitsync.env import detect_env
 from splitsync.group import destroy_group, init_group
@@ -25,6 +26,8 @@ from splitsync.observe import Observer
 from splitsync.precision import get_precision
 from splitsync.runtime import Run
 from splitsync.seeding import draw_seed, seed_everything
+from splitsync.stragglers import StepClock
+from splitsync.trackers import require_packages
 from splitsync.verify.record import from_environ as verify_recorder
 
 __all__ = ["init"]
@@ -34,11 +37,16 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
          device: str | torch.device | None = None, backend: str | None = None,
          accumulate: int = 1, timeout: float | timedelta = timedelta(minutes=10),
          debug: bool = False, guards: bool = True, run_dir: str | None = None,
-         deterministic: bool = False, save_blocking: bool = True,
-         **strategy_options: Any) -> Run:
+         deterministic: bool = False, loggers: str | list[str] | tuple[str, ...] | None = None,
+         straggler_threshold: float | None = DEFAULT_STRAGGLER_THRESHOLD,
+         save_blocking: bool = True, **strategy_options: Any) -> Run:
     """Detect the launcher, pick the device, form the process group and seed every RNG.
 
-    ``save_blocking=False`` makes ``run.save`` write checkpoints in the background.
+    ``loggers`` picks the trackers ``run.log`` writes to ("jsonl", "csv", "tensorboard",
+    "wandb", "mlflow"; None: JSONL, CSV and TensorBoard under ``run_dir``). ``run.log``
+    reports the slowest rank when the others wait for it more than ``straggler_threshold``
+    of each step (None: no report, and no clock). ``save_blocking=False`` makes ``run.save``
+    write checkpoints in the background.
     """
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
@@ -46,7 +54,11 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
                        device=None if device is None else str(device), backend=backend,
                        accumulate=accumulate, timeout=timeout, debug=debug, guards=guards,
                        run_dir=run_dir, deterministic=deterministic,
-                       save_blocking=save_blocking, strategy_options=strategy_options)
+                       save_blocking=save_blocking,
+                       strategy_options=strategy_options, loggers=loggers,  # type: ignore[arg-type]
+                       straggler_threshold=straggler_threshold)
+    if config.loggers is not None:
+        require_packages(config.loggers)  # a missing package fails now, not mid-run
     env = detect_env()  # validated before any network call
     dev = choose_device(env, device)
     policy = get_precision(precision, dev)  # "16-mixed" on a CPU fails here, before the network
@@ -67,6 +79,9 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         verify = verify_recorder(os.environ, env.rank, env.world_size)
         if verify is not None:
             observers.append(verify)
+        if config.straggler_threshold is not None and env.world_size > 1:
+            # innermost around the collectives: it times the call itself, not the guards
+            observers.append(StepClock(env.rank, env.world_size, config.straggler_threshold))
     except BaseException:
         if owns:
             destroy_group()

@@ -8,8 +8,12 @@ from typing import Any
 
 from splitsync.precision import PRECISIONS, check_precision_name
 from splitsync.strategies import STRATEGY_NAMES
+from splitsync.trackers import check_loggers
 
-__all__ = ["RunConfig", "PRECISIONS"]
+__all__ = ["RunConfig", "PRECISIONS", "DEFAULT_STRAGGLER_THRESHOLD"]
+
+# run.log reports the slowest rank when the others wait for it a quarter of every step
+DEFAULT_STRAGGLER_THRESHOLD = 0.25
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,8 @@ class RunConfig:
     deterministic: bool = False
     save_blocking: bool = True  # run.save's default; False: background saves
     strategy_options: dict[str, Any] = field(default_factory=dict)
+    loggers: tuple[str, ...] | None = None  # None: the default trackers (see splitsync.trackers)
+    straggler_threshold: float | None = DEFAULT_STRAGGLER_THRESHOLD  # None: no report
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGY_NAMES:
@@ -42,5 +48,14 @@ class RunConfig:
                 f"accumulate={self.accumulate!r}: give the number of micro-batches per "
                 "optimizer step, an integer >= 1."
             )
+        # a list or one name becomes a tuple of valid names; an unknown one lists the valid ones
+        object.__setattr__(self, "loggers", check_loggers(self.loggers))
+        if self.straggler_threshold is not None and (
+                isinstance(self.straggler_threshold, bool)
+                or not isinstance(self.straggler_threshold, (int, float))
+                or not self.straggler_threshold >= 0):
+            raise ValueError(f"straggler_threshold={self.straggler_threshold!r}: give a "
+                             "fraction of a step >= 0 (0.25: report when the others wait a "
+                             "quarter of each step for the slowest rank) or None.")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed={self.seed!r}: give a non-negative integer or None.")

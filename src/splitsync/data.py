@@ -17,9 +17,14 @@ from torch.utils.data import (
 )
 
 from splitsync.device import move_to
+from splitsync.permute import Permutation
 from splitsync.seeding import worker_init_fn
 
-__all__ = ["ShardSampler", "DeviceLoader", "build_loader", "loader_kwargs_from"]
+__all__ = ["ShardSampler", "DeviceLoader", "build_loader", "loader_kwargs_from", "ORDERS"]
+
+# "bijection": a seeded permutation computed per index (memory and epoch start flat in n);
+# "randperm": torch.randperm's order, identical to torch's DistributedSampler (O(n) memory).
+ORDERS = ("bijection", "randperm")
 
 
 class ShardSampler(DistributedSampler):
@@ -29,6 +34,11 @@ class ShardSampler(DistributedSampler):
     DistributedSampler does), so after every rank has read n samples exactly the first
     n*W positions are consumed. Resuming skips those positions by index, without
     reading any data, and deals the rest out over the new world size.
+
+    ``order="randperm"`` (the default here) reproduces DistributedSampler's order exactly and,
+    like it, holds the epoch's permutation in memory; ``order="bijection"`` (what
+    ``run.loader`` uses) computes each position's index on the fly with a seeded Feistel
+    permutation, so memory and epoch-start time do not grow with the dataset.
     """
 
     def __init__(
@@ -39,11 +49,16 @@ class ShardSampler(DistributedSampler):
         shuffle: bool,
         seed: int,
         drop_last: bool = False,
+        *,
+        order: str = "randperm",
     ) -> None:
+        if order not in ORDERS:
+            raise ValueError(f"order={order!r}: choose one of {ORDERS}.")
         super().__init__(
             dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed,
             drop_last=drop_last,
         )
+        self.order = order
         self.start = 0  # global positions of this epoch already consumed
         self._resume_epoch: int | None = None
         self._set_sizes()
@@ -55,15 +70,19 @@ class ShardSampler(DistributedSampler):
         self.total_size = self.num_samples * world
 
     def global_order(self) -> list[int]:
-        """The epoch's order over the whole dataset (same on every rank)."""
+        """The epoch's order over the whole dataset (same on every rank); O(n), for inspection."""
         n = len(self.dataset)  # type: ignore[arg-type]
         if not self.shuffle:
             return list(range(n))
+        if self.order == "bijection":
+            return list(Permutation(n, self.seed, self.epoch).iter_positions(0, n, 1))
         g = torch.Generator()
         g.manual_seed(self.seed + self.epoch)
         return torch.randperm(n, generator=g).tolist()
 
     def __iter__(self) -> Iterator[int]:
+        if self.order == "bijection":
+            return self._iter_bijection()
         rest = self.global_order()[self.start :]
         if self.drop_last:
             rest = rest[: self.total_size]
@@ -71,6 +90,31 @@ class ShardSampler(DistributedSampler):
             reps = math.ceil(self.total_size / len(rest))
             rest = (rest * reps)[: self.total_size]  # pad like DistributedSampler
         return iter(rest[self.rank : self.total_size : self.num_replicas])
+
+    def _iter_bijection(self) -> Iterator[int]:
+        # Same positions as the list path: rank r reads padded positions r, r+W, ... of the
+        # remaining order; a padded position q wraps to q mod remaining, as the list repeats.
+        n = len(self.dataset)  # type: ignore[arg-type]
+        remaining = n - self.start
+        if remaining <= 0 or self.total_size == 0:
+            return
+        perm = Permutation(n, self.seed, self.epoch) if self.shuffle else None
+        real_stop = min(self.total_size, remaining)
+        for lo, hi in ((self.rank, real_stop), (self._first_pad(real_stop), self.total_size)):
+            if lo >= hi:
+                continue
+            if perm is None:
+                yield from (self.start + q % remaining for q in range(lo, hi, self.num_replicas))
+            elif hi <= remaining:
+                yield from perm.iter_positions(self.start + lo, self.start + hi, self.num_replicas)
+            else:  # padding: few positions (< world size), computed one by one
+                yield from (perm[self.start + q % remaining]
+                            for q in range(lo, hi, self.num_replicas))
+
+    def _first_pad(self, real_stop: int) -> int:
+        """This rank's first position at or beyond ``real_stop`` (the padded tail)."""
+        w, r = self.num_replicas, self.rank
+        return real_stop + (r - real_stop) % w
 
     def __len__(self) -> int:
         return self.num_samples
@@ -179,14 +223,19 @@ def build_loader(
     seed: int,
     device: torch.device,
     on_iter: Callable[[DeviceLoader], None] | None = None,
+    order: str = "bijection",
     **extra: Any,
 ) -> DeviceLoader:
-    """A DataLoader over this rank's shard; ``batch_size`` is per process, never rescaled."""
+    """A DataLoader over this rank's shard; ``batch_size`` is per process, never rescaled.
+
+    ``order`` is the shuffle order (see :class:`ShardSampler`): "bijection" by default, flat
+    in the dataset's size; "randperm" for DistributedSampler's exact order.
+    """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: give a positive per-process batch size.")
     sampler = ShardSampler(
         dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,  # type: ignore[arg-type]
-        drop_last=drop_last,
+        drop_last=drop_last, order=order,
     )
     # Distinct, reproducible worker seeds per rank: the generator seeds the workers' base.
     generator = torch.Generator()

@@ -1,31 +1,29 @@
 """``run.log(**metrics)``: average over ranks, print once, append to files in the run directory.
 
 Every rank must call ``run.log`` with the same names (it is a collective). All values travel
-in one all-reduce. Rank 0 prints one line and appends the averaged record to
-``<run_dir>/metrics.jsonl`` and ``<run_dir>/metrics.csv``, and to TensorBoard under
-``<run_dir>/tensorboard`` when the ``tensorboard`` package is installed.
+in one all-reduce. Rank 0 prints one line and hands the averaged record to the trackers
+chosen with ``init(loggers=...)``; by default it appends to ``<run_dir>/metrics.jsonl`` and
+``<run_dir>/metrics.csv``, and to TensorBoard under ``<run_dir>/tensorboard`` when the
+``tensorboard`` package is installed.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import numbers
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 
 from splitsync import comm
+from splitsync.trackers.fanout import Trackers, chosen
+from splitsync.trackers.files import CSV_NAME, JSONL_NAME
 
-__all__ = ["average_metrics", "format_record", "MetricsLog", "JSONL_NAME", "CSV_NAME"]
+__all__ = ["average_metrics", "average_metrics_with", "format_record", "MetricsLog", "JSONL_NAME", "CSV_NAME"]
 
-JSONL_NAME = "metrics.jsonl"
-CSV_NAME = "metrics.csv"
-TENSORBOARD_DIR = "tensorboard"
 
 Value = int | float
 
@@ -58,22 +56,38 @@ def average_metrics(metrics: Mapping[str, Any], device: torch.device) -> dict[st
 
     Integers whose average is a whole number stay integers (an epoch number stays 3).
     """
+    return average_metrics_with(metrics, device)[0]
+
+
+def average_metrics_with(metrics: Mapping[str, Any], device: torch.device,
+                         extra: Sequence[float] = ()) -> tuple[dict[str, Value], list[float]]:
+    """:func:`average_metrics`, with ``extra`` numbers averaged in the same all-reduce.
+
+    Other tools ride on the one collective ``run.log`` already does (the straggler report
+    sends each rank's step time this way). Every rank must give as many extras; without
+    metrics nothing is reduced and the extras come back as given.
+    """
     names = sorted(metrics)  # the same order on every rank, whatever the call's order
     checked = {n: _check(n, metrics[n]) for n in names}
     if not names:
-        return {}
+        return {}, list(extra)
     # One tensor, one collective; tensors are stacked on the device without a host sync.
     parts = [v.to(device) if isinstance(v, torch.Tensor) else
              torch.tensor(v, dtype=torch.float64, device=device) for v, _ in checked.values()]
-    mean = comm.reduce(torch.stack(parts), "mean", device)
+    if extra:
+        parts.append(torch.tensor(list(extra), dtype=torch.float64, device=device))
+        flat = torch.cat([p.reshape(-1) for p in parts])
+    else:
+        flat = torch.stack(parts)
+    mean = comm.reduce(flat, "mean", device)
     values = mean.tolist()  # type: ignore[union-attr]
-    averaged = dict(zip(names, values, strict=True))
+    averaged = dict(zip(names, values[:len(names)], strict=True))
     out: dict[str, Value] = {}
     for name in metrics:  # keep the caller's order for display
         value = averaged[name]
         was_int = checked[name][1]
         out[name] = int(value) if was_int and math.isfinite(value) and value.is_integer() else value
-    return out
+    return out, values[len(names):]
 
 
 def _fmt(value: Value) -> str:
@@ -88,81 +102,54 @@ def format_record(record: Mapping[str, Value]) -> str:
 
 
 class MetricsLog:
-    """Rank 0's sinks: console, JSONL, CSV, optional TensorBoard. Opened lazily."""
+    """Rank 0's sinks: the console plus the chosen trackers (see splitsync.trackers).
+
+    ``loggers=None`` keeps the default: JSONL, CSV and TensorBoard (when installed) under
+    ``run_dir``, nothing but the console without one. Trackers open on the first write
+    (or the first hyperparameters) and get ``params`` once.
+    """
 
     def __init__(self, run_dir: str | os.PathLike[str] | None, stream: TextIO | None = None,
-                 echo: bool = True) -> None:
+                 echo: bool = True, loggers: Sequence[str] | None = None,
+                 params: Mapping[str, Any] | None = None) -> None:
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.stream = stream
         self.echo = echo
         self.calls = 0
-        self._csv_header: list[str] | None = None
-        self._tb: Any = None
-        self._tb_tried = False
+        self.loggers = loggers
+        self._params = dict(params or {})
+        self._trackers: Trackers | None = None
+
+    @property
+    def trackers(self) -> Trackers:
+        """The open trackers (opened now if they are not yet)."""
+        if self._trackers is None:
+            self._trackers = Trackers(chosen(self.loggers, self.run_dir), self.run_dir)
+            if self._params:
+                self._trackers.log_params(self._params)
+        return self._trackers
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Record hyperparameters with every tracker (each name once)."""
+        self.trackers.log_params(params)
 
     def write(self, record: Mapping[str, Value]) -> None:
-        """Print ``record`` and append it to every file sink."""
+        """Print ``record`` and hand it to every tracker with its step.
+
+        The step is the record's ``step`` when it has one, else the number of calls so far.
+        """
         self.calls += 1
         if self.echo:
             print(format_record(record), file=self.stream, flush=True)
-        if self.run_dir is None or not record:
-            return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.run_dir / JSONL_NAME, "a", encoding="utf-8") as f:
-            f.write(json.dumps(dict(record), allow_nan=True) + "\n")
-        self._append_csv(record)
-        self._tensorboard(record)
-
-    def _append_csv(self, record: Mapping[str, Value]) -> None:
-        path = self.run_dir / CSV_NAME  # type: ignore[operator]
-        if self._csv_header is None:  # first write, maybe into a resumed run's file
-            self._csv_header = _read_header(path)
-        header = self._csv_header
-        new = [k for k in record if k not in header]
-        if header and new:
-            # A new column: rewrite the file once with the wider header (atomic replace).
-            header = header + new
-            with open(path, newline="", encoding="utf-8") as f:
-                rows = list(csv.DictReader(f))
-            tmp = path.with_name(path.name + ".tmp")
-            with open(tmp, "w", newline="", encoding="utf-8") as f:
-                writer = csv.DictWriter(f, fieldnames=header)
-                writer.writeheader()
-                writer.writerows(rows)
-            os.replace(tmp, path)
-        elif not header:
-            header = list(record)
-            with open(path, "w", newline="", encoding="utf-8") as f:
-                csv.DictWriter(f, fieldnames=header).writeheader()
-        self._csv_header = header
-        with open(path, "a", newline="", encoding="utf-8") as f:
-            csv.DictWriter(f, fieldnames=header).writerow(dict(record))
-
-    def _tensorboard(self, record: Mapping[str, Value]) -> None:
-        if not self._tb_tried:
-            self._tb_tried = True
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # optional extra "tensorboard"; files above still get written
-                return
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / TENSORBOARD_DIR))  # type: ignore[operator]
-        if self._tb is None:
+        if not record:
             return
         step = int(record["step"]) if "step" in record else self.calls
-        for name, value in record.items():
-            if name != "step":
-                self._tb.add_scalar(name, value, step)
-        self._tb.flush()
+        self.trackers.log_metrics(record, step)
 
     def close(self) -> None:
-        """Close the TensorBoard writer, if one was opened."""
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        """Close every tracker that was opened."""
+        if self._trackers is not None:
+            self._trackers.close()
+            self._trackers = None
 
 
-def _read_header(path: Path) -> list[str]:
-    if not path.exists() or path.stat().st_size == 0:
-        return []
-    with open(path, newline="", encoding="utf-8") as f:
-        return next(csv.reader(f), [])

@@ -12,7 +12,8 @@ Hooks run in registration order, except :meth:`Observer.on_close`, which runs in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -73,6 +74,15 @@ class Observer:
         return fn(*args)
 
     # --- output and lifecycle ----------------------------------------------------------
+    def log_extra(self) -> Sequence[float]:
+        """``run.log`` with metrics, on every rank before its all-reduce: numbers to average
+        in that same collective (as many on every rank). Their means go to
+        :meth:`on_log_extra`; riding along costs no collective of its own."""
+        return ()
+
+    def on_log_extra(self, means: list[float]) -> None:
+        """``run.log``, on every rank: the means of what :meth:`log_extra` gave."""
+
     def on_log(self, record: Mapping[str, int | float]) -> None:
         """``run.log``: the metrics averaged over ranks."""
 
@@ -97,17 +107,13 @@ def chain_around(observers: Iterable[Observer]) -> Callable[..., Any] | None:
         return None
     if len(chain) == 1:
         return chain[0].around_collective
+    outer = chain[0].around_collective
+    inner = [o.around_collective for o in reversed(chain[1:])]
 
     def call(op: str, fn: Callable[..., Any], *args: Any) -> Any:
-        for obs in reversed(chain):
-            fn = _bound(obs, op, fn)
-        return fn(*args)
+        # C-level partials, no closure of ours per layer: this runs on every backward
+        for around in inner:
+            fn = partial(around, op, fn)
+        return outer(op, fn, *args)
 
     return call
-
-
-def _bound(obs: Observer, op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    def inner(*args: Any) -> Any:
-        return obs.around_collective(op, fn, *args)
-
-    return inner

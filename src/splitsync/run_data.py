@@ -38,7 +38,12 @@ class Loaders:
     def build(self, data: Dataset | DataLoader, batch_size: int | None, *, shuffle: bool,
               drop_last: bool, num_workers: int, collate_fn: Any,
               **extra: Any) -> DeviceLoader:
-        """A loader over this rank's shard (see ``Run.loader``)."""
+        """A loader over this rank's shard (see ``Run.loader``); streams get a StreamLoader."""
+        from splitsync.stream.sources import is_stream
+
+        if is_stream(data.dataset if isinstance(data, DataLoader) else data):
+            return self._stream(data, batch_size, shuffle=shuffle, drop_last=drop_last,
+                                num_workers=num_workers, collate_fn=collate_fn, **extra)
         if isinstance(data, DataLoader):
             kwargs = loader_kwargs_from(data)
             if kwargs.get("worker_init_fn") is None:
@@ -54,6 +59,22 @@ class Loaders:
             kwargs = obs.loader_kwargs(kwargs)
         loader = build_loader(rank=self.rank, world_size=self.world_size, seed=self.seed,
                               device=self.device, on_iter=self._set_active, **kwargs)
+        self.all.append(loader)
+        return loader
+
+    def _stream(self, data: Any, batch_size: int | None, **kwargs: Any) -> Any:
+        from splitsync.stream import build_stream_loader
+
+        if isinstance(data, DataLoader):  # keep the DataLoader's own batching options
+            batch_size = batch_size or data.batch_size
+            kwargs.update(num_workers=data.num_workers, drop_last=data.drop_last,
+                          collate_fn=kwargs["collate_fn"] or data.collate_fn)
+            data = data.dataset
+        if batch_size is None:
+            raise TypeError("run.loader(stream, batch_size=...) needs a per-process batch_size.")
+        loader = build_stream_loader(data, batch_size=batch_size, rank=self.rank,
+                                     world_size=self.world_size, seed=self.seed,
+                                     device=self.device, on_iter=self._set_active, **kwargs)
         self.all.append(loader)
         return loader
 

@@ -1,9 +1,9 @@
 """The :class:`Run` handle the user's script talks to (made by ``splitsync.init``).
 
-A Run is who this process is plus parts it delegates to: the loaders (``run_data``), the
-training step (``run_training``), the collectives (``run_collectives``) and checkpoints
-(``run_checkpoints``) and the models (``run_models``). Tools watch it through observers (``splitsync.observe``); the Run
-knows none of them by name.
+A Run is who this process is plus parts it delegates to: models (``run_models``), loaders
+(``run_data``), the training step (``run_training``), collectives (``run_collectives``),
+checkpoints (``run_checkpoints``) and ``run.log`` (``run_logging``). Tools watch it through
+observers (``splitsync.observe``); the Run knows none of them by name.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from splitsync.device import move_to
 from splitsync.env import DistEnv
 from splitsync.group import destroy_group
 from splitsync.logs import get_logger
-from splitsync.metrics import MetricsLog, average_metrics
 from splitsync.observe import Observer, overriding
 from splitsync.precision import Precision, get_precision
 from splitsync.progress import progress as _progress
 from splitsync.run_checkpoints import Checkpoints
 from splitsync.run_collectives import Collectives
 from splitsync.run_data import Loaders
+from splitsync.run_logging import Logging, run_settings
 from splitsync.run_models import Models
 from splitsync.run_training import Training
 from splitsync.strategies import Strategy, unwrap
@@ -64,7 +64,6 @@ class Run:
         self.log_handler = handler
         self._owns_group = owns_group
         self._closed = False
-        self._metrics: MetricsLog | None = None
         if precision is None:
             precision = get_precision(config.precision, device)
         # backward/step functions for this precision and accumulation, chosen once
@@ -76,8 +75,9 @@ class Run:
                                         self.add_observer, self.remove_observer)
         self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
                               config.strategy_options)
+        self._logging = Logging(config, device, self.is_main,
+                                run_settings(config, self.world_size, seed, device, backend))
         self._observers: tuple[Observer, ...] = ()
-        self._on_log: tuple[Observer, ...] = ()
         for obs in observers:
             self.add_observer(obs)
 
@@ -102,20 +102,17 @@ class Run:
     def _set_observers(self, observers: tuple[Observer, ...]) -> None:
         # Each part chooses its functions here, once, not per call.
         self._observers = observers
-        self._on_log = overriding(observers, "on_log")
-        for part in (self._models, self._data, self._training, self._collectives, self._checkpoints):
+        for part in (self._models, self._data, self._training, self._collectives,
+                     self._checkpoints, self._logging):
             part.set_observers(observers)
 
     # --- model -------------------------------------------------------------------------
     def model(self, module: nn.Module, *, strategy: str | None = None,
               sync_batchnorm: bool = False, compile: bool | dict[str, Any] = False,
               autocast: bool = True, **options: Any) -> nn.Module:
-        """Move ``module`` to the device and wrap it for the chosen strategy.
-
-        The forward then runs under the run's precision (autocast, unless ``autocast=False``)
-        and accumulation; ``compile=True`` (or a dict of ``torch.compile`` options) compiles
-        it after wrapping.
-        """
+        """Move ``module`` to the device and wrap it for the chosen strategy; its forward runs
+        under the run's precision (unless ``autocast=False``) and accumulation.
+        ``compile=True`` (or a dict of ``torch.compile`` options) compiles it after wrapping."""
         return self._models.wrap(module, strategy, sync_batchnorm=sync_batchnorm,
                                  compile=compile, autocast=autocast, options=options)
 
@@ -132,7 +129,11 @@ class Run:
     def loader(self, data: Dataset | DataLoader, batch_size: int | None = None, *,
                shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
                collate_fn: Any = None, **extra: Any) -> DeviceLoader:
-        """A loader over this rank's shard; ``batch_size`` is per process."""
+        """A loader over this rank's shard; ``batch_size`` is per process.
+
+        A stream (IterableDataset, HF streaming dataset, webdataset, shard files, any
+        iterable) gets a :class:`~splitsync.stream.StreamLoader`; see docs/streams.md.
+        """
         loader = self._data.build(data, batch_size, shuffle=shuffle, drop_last=drop_last,
                                   num_workers=num_workers, collate_fn=collate_fn, **extra)
         self._checkpoints.attach_loader(loader)  # made after run.resume: continue from it
@@ -153,12 +154,9 @@ class Run:
 
     def step(self, optimizer: torch.optim.Optimizer,
              clip: float | None = None) -> torch.Tensor | None:
-        """Step the optimizer, then zero its gradients (set to None).
-
-        With ``accumulate=k`` only every k-th call steps (the others return at once).
-        ``clip`` clips gradients to that global norm first (unscaled under "16-mixed") and
-        the norm before clipping is returned; without ``clip`` the result is None.
-        """
+        """Step the optimizer, then zero its gradients (set to None). With ``accumulate=k``
+        only every k-th call steps. ``clip`` clips gradients to that global norm first
+        (unscaled under "16-mixed") and returns the norm before clipping; else None."""
         return self._training.step(optimizer, clip)
 
     def autocast(self) -> AbstractContextManager[Any]:
@@ -262,15 +260,24 @@ class Run:
         return _progress(iterable, show=self.is_main, total=total, desc=desc, every=every)
 
     def log(self, **metrics: Any) -> dict[str, int | float]:
-        """Average ``metrics`` over ranks; rank 0 prints them and appends them to run_dir."""
-        record = average_metrics(metrics, self.device)
-        if self.is_main:
-            if self._metrics is None:
-                self._metrics = MetricsLog(self.config.run_dir)
-            self._metrics.write(record)
-        for obs in self._on_log:
-            obs.on_log(record)
-        return record
+        """Average ``metrics`` over ranks (one all-reduce); rank 0 prints them and hands them
+        to the trackers chosen with ``init(loggers=...)``."""
+        return self._logging.log(metrics)
+
+    def log_config(self, params: dict[str, Any]) -> None:
+        """Record ``params`` (nested dicts allowed) once as hyperparameters with every
+        tracker, next to splitsync's own settings (rank 0 records)."""
+        self._logging.log_config(params)
+
+    def profile(self, *, wait: int = 1, warmup: int = 1, active: int = 3,
+                ranks: Sequence[int] | None = (0,), **options: Any) -> AbstractContextManager[Any]:
+        """``torch.profiler`` with this schedule on ``ranks`` (None: all), stepped by
+        :meth:`step`; traces under ``<run_dir>/profile`` and a table of the top ops. Options:
+        ``repeat``, ``dir``, ``rows``, ``record_shapes``, ``with_stack``, ``profile_memory``."""
+        from splitsync.profiling import profile_steps
+
+        return profile_steps(self, wait=wait, warmup=warmup, active=active, ranks=ranks,
+                             **options)
 
     @property
     def logger(self) -> logging.Logger:
@@ -290,24 +297,19 @@ class Run:
                 for obs in reversed(overriding(self._observers, "on_close")):
                     obs.on_close(clean)  # e.g. debug mode: last cross-check, then unpatch
             if clean and self._owns_group and self.world_size > 1:
-                self._barrier_before_teardown()
+                # Every rank ends its communication before any tears its group down (a rank
+                # that exits early can abort a peer inside gloo); best effort, reported.
+                try:
+                    self.barrier()
+                except Exception as exc:  # the collective's error says which rank and why
+                    get_logger().warning("not every rank reached close(): %s", exc)
         finally:
-            if self._metrics is not None:
-                self._metrics.close()
+            self._logging.close()
             self._checkpoints.close(clean=False)  # also destroys the background group
             if self.log_handler is not None:
                 get_logger().removeHandler(self.log_handler)
             if self._owns_group:
                 destroy_group()
-
-    def _barrier_before_teardown(self) -> None:
-        # Every rank finishes its communication before any tears its group down: a rank
-        # that exits early can abort a peer still inside gloo. Best effort: a rank that
-        # does not arrive is reported, and teardown goes on.
-        try:
-            self.barrier()
-        except Exception as exc:  # the collective's own error says which rank and why
-            get_logger().warning("not every rank reached close(): %s", exc)
 
     def __enter__(self) -> Run:
         return self

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import splitsync
@@ -61,3 +63,20 @@ def test_import_is_lazy() -> None:
 def test_every_public_name_resolves() -> None:
     for name in splitsync.__all__:
         assert getattr(splitsync, name) is not None
+
+
+def test_every_public_name_is_documented_in_the_readme() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    missing = [n for n in splitsync.__all__ if f"`{n}`" not in readme]
+    assert not missing and "launch" in splitsync.__all__, missing
+
+
+def test_loggers_and_straggler_threshold_are_checked_in_the_config() -> None:
+    assert RunConfig(loggers=["jsonl", "mlflow"]).loggers == ("jsonl", "mlflow")
+    assert RunConfig(loggers="csv").loggers == ("csv",)
+    with pytest.raises(ValueError, match="Valid loggers: jsonl, csv, tensorboard, wandb, mlflow"):
+        RunConfig(loggers=["comet"])
+    for bad in (-0.1, "high", True):
+        with pytest.raises(ValueError, match="straggler_threshold"):
+            RunConfig(straggler_threshold=bad)  # type: ignore[arg-type]
+    assert RunConfig(straggler_threshold=None).straggler_threshold is None

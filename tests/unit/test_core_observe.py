@@ -112,3 +112,34 @@ def test_a_hook_not_overridden_is_never_called() -> None:
         assert run._training.backward is run._plan.backward  # backward untouched
         run.log(acc=0.5)
         assert obs.records == [{"acc": 0.5}]
+
+
+def test_log_extra_rides_in_run_logs_reduce_and_comes_back(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    import splitsync.metrics as metrics
+
+    class Rider(Observer):
+        def __init__(self, values: list[float]) -> None:
+            self.values, self.back = values, []  # type: list[float], list[list[float]]
+
+        def log_extra(self) -> list[float]:
+            return self.values
+
+        def on_log_extra(self, means: list[float]) -> None:
+            self.back.append(means)
+
+    reduced: list[int] = []
+    real = metrics.comm.reduce
+    monkeypatch.setattr(metrics.comm, "reduce",
+                        lambda t, op, dev: reduced.append(t.numel()) or real(t, op, dev))
+    with ss.init(seed=0, guards=False) as run:
+        a, b = run.add_observer(Rider([1.0, 2.0])), run.add_observer(Rider([3.0]))
+        assert run.log(loss=0.5, step=3) == {"loss": 0.5, "step": 3}
+        assert reduced == [5]  # one collective: two metrics and three extras
+        assert a.back == [[1.0, 2.0]] and b.back == [[3.0]]
+        run.log()  # nothing to reduce: no collective, the riders are not asked
+        assert reduced == [5] and len(a.back) == 1
+        run.remove_observer(a)
+        run.remove_observer(b)
+        run.log(loss=0.5)
+        assert reduced == [5, 1]

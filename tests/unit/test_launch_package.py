@@ -31,13 +31,6 @@ def test_calling_forwards_to_notebook_launch(monkeypatch: pytest.MonkeyPatch) ->
     assert seen == [(print, 2, (1,), {"start_method": "spawn"})]
 
 
-def test_placeholder_says_it_is_not_available() -> None:
-    import splitsync
-
-    with pytest.raises(NotImplementedError, match=r"splitsync\.launch\(fn, \.\.\.\) is not available"):
-        splitsync.launch(print, nprocs=2, args=())
-
-
 def test_importing_splitsync_and_launch_modules_leaves_torch_unloaded() -> None:
     code = ("import sys, splitsync; splitsync.launch; "
             "import splitsync.launch.spec, splitsync.launch.argv, splitsync.launch.cluster, "

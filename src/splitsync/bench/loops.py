@@ -102,8 +102,11 @@ class SplitsyncLoop(Loop):
         self.run_ = ctx["run"]
         self.model = self.run_.model(module)
         self.opt = self._sgd()
+        # DistributedSampler's order, so that both loops see the same batches and their
+        # parameters can be compared bit for bit (the default order's cost per index is
+        # measured by benchmarks/stream_bench.py).
         self.loader = self.run_.loader(self.wl.dataset, batch_size=self.wl.batch_size,
-                                       shuffle=True, drop_last=True)
+                                       shuffle=True, drop_last=True, order="randperm")
 
     def batches(self) -> Any:
         return self.loader

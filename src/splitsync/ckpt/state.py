@@ -12,6 +12,7 @@ from torch import nn
 from splitsync.ckpt.store import CheckpointError
 from splitsync.data import DeviceLoader
 from splitsync.strategies.state import module_state, optimizer_from_fqn, optimizer_to_fqn
+from splitsync.stream.loader import StreamLoader
 
 __all__ = [
     "capture_rng", "restore_rng", "loader_position", "restore_loader", "is_sharded",
@@ -52,12 +53,15 @@ def restore_rng(state: Mapping[str, Any]) -> None:
 
 
 # --- loaders -----------------------------------------------------------------------------
-def loader_position(loader: DeviceLoader) -> tuple[dict[str, int], torch.Tensor | None]:
+def loader_position(loader: DeviceLoader | StreamLoader
+                    ) -> tuple[dict[str, Any], torch.Tensor | None]:
     """(epoch, global positions consumed) to continue from, and the generator state to restore.
 
     Mid-pass the generator is restored to its state *before* the pass began, so the resumed
     iterator draws the same worker base seed as the interrupted one did.
     """
+    if isinstance(loader, StreamLoader):  # a stream: per-shard positions (collective)
+        return loader.position(), None
     s = loader.sampler
     epoch = s.epoch if s is not None else 0
     gen = loader.loader.generator
@@ -69,9 +73,18 @@ def loader_position(loader: DeviceLoader) -> tuple[dict[str, int], torch.Tensor 
     return {"epoch": epoch, "consumed": loader.consumed()}, loader.pass_generator_state
 
 
-def restore_loader(loader: DeviceLoader, pos: Mapping[str, int],
+def restore_loader(loader: DeviceLoader | StreamLoader, pos: Mapping[str, Any],
                    generator_state: torch.Tensor | None) -> None:
     """Make ``loader`` continue at ``pos``: positions already consumed are skipped by index."""
+    if isinstance(loader, StreamLoader):
+        if "offsets" not in pos:
+            raise CheckpointError("the checkpoint holds an indexed loader's position where "
+                                  "this run made a stream loader; make loaders in the same order.")
+        loader.resume_at(dict(pos))
+        return
+    if "offsets" in pos:
+        raise CheckpointError("the checkpoint holds a stream loader's position where this run "
+                              "made an indexed loader; make loaders in the same order.")
     s = loader.sampler
     if s is None:
         raise CheckpointError(

@@ -1,0 +1,217 @@
+"""What a stream is to splitsync: ``n_shards`` shards, each readable from any offset.
+
+Every kind of stream is adapted to one small interface, :class:`Source`, so the readers
+never care where samples come from: shard ``s`` opened at ``start`` yields that shard's
+samples from its ``start``-th on. A stream without shards is one shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import IterableDataset
+
+__all__ = ["Source", "Shards", "IterSource", "HFSource", "as_source", "is_stream", "read_file"]
+
+SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".jsonl", ".txt", ".json")
+_WDS_SPLITTERS = frozenset({"single_node_only", "split_by_node", "split_by_worker"})
+
+
+class Source:
+    """``n_shards`` shards; ``open(s, start)`` iterates shard ``s`` from its ``start``-th sample."""
+
+    n_shards: int = 1
+    kind: str = "stream"
+    skips_by_reading: bool = True  # False where the library jumps without decoding
+
+    def open(self, shard: int, start: int) -> Iterator[Any]:
+        raise NotImplementedError
+
+
+def read_file(path: str | os.PathLike[str]) -> Iterator[Any]:
+    """Samples of one shard file: webdataset samples of a tar, JSON objects, or text lines."""
+    name = str(path)
+    if name.endswith((".tar", ".tgz", ".tar.gz")):
+        import webdataset as wds
+
+        yield from wds.DataPipeline(wds.SimpleShardList([name]), wds.tarfile_to_samples())
+        return
+    with open(name, encoding="utf-8") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            yield json.loads(line) if name.endswith((".jsonl", ".json")) else line
+
+
+class Shards(Source):
+    """Explicit shards: ``Shards(files)`` or ``Shards(items, open=fn)`` (fn(item) -> samples).
+
+    ``open`` must be picklable (a module-level function) when the loader has workers.
+    """
+
+    kind = "shards"
+
+    def __init__(self, items: Sequence[Any],
+                 open: Callable[[Any], Iterable[Any]] = read_file) -> None:  # noqa: A002
+        if not items:
+            raise ValueError("Shards(...) needs at least one shard.")
+        self.items = list(items)
+        self.opener = open
+        self.n_shards = len(self.items)
+
+    def open(self, shard: int, start: int) -> Iterator[Any]:
+        return islice(iter(self.opener(self.items[shard])), start, None)
+
+
+class IterSource(Source):
+    """Any re-iterable of samples (a torch IterableDataset, a list, ...): one shard."""
+
+    def __init__(self, data: Iterable[Any], kind: str = "iterable") -> None:
+        self.data = data
+        self.kind = kind
+
+    def open(self, shard: int, start: int) -> Iterator[Any]:
+        return islice(iter(self.data), start, None)
+
+
+class HFSource(Source):
+    """A stream with ``n_shards`` and ``shard(num_shards, index)``: a Hugging Face
+    ``datasets.IterableDataset``, or a torch IterableDataset with the same two members.
+
+    Offsets inside a shard use the shard's own ``state_dict``/``load_state_dict`` where it
+    has them (HF: Arrow-backed shards jump over record batches without decoding them),
+    else its ``skip``, else reading and dropping.
+    """
+
+    def __init__(self, ds: Any, kind: str = "Hugging Face IterableDataset") -> None:
+        self.ds = ds
+        self.kind = kind
+        self.hf = type(ds).__module__.split(".")[0] == "datasets"
+        self.n_shards = int(ds.n_shards)
+        if self.n_shards < 1:
+            raise ValueError(f"{kind} reports n_shards={self.n_shards}; need at least 1.")
+        self.skips_by_reading = not callable(getattr(ds, "state_dict", None))
+
+    def open(self, shard: int, start: int) -> Iterator[Any]:
+        part = self.ds.shard(num_shards=self.n_shards, index=shard)
+        if start and not _hf_seek(part, start):
+            if callable(getattr(part, "skip", None)):
+                part = part.skip(start)  # the library's own skip: reads and drops
+            else:
+                return islice(iter(part), start, None)
+        return _hf_rows(part) if self.hf else iter(part)
+
+
+def _hf_rows(part: Any, chunk: int = 256) -> Iterator[dict[str, Any]]:
+    """Rows of an HF stream through its public ``iter(batch_size)``: unlike ``iter(ds)`` it
+    does not split itself among DataLoader workers (splitsync already gave this worker its
+    shard), and it converts columns a chunk at a time."""
+    for cols in part.iter(batch_size=chunk):
+        keys = list(cols)
+        if not keys:
+            continue
+        for i in range(len(cols[keys[0]])):
+            yield {k: cols[k][i] for k in keys}
+
+
+def _hf_seek(part: Any, start: int) -> bool:
+    """Position a one-shard HF stream at ``start`` through its own ``load_state_dict``.
+
+    Arrow-backed shards then jump over whole record batches without decoding them. Only a
+    state with exactly one example counter is rewritten; anything else uses ``skip``.
+    """
+    if not callable(getattr(part, "state_dict", None)):
+        return False
+    try:
+        state = part.state_dict()
+    except (NotImplementedError, TypeError):
+        return False
+    found: list[dict[str, Any]] = []
+
+    def walk(d: dict[str, Any]) -> None:
+        for k, v in d.items():
+            if k == "shard_example_idx":
+                found.append(d)
+            elif isinstance(v, dict):
+                walk(v)
+
+    walk(state)
+    if len(found) != 1 or found[0].get("shard_idx", 0) != 0:
+        return False
+    found[0]["shard_example_idx"] = start
+    part.load_state_dict(state)
+    return True
+
+
+class _WdsShards(Shards):
+    """A webdataset pipeline rebuilt per shard: its url list, then its own stages."""
+
+    kind = "webdataset pipeline"
+
+    def __init__(self, urls: Sequence[str], stages: Sequence[Any]) -> None:
+        super().__init__(urls, open=read_file)
+        self.stages = list(stages)
+
+    def open(self, shard: int, start: int) -> Iterator[Any]:
+        import webdataset as wds
+
+        pipe = wds.DataPipeline(wds.SimpleShardList([self.items[shard]]), *self.stages)
+        return islice(iter(pipe), start, None)
+
+
+def _from_webdataset(data: Any) -> Source:
+    stages = list(getattr(data, "pipeline", []))
+    urls = getattr(stages[0], "urls", None) if stages else None
+    if not isinstance(urls, list):
+        return IterSource(data, "webdataset pipeline")
+    rest = [s for s in stages[1:] if getattr(s, "__name__", "") not in _WDS_SPLITTERS]
+    return _WdsShards(urls, rest)
+
+
+def _is_file_list(data: Any) -> bool:
+    if not isinstance(data, (list, tuple)) or not data:
+        return False
+    if all(isinstance(x, os.PathLike) for x in data):
+        return True
+    return all(isinstance(x, str) and x.endswith(SHARD_SUFFIXES) and Path(x).is_file()
+               for x in data)
+
+
+def _shardable(data: Any) -> bool:
+    return isinstance(getattr(data, "n_shards", None), int) and callable(
+        getattr(data, "shard", None))
+
+
+def is_stream(data: Any) -> bool:
+    """True for data that ``run.loader`` reads as a stream rather than by index."""
+    if isinstance(data, (Source, IterableDataset)) or _is_file_list(data):
+        return True
+    if _shardable(data):
+        return True
+    indexable = hasattr(data, "__len__") and hasattr(data, "__getitem__")
+    return hasattr(data, "__iter__") and not indexable
+
+
+def as_source(data: Any) -> Source:
+    """The :class:`Source` for ``data`` (see :func:`is_stream`), or a clear error."""
+    if isinstance(data, Source):
+        return data
+    root = type(data).__module__.split(".")[0]
+    if _shardable(data):
+        kind = "Hugging Face IterableDataset" if root == "datasets" else type(data).__name__
+        return HFSource(data, kind)
+    if root == "webdataset":
+        return _from_webdataset(data)
+    if _is_file_list(data):
+        return Shards(list(data))
+    if iter(data) is data:  # a generator or iterator: one pass only, for one reader
+        raise TypeError(
+            f"run.loader got a one-shot {type(data).__name__}: every rank and worker (and "
+            "every epoch) needs its own pass. Pass something re-iterable instead: a "
+            "torch IterableDataset, a list, or splitsync.Shards(items, open=fn).")
+    kind = "torch IterableDataset" if isinstance(data, IterableDataset) else "iterable"
+    return IterSource(data, kind)
