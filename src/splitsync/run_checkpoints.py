@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from splitsync.observe import Observer, overriding
+from splitsync.observe import Observer, overriding, redirect
 from splitsync.run_data import Loaders
 
 if TYPE_CHECKING:
@@ -30,16 +30,21 @@ class Checkpoints:
         self.loaders = loaders
         self.checkpointer: Checkpointer | None = None
         self._on_save: tuple[Observer, ...] = ()
+        self._redirect: tuple[Observer, ...] = ()
 
     def set_observers(self, observers: Sequence[Observer]) -> None:
         self._on_save = overriding(observers, "on_save")
+        self._redirect = overriding(observers, "redirect_path")
+
+    def _path(self, path: str | os.PathLike[str]) -> Path:
+        return redirect(self._redirect, Path(path))
 
     def resume(self, dir: str | os.PathLike[str], *, keep: int = 3, **objects: Any) -> ResumeState:
         from splitsync.ckpt import Checkpointer
 
         if self.checkpointer is not None:
             self.checkpointer.close()
-        self.checkpointer = Checkpointer(Path(dir), objects, keep=keep, rank=self.rank,
+        self.checkpointer = Checkpointer(self._path(dir), objects, keep=keep, rank=self.rank,
                                          world_size=self.world_size)
         return self.checkpointer.load(self.loaders.all)
 
@@ -54,7 +59,7 @@ class Checkpoints:
         if ckpt is None:
             raise RuntimeError("run.save() saves the objects registered by run.resume(dir, "
                                "model=..., optimizer=...); call run.resume first.")
-        root = ckpt.root if dir is None else Path(dir)
+        root = ckpt.root if dir is None else self._path(dir)
         path = ckpt.save(root, self.loaders.all, step=step, epoch=epoch, extra=extra)
         for obs in self._on_save:
             obs.on_save(path, ckpt.step if step is None else step)
@@ -69,7 +74,7 @@ class Checkpoints:
                 raise TypeError("run.export(path) exports the model registered by run.resume; "
                                 f"{len(models)} are registered, so pass model=...")
             model = models[0]
-        return export_safetensors(model, path, self.rank)
+        return export_safetensors(model, self._path(path), self.rank)
 
     def close(self) -> None:
         if self.checkpointer is not None:
