@@ -86,7 +86,7 @@ class Observer:
     def redirect_path(self, path: Path) -> Path:
         """Where the run writes a file or directory the script named (``run.resume``/
         ``run.save`` checkpoint directories, ``run.export``, ``init(run_dir=...)``); a
-        sandbox (``splitsync verify``) returns a path of its own. Default: ``path``."""
+        tool that sandboxes a run returns a path of its own. Default: ``path``."""
         return path
 
     def on_log(self, record: Mapping[str, int | float]) -> None:
