@@ -29,6 +29,7 @@ _EXPORTS = {
     "ParameterMismatchError": "splitsync.guards.consistency",
     "CollectiveTimeoutError": "splitsync.guards.hangs",
     "Shards": "splitsync.stream.sources",
+    "StaleOptimizerError": "splitsync.stale",
 }
 
 _SUBMODULES = ("testing", "launch")
@@ -37,7 +38,7 @@ __all__ = [
     "init", "Run", "RunConfig", "DistEnv", "EnvError", "detect_env", "move_to",
     "seed_everything", "Throughput", "ResumeState", "CheckpointError", "GroupError",
     "DesyncError", "DeviceMismatchError", "ConfigMismatchError", "ParameterMismatchError",
-    "CollectiveTimeoutError", "launch", "Shards", "__version__",
+    "CollectiveTimeoutError", "StaleOptimizerError", "launch", "Shards", "__version__",
 ]
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from splitsync.api import init
     from splitsync.runtime import Run
     from splitsync.seeding import seed_everything
+    from splitsync.stale import StaleOptimizerError
     from splitsync.stream.sources import Shards
     from splitsync.throughput import Throughput
 

@@ -9,7 +9,9 @@ to the run as observers. The core (``runtime`` and the Run's parts) never names 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +24,7 @@ from splitsync.group import destroy_group, init_group
 from splitsync.guards.session import collective_timeout
 from splitsync.guards.session import start as start_guards
 from splitsync.logs import attach_rank_handler
-from splitsync.observe import Observer
+from splitsync.observe import Observer, redirect
 from splitsync.precision import get_precision
 from splitsync.runtime import Run
 from splitsync.seeding import draw_seed, seed_everything
@@ -76,15 +78,20 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         seed_everything(final_seed)
         handler = attach_rank_handler(env.rank, env.world_size)
         observers: list[Observer] = list(start_guards(config, env.rank, env.world_size, dev))
-        verify = verify_recorder(os.environ, env.rank, env.world_size)
+        verify = verify_recorder(os.environ, env.rank, env.world_size, accumulate)
         if verify is not None:
             observers.append(verify)
         if config.straggler_threshold is not None and env.world_size > 1:
             # innermost around the collectives: it times the call itself, not the guards
             observers.append(StepClock(env.rank, env.world_size, config.straggler_threshold))
+        if config.run_dir is not None:  # an observer may move it (verify's own folder)
+            config = replace(config, run_dir=str(redirect(observers, Path(config.run_dir))))
     except BaseException:
         if owns:
             destroy_group()
         raise
-    return Run(config, env, dev, chosen_backend, final_seed, owns, handler, precision=policy,
-               observers=observers)
+    run = Run(config, env, dev, chosen_backend, final_seed, owns, handler, precision=policy,
+              observers=observers)
+    if verify is not None:
+        verify.bind(run)  # tells a step that steps from an accumulation micro-step
+    return run

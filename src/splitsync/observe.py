@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from splitsync.data import DeviceLoader
 
-__all__ = ["Observer", "overriding", "chain_around"]
+__all__ = ["Observer", "overriding", "chain_around", "redirect"]
 
 T = TypeVar("T")
 
@@ -83,6 +83,12 @@ class Observer:
     def on_log_extra(self, means: list[float]) -> None:
         """``run.log``, on every rank: the means of what :meth:`log_extra` gave."""
 
+    def redirect_path(self, path: Path) -> Path:
+        """Where the run writes a file or directory the script named (``run.resume``/
+        ``run.save`` checkpoint directories, ``run.export``, ``init(run_dir=...)``); a
+        tool that sandboxes a run returns a path of its own. Default: ``path``."""
+        return path
+
     def on_log(self, record: Mapping[str, int | float]) -> None:
         """``run.log``: the metrics averaged over ranks."""
 
@@ -117,3 +123,10 @@ def chain_around(observers: Iterable[Observer]) -> Callable[..., Any] | None:
         return outer(op, fn, *args)
 
     return call
+
+
+def redirect(observers: Iterable[Observer], path: Path) -> Path:
+    """``path`` after every observer's :meth:`Observer.redirect_path`, in order."""
+    for obs in observers:
+        path = obs.redirect_path(path)
+    return path

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from splitsync.config import RunConfig
-from splitsync.observe import Observer, overriding
+from splitsync.observe import Observer, overriding, redirect
 from splitsync.run_data import Loaders
 
 if TYPE_CHECKING:
@@ -56,9 +56,17 @@ class Checkpoints:
         self._watch: _SaveWatch | None = None
         self._group: Any = None  # gloo group for background saves: made once, on first use
         self._stager: Any = None  # host buffers of background saves, reused across saves
+        self._redirect: tuple[Observer, ...] = ()
 
     def set_observers(self, observers: Sequence[Observer]) -> None:
         self._on_save = overriding(observers, "on_save")
+        self._redirect = overriding(observers, "redirect_path")
+
+    def _path(self, path: str | os.PathLike[str]) -> Any:
+        # URLs (s3://...) are never redirected: verify redirects only local directories
+        if not self._redirect or "://" in str(path):
+            return path
+        return redirect(self._redirect, Path(path))
 
     def resume(self, dir: str | os.PathLike[str], *, keep: int = 3,
                save_blocking: bool | None = None, **objects: Any) -> ResumeState:
@@ -68,7 +76,7 @@ class Checkpoints:
             self.settle(wait=True)  # the save in flight commits (or raises) first
             self.checkpointer.close()
         self.blocking = self.config.save_blocking if save_blocking is None else save_blocking
-        self.checkpointer = Checkpointer(dir, objects, keep=keep, rank=self.rank,
+        self.checkpointer = Checkpointer(self._path(dir), objects, keep=keep, rank=self.rank,
                                          world_size=self.world_size)
         return self.checkpointer.load(self.loaders.all)
 
@@ -91,7 +99,8 @@ class Checkpoints:
             from splitsync.ckpt.staging import Stager
 
             self._stager = Stager()
-        out = ckpt.save(dir, self.loaders.all, step=step, epoch=epoch, extra=extra,
+        root = None if dir is None else self._path(dir)
+        out = ckpt.save(root, self.loaders.all, step=step, epoch=epoch, extra=extra,
                         blocking=blocking, group=group, stager=self._stager)
         if blocking:
             self._saved(out, ckpt.step if step is None else step)
@@ -137,7 +146,7 @@ class Checkpoints:
                 raise TypeError("run.export(path) exports the model registered by run.resume; "
                                 f"{len(models)} are registered, so pass model=...")
             model = models[0]
-        return export_safetensors(model, path, self.rank)
+        return export_safetensors(model, self._path(path), self.rank)
 
     def close(self, clean: bool = True) -> None:
         """Wait for the save in flight (raising its failure when ``clean``), stop counting

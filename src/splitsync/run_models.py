@@ -11,6 +11,7 @@ from torch import nn
 
 from splitsync.accumulate import StepPlan, prepare_module
 from splitsync.observe import Observer, overriding
+from splitsync.stale import RetiredParameters
 from splitsync.strategies import Strategy, WrapContext, for_model, get_strategy, resolve
 from splitsync.syncbn import convert_sync_batchnorm
 
@@ -31,6 +32,7 @@ class Models:
         self._strategies: WeakKeyDictionary[nn.Module, Strategy] = WeakKeyDictionary()
         self._on_model: tuple[Observer, ...] = ()
         self._on_wrapped: tuple[Observer, ...] = ()
+        self.retired = RetiredParameters()  # what run.step checks each optimizer against
 
     def set_observers(self, observers: Sequence[Observer]) -> None:
         self._on_model = overriding(observers, "on_model")
@@ -42,12 +44,14 @@ class Models:
         """See ``Run.model``."""
         name = resolve(strategy or self.default_strategy, self.world_size)
         strat = get_strategy(name)
+        options = _ignored_when_single(strategy or self.default_strategy, name, options)
         unknown = set(options) - set(strat.options)
         if unknown:
             raise TypeError(
                 f"strategy {name!r} does not take {sorted(unknown)}; it takes "
                 f"{list(strat.options) or 'no options'}."
             )
+        before = list(module.parameters())  # what an optimizer built already holds
         if sync_batchnorm and self.world_size > 1:
             module = convert_sync_batchnorm(module, self.device)
         if not strat.places_module:
@@ -63,8 +67,28 @@ class Models:
         for obs in self._on_wrapped:
             wrapped = obs.on_wrapped(wrapped)
         self._strategies[wrapped] = strat
+        self.retired.record(before, wrapped, _why(strat, self.plan))
         return wrapped
 
     def strategy_of(self, model: nn.Module) -> Strategy:
         """The strategy that wrapped ``model`` (found by its type if run.model did not)."""
         return self._strategies.get(model) or for_model(model)
+
+
+def _why(strat: Strategy, plan: StepPlan) -> str:
+    if strat.replaces_parameters:
+        return (f"strategy {strat.name!r} replaced the module's parameters with new (sharded) "
+                "ones when run.model wrapped it")
+    dtype = plan.precision.param_dtype
+    cast = f", casting to {dtype}" if dtype is not None else ""
+    return f"run.model made new parameter objects (moving to the device{cast})"
+
+
+def _ignored_when_single(requested: str, resolved: str, options: Mapping[str, Any]
+                         ) -> Mapping[str, Any]:
+    """DDP's options under "auto" at one process: accepted and ignored, so that a script
+    runs unchanged at every world size. An explicit "single" still rejects them."""
+    if requested != "auto" or resolved != "single" or not options:
+        return options
+    ddp = get_strategy("ddp").options
+    return {k: v for k, v in options.items() if k not in ddp}

@@ -29,12 +29,25 @@ _BACKWARD_OP = "backward (gradient all-reduce)"
 class Training:
     """backward/step and friends, over one StepPlan."""
 
-    def __init__(self, plan: StepPlan, loaders: Loaders, world_size: int) -> None:
+    def __init__(self, plan: StepPlan, loaders: Loaders, world_size: int,
+                 check_optimizer: Callable[[Any], None] | None = None) -> None:
         self.plan = plan
         self.loaders = loaders
         self.world_size = world_size
         self.backward: Callable[[torch.Tensor], None] = plan.backward
         self.step: Callable[..., torch.Tensor | None] = plan.step
+        # optimizer -> its step function, filled at its first run.step (after the check);
+        # Run.step looks the optimizer up here, so a checked one costs one dict lookup
+        self.steps: dict[Any, Callable[..., torch.Tensor | None]] = {}
+        self._check = check_optimizer
+
+    def first_step(self, optimizer: torch.optim.Optimizer,
+                   clip: float | None = None) -> torch.Tensor | None:
+        """The first run.step of ``optimizer``: check it once, then step."""
+        if self._check is not None:
+            self._check(optimizer)  # raises for an optimizer run.model made stale
+        self.steps[optimizer] = self.step
+        return self.step(optimizer, clip)
 
     def set_observers(self, observers: Sequence[Observer]) -> None:
         """Choose backward/step for these observers (the plain ones when none listens)."""
@@ -43,6 +56,7 @@ class Training:
         self.backward = self._observed_backward(before, around)
         self.step = self._observed_step(overriding(observers, "on_step_begin"),
                                         overriding(observers, "on_step_end"))
+        self.steps = dict.fromkeys(self.steps, self.step)
 
     def _observed_backward(self, before: tuple[Observer, ...],
                            around: Callable[..., Any] | None) -> Callable[[torch.Tensor], None]:

@@ -69,12 +69,13 @@ class Run:
         # backward/step functions for this precision and accumulation, chosen once
         self._plan = StepPlan(precision, config.accumulate)
         self._data = Loaders(self.rank, self.world_size, seed, device)
-        self._training = Training(self._plan, self._data, self.world_size)
+        self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
+                              config.strategy_options)
+        self._training = Training(self._plan, self._data, self.world_size,
+                                  self._models.retired.check)
         self._collectives = Collectives(device, self._data)
         self._checkpoints = Checkpoints(self.rank, self.world_size, self._data, config,
                                         self.add_observer, self.remove_observer)
-        self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
-                              config.strategy_options)
         self._logging = Logging(config, device, self.is_main,
                                 run_settings(config, self.world_size, seed, device, backend))
         self._observers: tuple[Observer, ...] = ()
@@ -110,9 +111,18 @@ class Run:
     def model(self, module: nn.Module, *, strategy: str | None = None,
               sync_batchnorm: bool = False, compile: bool | dict[str, Any] = False,
               autocast: bool = True, **options: Any) -> nn.Module:
-        """Move ``module`` to the device and wrap it for the chosen strategy; its forward runs
-        under the run's precision (unless ``autocast=False``) and accumulation.
-        ``compile=True`` (or a dict of ``torch.compile`` options) compiles it after wrapping."""
+        """Move ``module`` to the device and wrap it for the chosen strategy.
+
+        The forward then runs under the run's precision (autocast, unless ``autocast=False``)
+        and accumulation; ``compile=True`` (or a dict of ``torch.compile`` options) compiles
+        it after wrapping. ``options`` go to the strategy (DDP: ``find_unused_parameters``,
+        ``static_graph``, ``bucket_cap_mb``, ...). Under ``strategy="auto"`` at one process
+        (a plain module) DDP's options are accepted and ignored, so the script runs unchanged
+        at every world size; an explicit ``strategy="single"`` rejects them.
+
+        Build the optimizer on the returned model's parameters: FSDP replaces them, and an
+        optimizer built before fails at its first ``run.step``.
+        """
         return self._models.wrap(module, strategy, sync_batchnorm=sync_batchnorm,
                                  compile=compile, autocast=autocast, options=options)
 
@@ -154,10 +164,19 @@ class Run:
 
     def step(self, optimizer: torch.optim.Optimizer,
              clip: float | None = None) -> torch.Tensor | None:
-        """Step the optimizer, then zero its gradients (set to None). With ``accumulate=k``
-        only every k-th call steps. ``clip`` clips gradients to that global norm first
-        (unscaled under "16-mixed") and returns the norm before clipping; else None."""
-        return self._training.step(optimizer, clip)
+        """Step the optimizer, then zero its gradients (set to None).
+
+        With ``accumulate=k`` only every k-th call steps (the others return at once).
+        ``clip`` clips gradients to that global norm first (unscaled under "16-mixed") and
+        the norm before clipping is returned; without ``clip`` the result is None.
+
+        The first call with an optimizer checks that it holds the parameters of the models
+        ``run.model`` returned: one built before ``run.model(...)`` under FSDP (whose
+        wrapping replaces the parameters) raises :class:`splitsync.StaleOptimizerError`
+        instead of silently updating nothing.
+        """
+        training = self._training  # a known optimizer: one dict lookup, then its step
+        return training.steps.get(optimizer, training.first_step)(optimizer, clip)
 
     def autocast(self) -> AbstractContextManager[Any]:
         """The precision's autocast context (models from ``run.model`` already use it)."""

@@ -118,3 +118,41 @@ def test_fsdp_bf16_mixed_compiled_blocks_train_in_step() -> None:
     assert r0["param_dtype"] == "torch.float32"  # sharded master weights stay fp32
     assert r0["params"] == r1["params"]
     assert "drop_last=True" in r0["join"]  # FSDP has no uneven-input support: said clearly
+
+
+def optimizer_order_rank(rank: int, world: int, optimizer_first: bool) -> dict:
+    import splitsync as ss
+
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(8, 6, generator=g), torch.randn(8, 2, generator=g)
+    with ss.init(seed=0, strategy="fsdp") as run:
+        net = _net()
+        if optimizer_first:  # nanoGPT's and the tutorials' order
+            opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+            model = run.model(net)
+        else:
+            model = run.model(net)
+            opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        before = _full(model).clone()
+        run.backward(nn.functional.mse_loss(model(x), y))
+        try:
+            run.step(opt)
+        except ss.StaleOptimizerError as exc:
+            return {"error": str(exc)}
+        for _ in range(2):  # steady state: the optimizer is known now
+            run.backward(nn.functional.mse_loss(model(x), y))
+            run.step(opt)
+        return {"changed": float((_full(model) - before).abs().max()),
+                "known": opt in run._training.steps}
+
+
+def test_fsdp_optimizer_built_before_run_model_fails_loudly() -> None:
+    for res in spawn(optimizer_order_rank, 2, True, timeout=180):
+        msg = res["error"]
+        assert "built before run.model" in msg and "'fsdp' replaced" in msg
+        assert "Build the optimizer after run.model" in msg
+
+
+def test_fsdp_optimizer_built_after_run_model_trains() -> None:
+    for res in spawn(optimizer_order_rank, 2, False, timeout=180):
+        assert res["changed"] > 1e-4 and res["known"]

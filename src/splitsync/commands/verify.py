@@ -11,7 +11,9 @@ DESCRIPTION = (
     "With a script: run it for a few steps with 1 process at global batch B and with N "
     "processes at B/N each, then diff per-step losses and gradient norms, check the ranks' "
     "samples were disjoint and covered the data, that initial weights agreed and that "
-    "set_epoch advanced; print what diverged first and the likely cause."
+    "set_epoch advanced; print what diverged first and the likely cause. Each run writes "
+    "its checkpoints and run_dir in a temporary folder of its own: your directories are "
+    "left as they were."
 )
 EPILOG = (
     "examples:\n"
@@ -32,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="script: optimizer steps per epoch (default 3)")
     parser.add_argument("--epochs", type=int, default=2, help="script: epochs (default 2)")
     parser.add_argument("--batch", type=int, default=None, metavar="B",
-                        help="script: global batch (default: the script's batch size x N)")
+                        help="script: global batch (default: the script's per-process batch x "
+                             "N, or its global batch when it divides by run.world_size)")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds before the runs are killed (default 300)")
     parser.add_argument("script", nargs="?", help="training script to check")

@@ -100,7 +100,8 @@ def _epochs(record: Record) -> Result:
                                    "not read with run.loader, so splitsync cannot shard it")
     by_loader: dict[Any, list[Any]] = {}
     for p in record["passes"]:
-        if p["shuffle"]:
+        # a pass that trained on nothing (a peek: next(iter(loader))) is not an epoch
+        if p["shuffle"] and p.get("trained", 1):
             by_loader.setdefault(p["loader"], []).append(p["epoch"])
     multi_pass = [e for e in by_loader.values() if len(e) > 1]
     if not multi_pass:
@@ -114,7 +115,11 @@ def _epochs(record: Record) -> Result:
 
 def likely_cause(results: Sequence[Result], single: Record, multi: Sequence[Record],
                  n: int) -> str | None:
-    """The first failure's most likely explanation, or None when everything passed."""
+    """The first failure's most likely explanation, or None when everything passed.
+
+    Causes are tried in the order of the checks: a cause is named only for a check that
+    failed (dropout is blamed only when losses diverge and the model has dropout).
+    """
     failed = {r.check for r in results if not r.ok}
     if not failed:
         return None
@@ -122,13 +127,26 @@ def likely_cause(results: Sequence[Result], single: Record, multi: Sequence[Reco
         return ("The script did not complete a training step under verify; see the runs' "
                 "output above.")
     if "initial weights agree across ranks" in failed:
-        return "Ranks start from different weights: seed every rank the same, init(seed=0)."
+        return ("Ranks start from different weights: seed every rank the same (init(seed=0)) "
+                "and do not reseed with the rank before building the model.")
     if "ranks' samples disjoint" in failed:
         return ("Unsharded data: every rank reads the same samples (a plain DataLoader). Read "
                 "data with run.loader(dataset, batch_size=...) so each rank gets its shard.")
     if any(c.endswith("= 1-process batch") for c in failed):
         return ("The ranks' batches do not make up the 1-process batch: data is not read "
                 "through run.loader, or the script builds its own sampler.")
+    if {"per-step loss", "per-step gradient norm"} & failed:
+        return _diverged(failed, single, multi, n)
+    if "set_epoch advanced" in failed:
+        return ("The sampler's epoch never advances, so every epoch reads the samples in the "
+                "same order: iterate run.epochs(n) or call loader.set_epoch(epoch).")
+    if f"initial weights: 1 vs {n} processes" in failed:
+        return "The model's initial weights depend on the number of processes (seed or rank)."
+    return "See the failed checks above."
+
+
+def _diverged(failed: set[str], single: Record, multi: Sequence[Record], n: int) -> str:
+    """Why per-step losses or gradient norms differ although the data is right."""
     steps = min(len(single["steps"]), *(len(r["steps"]) for r in multi))
     loss1, lossn, grad1, gradn = _series(single, multi, steps)
     for a, b in ((loss1, lossn), (grad1, gradn)):
@@ -137,16 +155,15 @@ def likely_cause(results: Sequence[Result], single: Record, multi: Sequence[Reco
             return (f"The loss is summed over the batch, not averaged: at {n} processes each "
                     f"rank's loss and gradient are 1/{n} of the 1-process ones. Use "
                     "reduction='mean' (the default) or divide by the batch size.")
+    if f"initial weights: 1 vs {n} processes" in failed:
+        return "The model's initial weights depend on the number of processes (seed or rank)."
     modules = set(multi[0]["modules"])
-    if any(m.startswith("Dropout") for m in modules):
+    if any(m.startswith("Dropout") and not m.endswith("(p=0)") for m in modules):
         return ("Dropout draws different masks for a batch of B than for N batches of B/N; "
                 "this difference is expected. Verify with dropout off (p=0) to check the rest.")
     if any("BatchNorm" in m and m != "SyncBatchNorm" for m in modules):
         return ("BatchNorm normalises each rank's B/N samples separately; use "
                 "run.model(net, sync_batchnorm=True) for statistics over the global batch.")
-    if "set_epoch advanced" in failed:
-        return "The sampler's epoch never advances: iterate run.epochs(n) or call set_epoch."
-    if f"initial weights: 1 vs {n} processes" in failed:
-        return "The model's initial weights depend on the number of processes (seed or rank)."
     return ("The losses diverge without a known cause: check that the loss is a mean over the "
-            "batch and that the learning rate and batch size do not depend on world_size.")
+            "batch, that the learning rate and batch size do not depend on world_size, and "
+            "that nothing random (augmentation, noise) is drawn per process.")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = ["Outcome", "torchrun", "run_all"]
@@ -41,20 +44,49 @@ def torchrun(nproc: int, target: Sequence[str]) -> list[str]:
             "--nproc-per-node", str(nproc), *target]
 
 
-def run_all(commands: Sequence[tuple[Sequence[str], Mapping[str, str]]],
-            timeout: float) -> list[Outcome]:
-    """Run the commands concurrently; kill what is still running after ``timeout`` seconds."""
-    procs = [subprocess.Popen(list(argv), env=dict(env), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
-             for argv, env in commands]
+def run_all(commands: Sequence[tuple[Sequence[str], Mapping[str, str]]], timeout: float,
+            on_exit: Callable[[int], None] | None = None) -> list[Outcome]:
+    """Run the commands concurrently; kill what is still running after ``timeout`` seconds.
+
+    ``on_exit(i)`` is called as soon as command ``i`` has ended (verify tells the other run).
+    Output goes to temporary files, so a chatty command never blocks on a full pipe.
+    """
+    logs = [tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+            for _ in commands]
+    procs = [subprocess.Popen(list(argv), env=dict(env), stdout=log, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True)
+             for (argv, env), log in zip(commands, logs, strict=True)]
     deadline = time.monotonic() + timeout
+    codes: dict[int, int | None] = {}
+    while len(codes) < len(procs):
+        for i, p in enumerate(procs):
+            if i not in codes and p.poll() is not None:
+                codes[i] = p.returncode
+                if on_exit is not None:
+                    on_exit(i)
+        if len(codes) < len(procs):
+            if time.monotonic() > deadline:
+                for i, p in enumerate(procs):
+                    if i not in codes:
+                        _kill(p)
+                        codes[i] = None
+                break
+            time.sleep(0.05)
     outcomes = []
-    for p, (argv, _) in zip(procs, commands, strict=True):
-        try:
-            out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            outcomes.append(Outcome(tuple(argv), p.returncode, out))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate()
-            outcomes.append(Outcome(tuple(argv), None, out + f"\n(killed after {timeout:g}s)"))
+    for i, ((argv, _), log) in enumerate(zip(commands, logs, strict=True)):
+        log.seek(0)
+        out = log.read()
+        log.close()
+        if codes[i] is None:
+            out += f"\n(killed after {timeout:g}s)"
+        outcomes.append(Outcome(tuple(argv), codes[i], out))
     return outcomes
+
+
+def _kill(p: subprocess.Popen[str]) -> None:
+    """Kill the command and what it started (torchrun's workers share its session)."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        p.kill()
+    p.wait()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from splitsync.testing import clean_env
 from splitsync.verify import record
+from splitsync.verify.agree import EXITED
 from splitsync.verify.checks import Result
 from splitsync.verify.compare import compare_runs, likely_cause
 from splitsync.verify.launch import Outcome, run_all, torchrun
@@ -35,32 +36,63 @@ def _load(directory: Path, world: int) -> list[dict] | None:
 
 def verify_script(script: str, args: list[str], nproc: int, steps: int = 3, epochs: int = 2,
                   batch: int | None = None, timeout: float = 300.0) -> ScriptReport:
-    """Run ``script`` for ``steps x epochs`` steps at 1 and ``nproc`` processes and compare."""
+    """Run ``script`` for ``steps x epochs`` steps at 1 and ``nproc`` processes and compare.
+
+    Each run writes what the script saves through splitsync (checkpoints, exports, run_dir)
+    in its own temporary folder, removed afterwards: the user's directories are untouched.
+    """
     if not Path(script).is_file():
         raise FileNotFoundError(f"splitsync verify: no script at {script!r}.")
     with tempfile.TemporaryDirectory(prefix="splitsync-verify-") as tmp:
-        dirs = {1: Path(tmp) / "1", nproc: Path(tmp) / str(nproc)}
+        shared = Path(tmp)
+        dirs = {1: shared / "1", nproc: shared / str(nproc)}
         commands = []
         for world, directory in dirs.items():
             env = clean_env()
             env.update({record.ENV_DIR: str(directory), record.ENV_NPROC: str(nproc),
-                        record.ENV_STEPS: str(steps), record.ENV_EPOCHS: str(epochs)})
+                        record.ENV_STEPS: str(steps), record.ENV_EPOCHS: str(epochs),
+                        record.ENV_SHARED: str(shared), record.ENV_TIMEOUT: str(timeout),
+                        # no __pycache__ next to the user's modules either
+                        "PYTHONDONTWRITEBYTECODE": "1"})
             if batch is not None:
                 env[record.ENV_BATCH] = str(batch)
             target = [script, *args]
             commands.append(([sys.executable, *target] if world == 1 else
                              torchrun(world, target), env))
-        outcomes = run_all(commands, timeout)
+        worlds = list(dirs)
+
+        def ended(i: int) -> None:  # a run waiting to agree on the batch stops waiting
+            (shared / EXITED.format(world=worlds[i])).touch()
+
+        outcomes = run_all(commands, timeout, on_exit=ended)
         results = [Result("1 process runs", outcomes[0].ok, _exit(outcomes[0])),
                    Result(f"{nproc} processes run", outcomes[1].ok, _exit(outcomes[1]))]
         single, multi = _load(dirs[1], 1), _load(dirs[nproc], nproc)
         if single is None or multi is None:
-            results.append(Result("records written", False, "the script never reached "
-                                  "splitsync.init, or failed before its first step"))
-            cause = "The script failed before its first step; see the runs' output above."
+            detail, cause = _no_records(outcomes, single is None, multi is None, nproc)
+            results.append(Result("records written", False, detail))
             return ScriptReport(results, cause, outcomes)
         results += compare_runs(single[0], multi, nproc)
         return ScriptReport(results, likely_cause(results, single[0], multi, nproc), outcomes)
+
+
+NEEDS = ("verify records what a run does through splitsync: splitsync.init(), "
+         "run.model(net), run.loader(dataset, batch_size=...), run.backward(loss) and "
+         "run.step(optimizer)")
+
+
+def _no_records(outcomes: list[Outcome], no_single: bool, no_multi: bool,
+                nproc: int) -> tuple[str, str]:
+    """Why a run wrote no record (the recorder writes one as soon as init() runs)."""
+    if all(o.ok for o in outcomes):
+        return ("both runs exited 0 without calling splitsync.init()",
+                f"The script does not use splitsync (it never calls splitsync.init()); {NEEDS}. "
+                "Port the training loop to these calls, or read a plain torch.distributed "
+                "script with `splitsync check script.py`.")
+    sides = [name for name, missing in (("1-process", no_single), (f"{nproc}-process", no_multi))
+             if missing]
+    return (f"the {' and '.join(sides)} run failed before splitsync.init()",
+            "The script failed before splitsync.init(); see the runs' output above.")
 
 
 def _exit(outcome: Outcome) -> str:

@@ -1,7 +1,20 @@
 """A small data-parallel training script, correct by default; flags break it on purpose.
 
+Faults (each has one likely cause in ``splitsync verify``):
 --reduction sum   loss summed over the batch instead of averaged
 --plain-loader    a plain DataLoader: every rank reads all the data (no sampler)
+--dropout P       dropout (a real 1-vs-N difference: different masks)
+--batchnorm       plain BatchNorm (statistics over B/N samples per rank)
+--no-set-epoch    epochs counted with range(): the sampler's epoch never advances
+--world-seed      the model is seeded with the world size
+--lr-by-world     the learning rate depends on the world size
+
+Correct patterns that verify must pass:
+--ckpt DIR        run.resume(DIR, ...) before training and run.save() every step
+--run-dir DIR     init(run_dir=DIR) and run.log(...) every epoch
+--accumulate K    init(accumulate=K)
+--peek            draws one batch with next(iter(loader)) before training
+--world-batch G   per-process batch G // run.world_size (a global batch G)
 """
 
 import argparse
@@ -16,6 +29,16 @@ import splitsync
 parser = argparse.ArgumentParser()
 parser.add_argument("--reduction", default="mean")
 parser.add_argument("--plain-loader", action="store_true")
+parser.add_argument("--dropout", type=float, default=0.0)
+parser.add_argument("--batchnorm", action="store_true")
+parser.add_argument("--no-set-epoch", action="store_true")
+parser.add_argument("--world-seed", action="store_true")
+parser.add_argument("--lr-by-world", action="store_true")
+parser.add_argument("--ckpt", default=None)
+parser.add_argument("--run-dir", default=None)
+parser.add_argument("--accumulate", type=int, default=1)
+parser.add_argument("--peek", action="store_true")
+parser.add_argument("--world-batch", type=int, default=None)
 parser.add_argument("--epochs", type=int, default=3)
 args = parser.parse_args()
 
@@ -24,16 +47,35 @@ x = torch.randn(512, 10, generator=g)
 y = (x[:, :4].sum(dim=1) > 0).long() + (x[:, 4] > 1).long()
 data = TensorDataset(x, y)
 
-with splitsync.init(seed=0) as run:
-    model = run.model(nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 3)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+with splitsync.init(seed=0, accumulate=args.accumulate, run_dir=args.run_dir) as run:
+    if args.world_seed:
+        torch.manual_seed(run.world_size)
+    layers = [nn.Linear(10, 32)]
+    if args.batchnorm:
+        layers.append(nn.BatchNorm1d(32))
+    layers += [nn.ReLU(), nn.Dropout(args.dropout), nn.Linear(32, 3)]
+    model = run.model(nn.Sequential(*layers))
+    lr = 0.05 * (run.world_size if args.lr_by_world else 1)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    batch = 16 if args.world_batch is None else args.world_batch // run.world_size
     if args.plain_loader:
-        loader = DataLoader(data, batch_size=16, shuffle=True)
+        loader = DataLoader(data, batch_size=batch, shuffle=True)
     else:
-        loader = run.loader(data, batch_size=16, shuffle=True)
-    for epoch in run.epochs(args.epochs):
+        loader = run.loader(data, batch_size=batch, shuffle=True)
+    if args.ckpt:
+        run.resume(args.ckpt, model=model, optimizer=opt)
+    if args.peek:
+        xb, _ = next(iter(loader))
+        with torch.no_grad():
+            run.print("input", tuple(xb.shape), "output", tuple(model(xb).shape))
+    epochs = range(args.epochs) if args.no_set_epoch else run.epochs(args.epochs)
+    for epoch in epochs:
         for xb, yb in loader:
             loss = F.cross_entropy(model(xb), yb, reduction=args.reduction)
             run.backward(loss)
             run.step(opt)
+            if args.ckpt and run.sync_gradients:
+                run.save()
+        if args.run_dir:
+            run.log(epoch=epoch, loss=loss)
         run.print(f"epoch {epoch} loss {run.mean(loss):.4f}")
