@@ -63,7 +63,7 @@ class Checkpoints:
         self._redirect = overriding(observers, "redirect_path")
 
     def _path(self, path: str | os.PathLike[str]) -> Any:
-        # URLs (s3://...) are never redirected: verify redirects only local directories
+        # URLs (s3://...) are never redirected: sandboxes hold local directories only
         if not self._redirect or "://" in str(path):
             return path
         return redirect(self._redirect, Path(path))
