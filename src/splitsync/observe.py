@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from splitsync.data import DeviceLoader
 
-__all__ = ["Observer", "overriding", "chain_around", "redirect"]
+__all__ = ["Observer", "overriding", "chain_around", "appended", "redirect"]
 
 T = TypeVar("T")
 
@@ -123,6 +123,14 @@ def chain_around(observers: Iterable[Observer]) -> Callable[..., Any] | None:
         return outer(op, fn, *args)
 
     return call
+
+
+def appended(observers: tuple[Observer, ...], observer: Any) -> tuple[Observer, ...]:
+    """``observers`` with ``observer`` at the end; anything else is refused by name."""
+    if not isinstance(observer, Observer):
+        raise TypeError(f"run.add_observer() takes a splitsync.observe.Observer, got "
+                        f"{type(observer).__name__}.")
+    return (*observers, observer)
 
 
 def redirect(observers: Iterable[Observer], path: Path) -> Path:

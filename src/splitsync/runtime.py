@@ -26,7 +26,7 @@ from splitsync.device import move_to
 from splitsync.env import DistEnv
 from splitsync.group import destroy_group
 from splitsync.logs import get_logger
-from splitsync.observe import Observer, overriding
+from splitsync.observe import Observer, appended, overriding
 from splitsync.precision import Precision, get_precision
 from splitsync.progress import progress as _progress
 from splitsync.run_checkpoints import Checkpoints
@@ -90,10 +90,7 @@ class Run:
 
     def add_observer(self, observer: Observer) -> Observer:
         """Attach ``observer`` (a :class:`splitsync.observe.Observer`); returns it."""
-        if not isinstance(observer, Observer):
-            raise TypeError(f"run.add_observer() takes a splitsync.observe.Observer, got "
-                            f"{type(observer).__name__}.")
-        self._set_observers((*self._observers, observer))
+        self._set_observers(appended(self._observers, observer))
         return observer
 
     def remove_observer(self, observer: Observer) -> None:
@@ -111,18 +108,10 @@ class Run:
     def model(self, module: nn.Module, *, strategy: str | None = None,
               sync_batchnorm: bool = False, compile: bool | dict[str, Any] = False,
               autocast: bool = True, **options: Any) -> nn.Module:
-        """Move ``module`` to the device and wrap it for the chosen strategy.
-
-        The forward then runs under the run's precision (autocast, unless ``autocast=False``)
-        and accumulation; ``compile=True`` (or a dict of ``torch.compile`` options) compiles
-        it after wrapping. ``options`` go to the strategy (DDP: ``find_unused_parameters``,
-        ``static_graph``, ``bucket_cap_mb``, ...). Under ``strategy="auto"`` at one process
-        (a plain module) DDP's options are accepted and ignored, so the script runs unchanged
-        at every world size; an explicit ``strategy="single"`` rejects them.
-
-        Build the optimizer on the returned model's parameters: FSDP replaces them, and an
-        optimizer built before fails at its first ``run.step``.
-        """
+        """Move ``module`` to the device and wrap it for the strategy, under the run's
+        precision (``autocast=False``: yours) and accumulation; ``compile=True`` (or options)
+        compiles it after wrapping. ``options`` go to the strategy (DDP's are ignored when
+        "auto" runs one process). Build the optimizer on the returned model's parameters."""
         return self._models.wrap(module, strategy, sync_batchnorm=sync_batchnorm,
                                  compile=compile, autocast=autocast, options=options)
 
@@ -139,11 +128,8 @@ class Run:
     def loader(self, data: Dataset | DataLoader, batch_size: int | None = None, *,
                shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
                collate_fn: Any = None, **extra: Any) -> DeviceLoader:
-        """A loader over this rank's shard; ``batch_size`` is per process.
-
-        A stream (IterableDataset, HF streaming dataset, webdataset, shard files, any
-        iterable) gets a :class:`~splitsync.stream.StreamLoader`; see docs/streams.md.
-        """
+        """A loader over this rank's shard; ``batch_size`` is per process. A stream (see
+        docs/streams.md) gets a :class:`~splitsync.stream.StreamLoader`."""
         loader = self._data.build(data, batch_size, shuffle=shuffle, drop_last=drop_last,
                                   num_workers=num_workers, collate_fn=collate_fn, **extra)
         self._checkpoints.attach_loader(loader)  # made after run.resume: continue from it
@@ -164,16 +150,11 @@ class Run:
 
     def step(self, optimizer: torch.optim.Optimizer,
              clip: float | None = None) -> torch.Tensor | None:
-        """Step the optimizer, then zero its gradients (set to None).
+        """Step the optimizer (every ``accumulate``-th call), then zero its gradients.
 
-        With ``accumulate=k`` only every k-th call steps (the others return at once).
-        ``clip`` clips gradients to that global norm first (unscaled under "16-mixed") and
-        the norm before clipping is returned; without ``clip`` the result is None.
-
-        The first call with an optimizer checks that it holds the parameters of the models
-        ``run.model`` returned: one built before ``run.model(...)`` under FSDP (whose
-        wrapping replaces the parameters) raises :class:`splitsync.StaleOptimizerError`
-        instead of silently updating nothing.
+        ``clip``: clip to that global norm first and return the norm before clipping. The
+        first call per optimizer raises :class:`splitsync.StaleOptimizerError` if it holds
+        parameters ``run.model`` replaced (e.g. built before an FSDP ``run.model``).
         """
         training = self._training  # a known optimizer: one dict lookup, then its step
         return training.steps.get(optimizer, training.first_step)(optimizer, clip)
@@ -236,28 +217,18 @@ class Run:
     # --- checkpoints -------------------------------------------------------------------
     def resume(self, dir: str | os.PathLike[str], *, keep: int = 3,
                save_blocking: bool | None = None, **objects: Any) -> ResumeState:
-        """Register ``objects`` (model=, optimizer=, scheduler=, scaler=, ...) for
-        :meth:`save` and load the newest complete checkpoint under ``dir``, if any.
-
-        ``dir`` is a path or an fsspec URL (``s3://bucket/prefix``). RNG states and the
-        position of every loader made by :meth:`loader` are restored too, so the loop
-        continues exactly where the checkpoint was taken. ``save_blocking`` sets the default
-        of :meth:`save`'s ``blocking`` (else ``init(save_blocking=...)``). Collective.
-        """
+        """Register ``objects`` (model=, optimizer=, ...) for :meth:`save` and load the
+        newest complete checkpoint under ``dir`` (a path or an fsspec URL), RNG states and
+        loader positions included. ``save_blocking``: :meth:`save`'s default. Collective."""
         return self._checkpoints.resume(dir, keep=keep, save_blocking=save_blocking, **objects)
 
     def save(self, dir: str | os.PathLike[str] | None = None, *, step: int | None = None,
              epoch: int | None = None, blocking: bool | None = None,
              **extra: Any) -> Path | str | SaveHandle:
-        """Atomically save everything registered by :meth:`resume`, plus ``extra`` (JSON or
-        tensors), as ``dir/step-<step>/``; older checkpoints beyond ``keep`` are removed.
-
-        ``blocking=False`` returns a :class:`~splitsync.ckpt.SaveHandle` as soon as the
-        state is copied to host memory; the write and commit finish in the background (one
-        save at a time: the next save, ``run.step`` and ``run.close`` raise its failure).
-        Blocking (the default unless changed in ``init``/``resume``) returns the committed
-        checkpoint's path (a URL string in object storage). Collective: call it on every rank.
-        """
+        """Atomically save what :meth:`resume` registered, plus ``extra``, as
+        ``dir/step-<step>/``, keeping the last ``keep``. ``blocking=False`` returns a
+        :class:`~splitsync.ckpt.SaveHandle` once the state is staged in host memory (the next
+        save, ``run.step`` or ``close`` raise a background failure). Collective."""
         return self._checkpoints.save(dir, step=step, epoch=epoch, blocking=blocking, **extra)
 
     def export(self, path: str | os.PathLike[str],
@@ -290,9 +261,8 @@ class Run:
 
     def profile(self, *, wait: int = 1, warmup: int = 1, active: int = 3,
                 ranks: Sequence[int] | None = (0,), **options: Any) -> AbstractContextManager[Any]:
-        """``torch.profiler`` with this schedule on ``ranks`` (None: all), stepped by
-        :meth:`step`; traces under ``<run_dir>/profile`` and a table of the top ops. Options:
-        ``repeat``, ``dir``, ``rows``, ``record_shapes``, ``with_stack``, ``profile_memory``."""
+        """``torch.profiler`` on ``ranks`` (None: all), stepped by :meth:`step`; traces under
+        ``<run_dir>/profile`` and a top-ops table (options: see splitsync.profiling)."""
         from splitsync.profiling import profile_steps
 
         return profile_steps(self, wait=wait, warmup=warmup, active=active, ranks=ranks,

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from splitsync.errors import CheckpointError  # defined low: strategies raise it too
+
 __all__ = [
     "CheckpointError", "Candidate", "MANIFEST", "LATEST", "FORMAT", "step_dirname", "tmp_dirname",
     "sha256_file", "fsync_file", "fsync_dir", "write_manifest", "read_manifest", "verify",
@@ -29,10 +31,6 @@ LATEST = "latest"
 FORMAT = 1
 STEP_RE = re.compile(r"^step-(\d+)$")
 _CHUNK = 1 << 20
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be written or does not fit what it should be loaded into."""
 
 
 def step_dirname(step: int) -> str:

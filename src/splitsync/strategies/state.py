@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from splitsync.errors import CheckpointError
 from splitsync.strategies.modules import unwrap
 
 __all__ = ["module_state", "optimizer_to_fqn", "optimizer_from_fqn", "has_dtensor_params"]
@@ -49,9 +50,6 @@ def optimizer_from_fqn(model: nn.Module, optimizer: torch.optim.Optimizer,
         state = {pid[name]: st for name, st in osd["state"].items()}
         groups = [{**g, "params": [pid[n] for n in g["params"]]} for g in osd["param_groups"]]
     except KeyError as e:
-        # imported here: ckpt's package imports the strategies when it loads
-        from splitsync.ckpt.store import CheckpointError
-
         raise CheckpointError(f"the optimizer state names parameter {e.args[0]!r}, which this "
                               "optimizer does not hold") from None
     return {"state": state, "param_groups": groups}
