@@ -109,8 +109,10 @@ def test_rank_that_skips_a_collective_is_named_instead_of_a_hang() -> None:
     assert "rank 1 never arrived" in msg
 
 
-def _out_of_step(rank: int, world: int) -> str:
+def _out_of_step(rank: int, world: int, late: int = -1) -> str:
     with splitsync.init(seed=0, timeout=3) as run:
+        if rank == late:
+            time.sleep(2.0)  # arrives long after the other rank's grace period began
         try:
             if rank == 0:
                 run.mean(1.0)
@@ -127,25 +129,11 @@ def test_ranks_at_different_collectives_are_reported_out_of_step() -> None:
     assert "rank 0 is at call #1 all_reduce" in msg1
 
 
-def _out_of_step_late(rank: int, world: int, late: int) -> str:
-    with splitsync.init(seed=0, timeout=3) as run:
-        if rank == late:
-            time.sleep(2.0)  # arrives long after the other rank's grace period began
-        try:
-            if rank == 0:
-                run.mean(1.0)
-            else:
-                run.barrier()
-        except CollectiveTimeoutError as exc:
-            return str(exc)
-    return "no error"
-
-
 @pytest.mark.parametrize("late", [0, 1])
 def test_out_of_step_is_explained_when_one_rank_arrives_late(late: int) -> None:
     # A loaded machine: one rank reaches its collective seconds after the other; the rank
     # that fails first must still learn where the late one waits (its responder answers).
-    msg0, msg1 = spawn(_out_of_step_late, 2, late, timeout=90)
+    msg0, msg1 = spawn(_out_of_step, 2, late, timeout=90)
     assert "rank 1 is at call #1 barrier" in msg0
     if late == 0:  # rank 1 fails first; when rank 1 is late, rank 0's close() releases it
         assert "rank 0 is at call #1 all_reduce" in msg1
