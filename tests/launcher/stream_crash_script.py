@@ -7,16 +7,13 @@ the restart resumes from step 3: mid-epoch, after an odd number of batches per r
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 from torch.utils.data import IterableDataset
 
 import splitsync as ss
+from crash_loop import net, train  # the loop both crash scripts share
 
 
 class Stream(IterableDataset):
@@ -36,23 +33,10 @@ class Stream(IterableDataset):
 
 def main(ckpt: str, out: str, crash: bool) -> None:
     with ss.init(seed=0, deterministic=True) as run:
-        net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
-        model = run.model(net)
+        model = run.model(net())
         opt = torch.optim.AdamW(model.parameters(), lr=0.01)
         loader = run.loader(Stream(), batch_size=2, shuffle=True, buffer_size=3, num_workers=2)
-        state = run.resume(ckpt, model=model, optimizer=opt)
-        step = state.step
-        for _ in run.epochs(3, start=state.epoch):
-            for x, y in loader:
-                run.backward(F.mse_loss(model(x), y))
-                run.step(opt)
-                step += 1
-                if crash and step == 5 and run.rank == 1 and run.env.restart_count == 0:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                if step % 3 == 0:
-                    run.save(ckpt)
-        run.export(out)
-        run.print(f"restart {run.env.restart_count}: resumed at step {state.step}, ended at {step}")
+        train(run, model, opt, loader, ckpt, out, crash_at=5 if crash else None)
 
 
 def spawn_entry(rank: int, world: int, ckpt: str, out: str) -> None:
