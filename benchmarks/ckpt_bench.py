@@ -6,9 +6,10 @@ Every round measures, in rotating order and in the same processes: an in-memory 
 state (the floor for any save's stall), a blocking ``run.save``, the stall of a background
 ``run.save(blocking=False)`` and its write throughput, the disk's own sequential write+fsync
 speed for the same number of bytes, a resume (read caches dropped first) and the disk's own
-cold sequential read of the same files (their cached pages dropped the same way). Peak RSS
-above the pre-save level is sampled during background saves; the largest is reported (the
-first background save allocates the staging buffers that later ones reuse). Medians over rounds and their ratios are printed (rank 0).
+cold sequential read of the same files (their cached pages dropped the same way; the better
+of 1 MiB and 16 MiB reads). Peak RSS above the pre-save level is sampled during background
+saves; the largest is reported (the first background save allocates the staging buffers that
+later ones reuse). Medians over rounds and their ratios are printed (rank 0).
 """
 
 from __future__ import annotations
@@ -68,14 +69,19 @@ def _disk_write(path: Path, nbytes: int) -> float:
 
 
 def _disk_read(paths: list[Path]) -> float:
-    _drop_cache(paths)
-    buf = memoryview(bytearray(CHUNK))
-    total, t = 0, time.perf_counter()
-    for p in paths:
-        with open(p, "rb", buffering=0) as f:
-            while n := f.readinto(buf):
-                total += n
-    return total / (time.perf_counter() - t)
+    """The disk's cold sequential read speed: the better of 1 MiB reads (the copy target
+    stays in the CPU's cache) and 16 MiB reads, so the baseline is the disk at its best."""
+    speeds = []
+    for size in (1 << 20, CHUNK):
+        _drop_cache(paths)
+        buf = memoryview(bytearray(size))
+        total, t = 0, time.perf_counter()
+        for p in paths:
+            with open(p, "rb", buffering=0) as f:
+                while n := f.readinto(buf):
+                    total += n
+        speeds.append(total / (time.perf_counter() - t))
+    return max(speeds)
 
 
 def bench(rank: int, world: int, root: str, rounds: int) -> dict[str, Any]:

@@ -156,7 +156,7 @@ def test_corrupted_object_is_skipped(url: str) -> None:
     data[len(data) // 2] ^= 0x01
     fs.pipe_file(f"{root}/step-000002/state.pt", bytes(data))
     run, model, opt = _build()
-    with run, pytest.warns(CheckpointWarning, match="step-000002.*SHA-256"):
+    with run, pytest.warns(CheckpointWarning, match="step-000002.*XXH3-128 checksum"):
         assert run.resume(url, model=model, optimizer=opt).step == 1
 
 

@@ -3,7 +3,7 @@
 Rank 0 lists the checkpoints and checks each manifest and every file's size (cheap). Then
 every rank reads, in parallel with the others, the files it needs, hashing them on the way;
 only if every rank's files verify is the checkpoint used, otherwise the next older one is
-tried. Nothing is unpickled before its bytes match the manifest's SHA-256.
+tried. Nothing is unpickled before its bytes match the manifest's checksums.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def collective_ok(rank: int, fn: Callable[[], None], what: str, only_rank0: bool
 
 
 def _dcp_files(storage: Storage, work: str, rank: int) -> dict[str, dict[str, Any]]:
-    """Size and SHA-256 of the DCP files this rank wrote (rank 0: also DCP's metadata)."""
+    """Size and chunk digests of the DCP files this rank wrote (rank 0: also DCP's metadata)."""
     from splitsync.ckpt.digest import digest_path
 
     base = Path(storage.root) / work / DCP_DIR

@@ -1,9 +1,9 @@
 """Checkpoint directories on disk: atomic commit, verifiable manifest, ``latest``, keep-last-k.
 
 A checkpoint is written into ``.tmp-step-000123/`` next to the committed ones; every file is
-fsynced, then ``manifest.json`` (size and SHA-256 of every file, plus the run's position) is
-written last, the directory is renamed to ``step-000123/`` and only then is ``latest``
-updated. A crash at any moment leaves every earlier committed checkpoint untouched.
+fsynced, then ``manifest.json`` (size and chunk checksums of every file, see :mod:`.digest`,
+plus the run's position) is written last, the directory is renamed to ``step-000123/`` and
+only then is ``latest`` updated. A crash at any moment leaves every earlier committed checkpoint untouched.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from splitsync.errors import CheckpointError  # defined low: strategies raise it
 
 __all__ = [
     "CheckpointError", "Candidate", "MANIFEST", "LATEST", "FORMAT", "step_dirname", "tmp_dirname",
-    "sha256_file", "fsync_file", "fsync_dir", "write_manifest", "read_manifest", "verify",
+    "fsync_file", "fsync_dir", "write_manifest", "read_manifest", "verify",
     "commit", "prune", "set_aside", "committed_steps", "newest_valid", "clear_stale",
     "manifest_text", "parse_manifest", "STEP_RE",
 ]
@@ -30,8 +30,6 @@ MANIFEST = "manifest.json"
 LATEST = "latest"
 FORMAT = 1
 STEP_RE = re.compile(r"^step-(\d+)$")
-_CHUNK = 1 << 20
-
 
 def step_dirname(step: int) -> str:
     """``step-000123``: zero-padded so names sort like numbers."""
@@ -41,14 +39,6 @@ def step_dirname(step: int) -> str:
 def tmp_dirname(step: int) -> str:
     """Hidden work directory for a checkpoint being written."""
     return f".tmp-{step_dirname(step)}"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fsync_file(path: Path) -> None:
@@ -74,6 +64,7 @@ def fsync_dir(path: Path) -> None:
 
 
 def _body_digest(body: dict[str, Any]) -> str:
+    # A few kilobytes: SHA-256 costs nothing here, and old manifests keep verifying.
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -88,7 +79,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def manifest_text(body: dict[str, Any], files: dict[str, dict[str, Any]]) -> str:
-    """The manifest document: ``body`` plus size and SHA-256 of ``files``, with its own digest."""
+    """The manifest document: ``body`` plus the entries of ``files``, with its own digest."""
     full = {"format": FORMAT, **body, "files": dict(sorted(files.items()))}
     # The manifest carries its own digest, so a flipped bit in it is caught too.
     return json.dumps({"body": full, "sha256": _body_digest(full)}, indent=1, sort_keys=True)
@@ -112,12 +103,13 @@ def parse_manifest(text: str) -> dict[str, Any]:
 
 def write_manifest(tmp: Path, body: dict[str, Any]) -> dict[str, Any]:
     """Checksum every file under ``tmp`` and write the manifest (the last file written)."""
+    from splitsync.ckpt.digest import digest_path  # it imports this module
+
     files: dict[str, dict[str, Any]] = {}
     for p in sorted(tmp.rglob("*")):
         if p.is_file() and p.name != MANIFEST:
             fsync_file(p)
-            files[p.relative_to(tmp).as_posix()] = {"size": p.stat().st_size,
-                                                     "sha256": sha256_file(p)}
+            files[p.relative_to(tmp).as_posix()] = digest_path(p)
     for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, reverse=True):
         fsync_dir(d)
     text = manifest_text(body, files)
@@ -137,20 +129,10 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return parse_manifest(text)
 
 
-def _chunk_digests(path: Path, chunk: int) -> list[str]:
-    out = []
-    with open(path, "rb") as f:
-        while True:
-            data = f.read(chunk)
-            if not data and out:
-                return out
-            out.append(hashlib.sha256(data).hexdigest())
-            if len(data) < chunk:
-                return out
-
-
 def verify(path: Path) -> dict[str, Any]:
     """Check every file against the manifest; return the manifest body or raise CheckpointError."""
+    from splitsync.ckpt.digest import verify_fd  # it imports this module
+
     body = read_manifest(path)
     for rel, info in body["files"].items():
         f = path / rel
@@ -161,11 +143,11 @@ def verify(path: Path) -> dict[str, Any]:
             what = "zero bytes" if size == 0 else f"{size} bytes"
             raise CheckpointError(f"{rel} is {what}, the manifest says {info['size']} "
                                   "(truncated or overwritten)")
-        if "sha256_chunks" in info:  # one digest per chunk (resume checks them in parallel)
-            if _chunk_digests(f, int(info["chunk_bytes"])) != info["sha256_chunks"]:
-                raise CheckpointError(f"{rel} fails its SHA-256 checksum (corrupted)")
-        elif sha256_file(f) != info["sha256"]:
-            raise CheckpointError(f"{rel} fails its SHA-256 checksum (corrupted)")
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            verify_fd(fd, rel, info)
+        finally:
+            os.close(fd)
     return body
 
 
