@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
-from splitsync.ckpt.store import CheckpointError
+from splitsync.errors import CheckpointError
 
 __all__ = ["CHUNK", "ALGORITHM", "ChunkHasher", "workers", "verify_fd", "verify_buffer",
            "digest_path"]
