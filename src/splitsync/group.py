@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import socket
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from splitsync.env import DistEnv
+from splitsync.ports import free_port  # re-exported: tests and testing.spawn use it here
 
 __all__ = ["init_group", "destroy_group", "GroupError", "free_port"]
 
 
 class GroupError(RuntimeError):
     """The process group could not be formed."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _init_method(env: DistEnv) -> str:

@@ -26,12 +26,13 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
-import socket
 import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from splitsync.ports import free_port
 
 __all__ = ["notebook_launch", "LaunchFailed", "GRACE_S"]
 
@@ -47,12 +48,6 @@ class LaunchFailed(RuntimeError):
         super().__init__(message)
         self.rank = rank
         self.details = details
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _refuse_in_launched_process() -> None:
@@ -156,7 +151,7 @@ def notebook_launch(fn: Callable[..., Any], nprocs: int | None = None, args: Seq
                          "GPUs (CUDA_VISIBLE_DEVICES='') to run CPU processes.")
     ctx = mp.get_context(_start_method(start_method, fn))
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_child, args=(fn, tuple(args), dict(kwargs or {}), r, nprocs,
                                               port, out), daemon=False)
              for r in range(nprocs)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
@@ -22,15 +23,16 @@ SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".jsonl", ".txt", ".json")
 _WDS_SPLITTERS = frozenset({"single_node_only", "split_by_node", "split_by_worker"})
 
 
-class Source:
+class Source(ABC):
     """``n_shards`` shards; ``open(s, start)`` iterates shard ``s`` from its ``start``-th sample."""
 
     n_shards: int = 1
     kind: str = "stream"
     skips_by_reading: bool = True  # False where the library jumps without decoding
 
+    @abstractmethod
     def open(self, shard: int, start: int) -> Iterator[Any]:
-        raise NotImplementedError
+        """Samples of shard ``shard``, from its ``start``-th on."""
 
 
 def read_file(path: str | os.PathLike[str]) -> Iterator[Any]:
