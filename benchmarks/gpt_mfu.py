@@ -4,7 +4,7 @@
     python benchmarks/gpt_mfu.py --size tiny --device cpu --precision 32 --steps 3
 
 MFU = (6·N + 12·L·d·T) FLOPs per token x tokens/s / the device's bf16 dense peak
-(989 TFLOP/s for H100 SXM and H200; see splitsync.throughput.PEAK_BF16_TFLOPS).
+(989 TFLOP/s for H100 SXM and H200; see splitsync.output.throughput.PEAK_BF16_TFLOPS).
 Data are random tokens: the figure is about the arithmetic, not about learning.
 """
 

@@ -114,7 +114,7 @@ class Sized:
     def __getitem__(self, i): return i
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 if kind == "splitsync":
-    from splitsync.data import ShardSampler
+    from splitsync.data.loader import ShardSampler
     s = ShardSampler(Sized(), 2, 0, True, 0, order="bijection")
 else:
     s = torch.utils.data.DistributedSampler(Sized(), 2, 0, True, 0)

@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import splitsync as ss
-from splitsync.config import PRECISIONS
+from splitsync import PRECISIONS
 from splitsync.strategies import STRATEGY_NAMES
 
 

@@ -16,7 +16,7 @@ from torch import nn, optim
 from torch.utils.data import TensorDataset
 
 import splitsync as ss
-from splitsync.comm import gather_object
+from splitsync import gather_object
 
 
 def main(epochs: int = 5) -> None:

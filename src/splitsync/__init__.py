@@ -12,24 +12,29 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "init": "splitsync.api",
-    "Run": "splitsync.runtime",
-    "RunConfig": "splitsync.config",
-    "DistEnv": "splitsync.env",
-    "EnvError": "splitsync.env",
-    "detect_env": "splitsync.env",
-    "move_to": "splitsync.device",
-    "seed_everything": "splitsync.seeding",
-    "Throughput": "splitsync.throughput",
+    "Run": "splitsync.run.runtime",
+    "RunConfig": "splitsync.run.config",
+    "DistEnv": "splitsync.dist.env",
+    "EnvError": "splitsync.dist.env",
+    "detect_env": "splitsync.dist.env",
+    "move_to": "splitsync.dist.device",
+    "seed_everything": "splitsync.dist.seeding",
+    "Throughput": "splitsync.output.throughput",
     "ResumeState": "splitsync.ckpt.session",
     "CheckpointError": "splitsync.ckpt.store",
-    "GroupError": "splitsync.group",
-    "DesyncError": "splitsync.guards.desync",
-    "DeviceMismatchError": "splitsync.guards.devices",
-    "ConfigMismatchError": "splitsync.guards.consistency",
-    "ParameterMismatchError": "splitsync.guards.consistency",
-    "CollectiveTimeoutError": "splitsync.guards.hangs",
-    "Shards": "splitsync.stream.sources",
-    "StaleOptimizerError": "splitsync.stale",
+    "GroupError": "splitsync.dist.group",
+    "DesyncError": "splitsync.tools.guards.desync",
+    "DeviceMismatchError": "splitsync.tools.guards.devices",
+    "ConfigMismatchError": "splitsync.tools.guards.consistency",
+    "ParameterMismatchError": "splitsync.tools.guards.consistency",
+    "CollectiveTimeoutError": "splitsync.tools.guards.hangs",
+    "Shards": "splitsync.data.stream.sources",
+    "StaleOptimizerError": "splitsync.train.stale",
+    "PRECISIONS": "splitsync.run.config",
+    "STRATEGY_NAMES": "splitsync.strategies",
+    "Observer": "splitsync.observe",
+    "gather_object": "splitsync.dist.comm",
+    "broadcast_object": "splitsync.dist.comm",
 }
 
 _SUBMODULES = ("testing", "launch")
@@ -39,26 +44,30 @@ __all__ = [
     "seed_everything", "Throughput", "ResumeState", "CheckpointError", "GroupError",
     "DesyncError", "DeviceMismatchError", "ConfigMismatchError", "ParameterMismatchError",
     "CollectiveTimeoutError", "StaleOptimizerError", "launch", "Shards", "__version__",
+    "PRECISIONS", "STRATEGY_NAMES", "Observer", "gather_object", "broadcast_object",
 ]
 
 if TYPE_CHECKING:
     from splitsync import launch  # callable: splitsync.launch(fn, nprocs=N, args=...)
+    from splitsync.api import init
     from splitsync.ckpt.session import ResumeState
     from splitsync.ckpt.store import CheckpointError
-    from splitsync.config import RunConfig
-    from splitsync.guards.desync import DesyncError
-    from splitsync.device import move_to
-    from splitsync.env import DistEnv, EnvError, detect_env
-    from splitsync.group import GroupError
-    from splitsync.guards.consistency import ConfigMismatchError, ParameterMismatchError
-    from splitsync.guards.devices import DeviceMismatchError
-    from splitsync.guards.hangs import CollectiveTimeoutError
-    from splitsync.api import init
-    from splitsync.runtime import Run
-    from splitsync.seeding import seed_everything
-    from splitsync.stale import StaleOptimizerError
-    from splitsync.stream.sources import Shards
-    from splitsync.throughput import Throughput
+    from splitsync.data.stream.sources import Shards
+    from splitsync.dist.comm import broadcast_object, gather_object
+    from splitsync.dist.device import move_to
+    from splitsync.dist.env import DistEnv, EnvError, detect_env
+    from splitsync.dist.group import GroupError
+    from splitsync.dist.seeding import seed_everything
+    from splitsync.observe import Observer
+    from splitsync.output.throughput import Throughput
+    from splitsync.run.config import PRECISIONS, RunConfig
+    from splitsync.run.runtime import Run
+    from splitsync.strategies import STRATEGY_NAMES
+    from splitsync.tools.guards.consistency import ConfigMismatchError, ParameterMismatchError
+    from splitsync.tools.guards.desync import DesyncError
+    from splitsync.tools.guards.devices import DeviceMismatchError
+    from splitsync.tools.guards.hangs import CollectiveTimeoutError
+    from splitsync.train.stale import StaleOptimizerError
 
 
 def __getattr__(name: str) -> Any:

@@ -16,21 +16,21 @@ from typing import Any
 
 import torch
 
-from splitsync import comm
-from splitsync.config import DEFAULT_STRAGGLER_THRESHOLD, RunConfig
-from splitsync.device import choose_device, default_backend
-from splitsync.env import detect_env
-from splitsync.group import destroy_group, init_group
-from splitsync.guards.session import collective_timeout
-from splitsync.guards.session import start as start_guards
-from splitsync.logs import attach_rank_handler
+from splitsync.dist import comm
+from splitsync.dist.device import choose_device, default_backend
+from splitsync.dist.env import detect_env
+from splitsync.dist.group import destroy_group, init_group
+from splitsync.dist.logs import attach_rank_handler
+from splitsync.dist.seeding import draw_seed, seed_everything
 from splitsync.observe import Observer, redirect
-from splitsync.precision import get_precision
-from splitsync.runtime import Run
-from splitsync.seeding import draw_seed, seed_everything
-from splitsync.stragglers import StepClock
-from splitsync.trackers import require_packages
-from splitsync.verify.record import from_environ as verify_recorder
+from splitsync.output.trackers import require_packages
+from splitsync.run.config import DEFAULT_STRAGGLER_THRESHOLD, RunConfig
+from splitsync.run.runtime import Run
+from splitsync.tools.guards.session import collective_timeout
+from splitsync.tools.guards.session import start as start_guards
+from splitsync.tools.stragglers import StepClock
+from splitsync.tools.verify.record import from_environ as verify_recorder
+from splitsync.train.precision import get_precision
 
 __all__ = ["init"]
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from splitsync.data import DeviceLoader
+    from splitsync.data.loader import DeviceLoader
 
 __all__ = ["Observer", "overriding", "chain_around", "appended", "redirect"]
 

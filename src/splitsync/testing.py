@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from splitsync.group import free_port
+from splitsync.dist.group import free_port
 
 __all__ = ["spawn", "SpawnError", "clean_env", "LAUNCHER_PREFIXES"]
 

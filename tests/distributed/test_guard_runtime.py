@@ -10,12 +10,12 @@ import torch
 from torch import nn
 
 import splitsync
-from splitsync.guards import (
+from splitsync.testing import spawn
+from splitsync.tools.guards import (
     CollectiveTimeoutError,
     ConfigMismatchError,
     ParameterMismatchError,
 )
-from splitsync.testing import spawn
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -102,7 +102,7 @@ def test_single_process_without_run_dir_prints_only(tmp_path: Path, monkeypatch)
 
 
 def test_resumed_run_appends_under_the_existing_csv_header(tmp_path: Path) -> None:
-    from splitsync.metrics import MetricsLog
+    from splitsync.output.metrics import MetricsLog
 
     first = MetricsLog(tmp_path, echo=False)
     first.write({"epoch": 1, "loss": 0.5})
@@ -118,7 +118,7 @@ def test_resumed_run_appends_under_the_existing_csv_header(tmp_path: Path) -> No
 
 def test_tensorboard_gets_the_scalars_when_installed(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
-    from splitsync.metrics import MetricsLog
+    from splitsync.output.metrics import MetricsLog
 
     log = MetricsLog(tmp_path, echo=False)
     log.write({"step": 5, "loss": 0.5})

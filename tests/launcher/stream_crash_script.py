@@ -10,10 +10,10 @@ from __future__ import annotations
 import sys
 
 import torch
+from crash_loop import net, train  # the loop both crash scripts share
 from torch.utils.data import IterableDataset
 
 import splitsync as ss
-from crash_loop import net, train  # the loop both crash scripts share
 
 
 class Stream(IterableDataset):

@@ -72,7 +72,7 @@ def test_plan_json_predictions() -> None:
 
 
 def test_plan_compute_scale_and_ddp_overhead_flags() -> None:
-    from splitsync.plan import costmodel as cm
+    from splitsync.tools.plan import costmodel as cm
 
     args = ("plan", "--params", "7k", "--step-ms", "0.5", "--sizes", "1,2", "--network",
             "eth-10g", "--json")

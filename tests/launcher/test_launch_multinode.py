@@ -11,7 +11,7 @@ import pytest
 import torch
 from launch_helpers import SCRIPTS, endpoint_port, env, ranks_in, splitsync, stop
 
-from splitsync.group import free_port
+from splitsync.dist.group import free_port
 
 pytestmark = pytest.mark.slow
 TRAIN = str(SCRIPTS / "launch_train.py")

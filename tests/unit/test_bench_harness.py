@@ -115,7 +115,7 @@ def _fake_overhead(wl: str, n: int, ms: float, local: float | None = None,
 
 
 def test_plan_validation_and_scaling_rows_from_results() -> None:
-    from splitsync.plan import costmodel as cm
+    from splitsync.tools.plan import costmodel as cm
 
     net = cm.Network("x", 1e9, 1e-4)
     comm = [{"bytes": b, "allreduce_s": cm.ring_allreduce_time(b, 2, net), "world_size": 2}
@@ -137,7 +137,7 @@ def test_plan_validation_and_scaling_rows_from_results() -> None:
 
 
 def test_plan_validation_prefers_the_between_compute_fit() -> None:
-    from splitsync.plan import costmodel as cm
+    from splitsync.tools.plan import costmodel as cm
 
     fast, slow = cm.Network("b2b", 1e9, 1e-4), cm.Network("train", 1e9, 4e-4)
     sizes = (1024, 1 << 20, 1 << 24)

@@ -56,7 +56,7 @@ def _cycle(graph: dict[str, set[str]], within: tuple[str, ...]) -> list[str] | N
 
 def test_no_import_cycle_in_bench_plan_or_launch() -> None:
     graph = _graph()
-    for package in ("splitsync.bench", "splitsync.plan", "splitsync.launch"):
+    for package in ("splitsync.bench", "splitsync.tools.plan", "splitsync.launch"):
         assert _cycle(graph, (package,)) is None, f"import cycle in {package}"
 
 
@@ -68,7 +68,7 @@ def test_only_commands_and_bench_itself_import_bench() -> None:
 
 def test_plan_and_env_stay_below_bench_and_launch() -> None:
     graph = _graph()
-    for low in ("splitsync.plan", "splitsync.plan.costmodel", "splitsync.parsing", "splitsync.env"):
+    for low in ("splitsync.tools.plan", "splitsync.tools.plan.costmodel", "splitsync.dist.parsing", "splitsync.dist.env"):
         assert {d for d in graph[low] if d.startswith(("splitsync.bench", "splitsync.launch",
                                                        "splitsync.commands"))} == set(), low
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import splitsync
-from splitsync.config import RunConfig
+from splitsync.run.config import RunConfig
 
 
 def test_unknown_strategy_lists_valid_names() -> None:

@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
 import splitsync
-from splitsync.data import ShardSampler
+from splitsync.data.loader import ShardSampler
 
 DATA = TensorDataset(torch.arange(10.0))
 

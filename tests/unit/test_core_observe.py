@@ -116,7 +116,7 @@ def test_a_hook_not_overridden_is_never_called() -> None:
 
 def test_log_extra_rides_in_run_logs_reduce_and_comes_back(monkeypatch: pytest.MonkeyPatch
                                                            ) -> None:
-    import splitsync.metrics as metrics
+    import splitsync.output.metrics as metrics
 
     class Rider(Observer):
         def __init__(self, values: list[float]) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from splitsync.env import detect_env
+from splitsync.dist.env import detect_env
+from splitsync.dist.parsing import EnvError, env_int, first_host, optional_int, slurm_nodelist
 from splitsync.launch.cluster import launch_defaults
-from splitsync.parsing import EnvError, env_int, first_host, optional_int, slurm_nodelist
 
 
 def test_optional_int_reads_blank_as_unset_and_strips() -> None:

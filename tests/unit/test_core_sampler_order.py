@@ -9,8 +9,8 @@ import torch
 from torch.utils.data import TensorDataset
 
 import splitsync as ss
-from splitsync.data import ShardSampler
-from splitsync.permute import Permutation
+from splitsync.data.loader import ShardSampler
+from splitsync.data.permute import Permutation
 
 DATA = TensorDataset(torch.arange(10.0))
 

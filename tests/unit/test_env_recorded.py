@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from splitsync.dist.env import EnvError, detect_env
 from splitsync.launch.cluster import launch_defaults
-from splitsync.env import EnvError, detect_env
 
 # srun -N 2 --ntasks-per-node=4 python train.py; task 5 runs on the second node.
 SLURM_SRUN = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from splitsync.envreport import collect, relevant_variables, render_text
+from splitsync.tools.envreport import collect, relevant_variables, render_text
 
 
 def test_relevant_variables_keep_launcher_and_nccl_and_mask_secrets() -> None:

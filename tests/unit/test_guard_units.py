@@ -12,9 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from splitsync.config import RunConfig
-from splitsync.desync import Recorder, debug_from_environ
-from splitsync.guards import (
+from splitsync.run.config import RunConfig
+from splitsync.tools.guards import (
     DeviceMismatchError,
     config_summary,
     guard_forward,
@@ -22,9 +21,10 @@ from splitsync.guards import (
     param_fingerprints,
     user_site,
 )
-from splitsync.guards.consistency import reference_ranks
-from splitsync.verify.compare import compare_runs, likely_cause
-from splitsync.verify.record import from_environ
+from splitsync.tools.guards.consistency import reference_ranks
+from splitsync.tools.guards.desync import Recorder, debug_from_environ
+from splitsync.tools.verify.compare import compare_runs, likely_cause
+from splitsync.tools.verify.record import from_environ
 
 
 def test_config_summary_ignores_per_rank_values() -> None:
@@ -154,7 +154,7 @@ def test_verify_recorder_splits_the_global_batch(tmp_path: Path) -> None:
 
 
 def test_launch_outcome_shows_the_traceback_end() -> None:
-    from splitsync.verify.launch import Outcome
+    from splitsync.tools.verify.launch import Outcome
 
     out = "noise\nTraceback (most recent call last):\n  File x\n    y()\nValueError: bad\nmore"
     assert Outcome(("x",), 1, out).tail().splitlines()[-1] == "ValueError: bad"
@@ -163,8 +163,8 @@ def test_launch_outcome_shows_the_traceback_end() -> None:
 def test_collective_wait_plus_grace_fit_in_the_timeout() -> None:
     from datetime import timedelta
 
-    from splitsync.guards.hangs import split_timeout
-    from splitsync.guards.session import collective_timeout
+    from splitsync.tools.guards.hangs import split_timeout
+    from splitsync.tools.guards.session import collective_timeout
 
     for seconds in (1, 3, 60, 600, 3600):
         wait, grace = split_timeout(timedelta(seconds=seconds))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 import splitsync
-from splitsync.launch import notebook
 
 
 def _fn() -> int:

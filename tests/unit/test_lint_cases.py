@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from splitsync.lint import check_file
+from splitsync.tools.lint import check_file
 
 CASES = Path(__file__).parent / "lint_cases"
 

@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from splitsync.lint import all_rules, check_paths, check_source, iter_python_files, select_rules
-from splitsync.lint.report import render_json, render_text
+from splitsync.tools.lint import (
+    all_rules,
+    check_paths,
+    check_source,
+    iter_python_files,
+    select_rules,
+)
+from splitsync.tools.lint.report import render_json, render_text
 
 BAD = """\
 import torch

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from splitsync.plan import costmodel as cm
+from splitsync.tools.plan import costmodel as cm
 
 NET = cm.Network("test", bandwidth=10e9, latency=5e-6)
 
@@ -160,7 +160,7 @@ def test_cost_model_imports_without_torch_or_the_benchmark_workloads() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, splitsync.plan.costmodel; print(sorted(m for m in sys.modules "
+    code = ("import sys, splitsync.tools.plan.costmodel; print(sorted(m for m in sys.modules "
             "if m.split('.')[0] == 'torch' or m.startswith('splitsync.bench')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

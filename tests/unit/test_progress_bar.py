@@ -1,4 +1,4 @@
-"""run.progress / splitsync.progress: silent off rank 0, plain lines off a terminal, rich bar on one."""
+"""run.progress / splitsync.output.progress: silent off rank 0, plain lines off a terminal, rich bar on one."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from splitsync.progress import default_every, progress
+from splitsync.output.progress import default_every, progress
 
 
 class FakeTerminal(io.StringIO):

@@ -7,9 +7,9 @@ import io
 
 import torch
 
-from splitsync.config import RunConfig
-from splitsync.env import DistEnv
-from splitsync.runtime import Run
+from splitsync.dist.env import DistEnv
+from splitsync.run.config import RunConfig
+from splitsync.run.runtime import Run
 
 
 def _run(rank: int, world_size: int) -> Run:

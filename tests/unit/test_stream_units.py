@@ -9,9 +9,9 @@ import torch
 from torch.utils.data import IterableDataset
 
 import splitsync as ss
-from splitsync.stream import Shards, choose_layout, is_stream
-from splitsync.stream.readers import window_shuffled
-from splitsync.stream.sources import HFSource, IterSource
+from splitsync.data.stream import Shards, choose_layout, is_stream
+from splitsync.data.stream.readers import window_shuffled
+from splitsync.data.stream.sources import HFSource, IterSource
 
 
 class Count(IterableDataset):

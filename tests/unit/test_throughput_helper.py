@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from splitsync.throughput import (
+from splitsync.output.throughput import (
     PEAK_BF16_TFLOPS,
     Throughput,
     ThroughputStats,

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 import splitsync as ss
-from splitsync.accumulate import StepPlan
-from splitsync.precision import Precision, get_precision
+from splitsync.run.accumulate import StepPlan
+from splitsync.train.precision import Precision, get_precision
 
 
 def _net() -> nn.Module:

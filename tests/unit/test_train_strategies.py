@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import splitsync as ss
-from splitsync.hooks import register_comm_hook
+from splitsync.strategies.ddp_hooks import register_comm_hook
 from splitsync.strategies.dp import DataParallelWarning, check_batch
 from splitsync.strategies.fsdp import _blocks, default_blocks
 
@@ -79,10 +79,10 @@ def test_unknown_comm_hook_names_the_valid_ones() -> None:
 
 
 def test_compile_with_dp_is_refused_and_single_compiles() -> None:
-    from splitsync.compiling import compile_model
+    from splitsync.strategies import get_strategy
 
     with pytest.raises(ValueError, match="strategy='ddp'"):
-        compile_model(nn.Linear(2, 2), "dp", True)
+        get_strategy("dp").compile(nn.Linear(2, 2), {})
     with ss.init(seed=0) as run:
         model = run.model(nn.Linear(3, 2), compile={"backend": "eager"})
         assert model._compiled_call_impl is not None

@@ -54,7 +54,7 @@ def test_walker_keeps_container_types() -> None:
     import collections
     import dataclasses
 
-    from splitsync.device import move_to
+    from splitsync.dist.device import move_to
     from splitsync.tree import iter_tensors
 
     @dataclasses.dataclass

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from splitsync.verify.agree import choose, global_batch
-from splitsync.verify.compare import _epochs
-from splitsync.verify.record import ScriptRecorder
+from splitsync.tools.verify.agree import choose, global_batch
+from splitsync.tools.verify.compare import _epochs
+from splitsync.tools.verify.record import ScriptRecorder
 
 
 def test_batch_is_per_process_or_a_global_batch_split_by_the_script() -> None:

@@ -104,7 +104,7 @@ def train_mfu(size: str = "124m", *, steps: int = 20, warmup: int = 5, batch: in
               device: str | None = None, seed: int = 0) -> dict[str, Any]:
     """Train ``steps`` steps on random tokens through splitsync; tokens/s and MFU of this rank."""
     import splitsync
-    from splitsync.throughput import Throughput
+    from splitsync.output.throughput import Throughput
 
     cfg = SIZES[size]
     with splitsync.init(seed=seed, precision=precision, device=device) as run:

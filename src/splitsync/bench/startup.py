@@ -20,7 +20,7 @@ FIRST_STEP_SCRIPT = Path(__file__).with_name("firststep.py")
 IMPORTS = {
     "import torch": "import torch",
     "import splitsync": "import splitsync",
-    "import splitsync.runtime": "import splitsync.runtime",  # torch + the library proper
+    "import splitsync.run.runtime": "import splitsync.run.runtime",  # torch + the library proper
 }
 
 

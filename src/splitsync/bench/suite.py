@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from splitsync.plan import costmodel
 from splitsync.bench.harness import median
+from splitsync.tools.plan import costmodel
 
 __all__ = ["BenchOptions", "run_suite", "SECTIONS", "plan_validation", "scaling_rows"]
 

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from splitsync.ckpt.chunked import write_object
 from splitsync.ckpt.fs import Storage
 from splitsync.ckpt.store import CheckpointError, manifest_text

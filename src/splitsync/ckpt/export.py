@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from splitsync import comm
+from splitsync.dist import comm
 from splitsync.strategies import for_model
 
 __all__ = ["export_safetensors"]

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from splitsync import comm
 from splitsync.ckpt.chunked import load_bytes, read_verified, refused
 from splitsync.ckpt.digest import verify_fd
 from splitsync.ckpt.fs import Storage
 from splitsync.ckpt.store import CheckpointError, parse_manifest
+from splitsync.dist import comm
 
 __all__ = ["CheckpointWarning", "Listing", "list_candidates", "read_part", "verify_files",
            "find_checkpoint"]

@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from splitsync import comm
 from splitsync.ckpt.background import SaveJob
 from splitsync.ckpt.fs import Storage
 from splitsync.ckpt.full import split_extra
 from splitsync.ckpt.sharded import DCP_DIR, async_save_sharded, save_sharded
-from splitsync.ckpt.staging import Stager, live_storages, stage
+from splitsync.ckpt.staging import Stager, live_storages
 from splitsync.ckpt.state import capture_rng, loader_position
 from splitsync.ckpt.store import CheckpointError, step_dirname
+from splitsync.dist import comm
 from splitsync.strategies import for_model
 
 if TYPE_CHECKING:
     from splitsync.ckpt.session import Checkpointer
-    from splitsync.data import DeviceLoader
+    from splitsync.data.loader import DeviceLoader
 
 __all__ = ["STATE_FILE", "rank_file", "build_job", "collective_ok"]
 

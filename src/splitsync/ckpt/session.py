@@ -20,7 +20,7 @@ from splitsync.ckpt.sharded import load_sharded
 from splitsync.ckpt.staging import Stager
 from splitsync.ckpt.state import owner_of, restore_loader, restore_rng
 from splitsync.ckpt.store import CheckpointError
-from splitsync.data import DeviceLoader
+from splitsync.data.loader import DeviceLoader
 
 __all__ = ["ResumeState", "Checkpointer", "CheckpointWarning", "STATE_FILE", "rank_file"]
 

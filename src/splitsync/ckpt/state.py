@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from splitsync.ckpt.store import CheckpointError
-from splitsync.data import DeviceLoader
+from splitsync.data.loader import DeviceLoader
+from splitsync.data.stream.loader import StreamLoader
 from splitsync.strategies.state import module_state, optimizer_from_fqn, optimizer_to_fqn
-from splitsync.stream.loader import StreamLoader
 
 __all__ = [
     "capture_rng", "restore_rng", "loader_position", "restore_loader", "is_sharded",

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Print the report; always succeeds on a working installation."""
-    from splitsync.envreport import collect, render_text
+    from splitsync.tools.envreport import collect, render_text
 
     report = collect()
     if args.json:

@@ -30,7 +30,7 @@ examples:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from splitsync.plan.costmodel import NETWORKS, PLAN_SIZES
+    from splitsync.tools.plan.costmodel import NETWORKS, PLAN_SIZES
 
     g = parser.add_argument_group("gradient size (one of)")
     g.add_argument("--params", default=None, metavar="COUNT",
@@ -118,7 +118,7 @@ def measure_step(model: Any, shape: tuple[int, ...], batch: int, steps: int = 10
 def _network(args: argparse.Namespace, step: float) -> Any:
     from dataclasses import replace
 
-    from splitsync.plan.costmodel import NETWORKS, Network
+    from splitsync.tools.plan.costmodel import NETWORKS, Network
 
     if args.network == "measured":
         net = measure_network(gap_s=min(step, 0.05))
@@ -140,9 +140,9 @@ def measure_network(world: int = 2, gap_s: float = 1e-3) -> Any:
     as in training (see :func:`splitsync.bench.measure.comm_between_compute`), not back to
     back.
     """
-    from splitsync.plan.costmodel import TRAIN_COMM_SIZES, fit_network
     from splitsync.bench.measure import comm_rank
     from splitsync.testing import spawn
+    from splitsync.tools.plan.costmodel import TRAIN_COMM_SIZES, fit_network
 
     rows = spawn(comm_rank, world, list(TRAIN_COMM_SIZES), gap_s, timeout=300)[0]
     return fit_network([r["bytes"] for r in rows], [r["allreduce_s"] for r in rows], world,
@@ -150,8 +150,8 @@ def measure_network(world: int = 2, gap_s: float = 1e-3) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
-    from splitsync.plan import costmodel
     from splitsync.bench.harness import markdown_table
+    from splitsync.tools.plan import costmodel
 
     if (args.params is None) == (args.model is None):
         raise _fail("give the gradient size as --params COUNT or --model MODULE:FACTORY.")

@@ -45,14 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from splitsync.verify.report import print_table
+    from splitsync.tools.verify.report import print_table
 
     console = Console()
     if args.nproc < 1:
         console.print(f"[red]-n {args.nproc}: give at least 1 process.[/]")
         return 2
     if args.script is None:
-        from splitsync.verify.selftest import selftest
+        from splitsync.tools.verify.selftest import selftest
 
         results = selftest(args.nproc, args.backend, args.timeout)
         title = "1 process" if args.nproc == 1 else f"1 and {args.nproc} processes"
@@ -60,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
     if args.nproc < 2:
         console.print("[red]verify script.py compares 1 with N processes: give -n 2 or more.[/]")
         return 2
-    from splitsync.verify.script import verify_script
+    from splitsync.tools.verify.script import verify_script
 
     report = verify_script(args.script, args.script_args, args.nproc, args.steps, args.epochs,
                            args.batch, args.timeout)

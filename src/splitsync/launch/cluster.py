@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from splitsync.parsing import EnvError, first_host, optional_int, slurm_nodelist
+from splitsync.dist.parsing import EnvError, first_host, optional_int, slurm_nodelist
 
 __all__ = ["ClusterDefaults", "launch_defaults", "DEFAULT_RDZV_PORT"]
 

@@ -32,7 +32,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from splitsync.ports import free_port
+from splitsync.dist.ports import free_port
 
 __all__ = ["notebook_launch", "LaunchFailed", "GRACE_S"]
 

@@ -23,7 +23,7 @@ from splitsync.strategies.modules import unwrap
 if TYPE_CHECKING:
     from torch.distributed.algorithms.join import Joinable
 
-    from splitsync.precision import Precision
+    from splitsync.train.precision import Precision
 
 __all__ = ["Strategy", "WrapContext", "SyncSetter", "unwrap"]
 

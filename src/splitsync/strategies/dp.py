@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DataParallel
 
-from splitsync.device import visible_device_count
+from splitsync.dist.device import visible_device_count
 from splitsync.strategies.base import Strategy, WrapContext
 
 OPTIONS = ("device_ids",)

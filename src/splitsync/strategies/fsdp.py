@@ -21,7 +21,7 @@ from splitsync.strategies import state as _state
 from splitsync.strategies.base import Strategy, SyncSetter, WrapContext
 
 if TYPE_CHECKING:
-    from splitsync.precision import Precision
+    from splitsync.train.precision import Precision
 
 OPTIONS = ("blocks", "reshard_after_forward")
 

@@ -2,10 +2,9 @@
 import argparse
 
 import torch
+from engine import one_epoch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-from engine import one_epoch
 from utils import misc
 
 

@@ -3,10 +3,9 @@ import os
 
 import torch
 import torch.distributed as dist
+from data import NoiseSet
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, random_split
-
-from data import NoiseSet
 
 
 def main():

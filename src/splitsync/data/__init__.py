@@ -1,0 +1,1 @@
+"""Data: the map-style loader, its permutation, and streams."""

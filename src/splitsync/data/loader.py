@@ -1,0 +1,287 @@
+"""Sharded, resumable data loading: every rank reads its own part, batches arrive on device."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    RandomSampler,
+    SequentialSampler,
+)
+
+from splitsync.data.permute import Permutation
+from splitsync.dist.device import move_to
+from splitsync.dist.seeding import worker_init_fn
+
+__all__ = ["ShardSampler", "DeviceLoader", "build_loader", "loader_kwargs_from", "ORDERS"]
+
+# "bijection": a seeded permutation computed per index (memory and epoch start flat in n);
+# "randperm": torch.randperm's order, identical to torch's DistributedSampler (O(n) memory).
+ORDERS = ("bijection", "randperm")
+
+
+class ShardSampler(DistributedSampler):
+    """DistributedSampler that can start mid-epoch, also at another world size.
+
+    Rank r reads positions r, r+W, r+2W, ... of the epoch's global order (as
+    DistributedSampler does), so after every rank has read n samples exactly the first
+    n*W positions are consumed. Resuming skips those positions by index, without
+    reading any data, and deals the rest out over the new world size.
+
+    ``order="randperm"`` (the default here) reproduces DistributedSampler's order exactly and,
+    like it, holds the epoch's permutation in memory; ``order="bijection"`` (what
+    ``run.loader`` uses) computes each position's index on the fly with a seeded Feistel
+    permutation, so memory and epoch-start time do not grow with the dataset.
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        num_replicas: int,
+        rank: int,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool = False,
+        *,
+        order: str = "randperm",
+    ) -> None:
+        if order not in ORDERS:
+            raise ValueError(f"order={order!r}: choose one of {ORDERS}.")
+        super().__init__(
+            dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed,
+            drop_last=drop_last,
+        )
+        self.order = order
+        self.start = 0  # global positions of this epoch already consumed
+        self._resume_epoch: int | None = None
+        self._set_sizes()
+
+    def _set_sizes(self) -> None:
+        remaining = len(self.dataset) - self.start  # type: ignore[arg-type]
+        world = self.num_replicas
+        self.num_samples = remaining // world if self.drop_last else math.ceil(remaining / world)
+        self.total_size = self.num_samples * world
+
+    def global_order(self) -> list[int]:
+        """The epoch's order over the whole dataset (same on every rank); O(n), for inspection."""
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if not self.shuffle:
+            return list(range(n))
+        if self.order == "bijection":
+            return list(Permutation(n, self.seed, self.epoch).iter_positions(0, n, 1))
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return torch.randperm(n, generator=g).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        if self.order == "bijection":
+            return self._iter_bijection()
+        rest = self.global_order()[self.start :]
+        if self.drop_last:
+            rest = rest[: self.total_size]
+        elif rest and len(rest) < self.total_size:
+            reps = math.ceil(self.total_size / len(rest))
+            rest = (rest * reps)[: self.total_size]  # pad like DistributedSampler
+        return iter(rest[self.rank : self.total_size : self.num_replicas])
+
+    def _iter_bijection(self) -> Iterator[int]:
+        # Same positions as the list path: rank r reads padded positions r, r+W, ... of the
+        # remaining order; a padded position q wraps to q mod remaining, as the list repeats.
+        n = len(self.dataset)  # type: ignore[arg-type]
+        remaining = n - self.start
+        if remaining <= 0 or self.total_size == 0:
+            return
+        perm = Permutation(n, self.seed, self.epoch) if self.shuffle else None
+        real_stop = min(self.total_size, remaining)
+        for lo, hi in ((self.rank, real_stop), (self._first_pad(real_stop), self.total_size)):
+            if lo >= hi:
+                continue
+            if perm is None:
+                yield from (self.start + q % remaining for q in range(lo, hi, self.num_replicas))
+            elif hi <= remaining:
+                yield from perm.iter_positions(self.start + lo, self.start + hi, self.num_replicas)
+            else:  # padding: few positions (< world size), computed one by one
+                yield from (perm[self.start + q % remaining]
+                            for q in range(lo, hi, self.num_replicas))
+
+    def _first_pad(self, real_stop: int) -> int:
+        """This rank's first position at or beyond ``real_stop`` (the padded tail)."""
+        w, r = self.num_replicas, self.rank
+        return real_stop + (r - real_stop) % w
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    @property
+    def padding(self) -> int:
+        """Number of padded (repeated) samples this rank reads at the end of the epoch."""
+        if self.drop_last:
+            return 0
+        remaining = len(self.dataset) - self.start  # type: ignore[arg-type]
+        real = len(range(self.rank, remaining, self.num_replicas))
+        return self.num_samples - real
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch``; a pending resume position applies only to its own epoch."""
+        super().set_epoch(epoch)
+        if self._resume_epoch != epoch:
+            self.start = 0
+        self._resume_epoch = None
+        self._set_sizes()
+
+    def resume_at(self, epoch: int, consumed: int) -> None:
+        """Continue ``epoch`` after ``consumed`` global positions (any world size)."""
+        self.epoch = epoch
+        self.start = min(consumed, len(self.dataset))  # type: ignore[arg-type]
+        self._resume_epoch = epoch
+        self._set_sizes()
+
+
+class DeviceLoader:
+    """A DataLoader whose batches arrive on the run's device and whose position is known."""
+
+    def __init__(self, loader: DataLoader, device: torch.device, world_size: int,
+                 on_iter: Callable[[DeviceLoader], None] | None = None) -> None:
+        self.loader = loader
+        self.on_iter = on_iter
+        self.device = device
+        self.world_size = world_size
+        self.batches_seen = 0  # in the current pass
+        self.last_batch = False
+        self._cpu = device.type == "cpu"
+        # Where the current pass began, for checkpoints: a mid-pass resume must restore the
+        # generator to this state so the new iterator draws the same worker base seed.
+        self.pass_epoch: int | None = None
+        self.pass_generator_state: torch.Tensor | None = None
+
+    @property
+    def sampler(self) -> ShardSampler | None:
+        s = self.loader.sampler
+        return s if isinstance(s, ShardSampler) else None
+
+    @property
+    def dataset(self) -> Dataset:
+        return self.loader.dataset
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.loader.batch_size
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.sampler is not None:
+            self.sampler.set_epoch(epoch)
+
+    def consumed(self) -> int:
+        """Global positions of the current epoch consumed so far."""
+        s = self.sampler
+        per_rank = self.batches_seen * (self.loader.batch_size or 1)
+        start = s.start if s is not None else 0
+        return start + min(per_rank * self.world_size, len(self.dataset) - start)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        self.batches_seen = 0
+        self.last_batch = False
+        gen = self.loader.generator
+        self.pass_epoch = self.sampler.epoch if self.sampler is not None else 0
+        self.pass_generator_state = gen.get_state() if gen is not None else None
+        if self.on_iter is not None:
+            self.on_iter(self)
+        total = len(self.loader)
+        for batch in self.loader:
+            self.batches_seen += 1
+            self.last_batch = self.batches_seen == total
+            yield batch if self._cpu else move_to(batch, self.device)
+
+    def trim_padding(self, x: torch.Tensor) -> torch.Tensor:
+        """Drop this rank's padded duplicates from the current batch's results."""
+        s = self.sampler
+        if not self.last_batch or s is None or s.padding == 0:
+            return x
+        return x[: x.shape[0] - s.padding]
+
+
+def build_loader(
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    shuffle: bool,
+    drop_last: bool,
+    num_workers: int,
+    collate_fn: Callable[[list[Any]], Any] | None,
+    rank: int,
+    world_size: int,
+    seed: int,
+    device: torch.device,
+    on_iter: Callable[[DeviceLoader], None] | None = None,
+    order: str = "bijection",
+    **extra: Any,
+) -> DeviceLoader:
+    """A DataLoader over this rank's shard; ``batch_size`` is per process, never rescaled.
+
+    ``order`` is the shuffle order (see :class:`ShardSampler`): "bijection" by default, flat
+    in the dataset's size; "randperm" for DistributedSampler's exact order.
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r}: give a positive per-process batch size.")
+    sampler = ShardSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,  # type: ignore[arg-type]
+        drop_last=drop_last, order=order,
+    )
+    # Distinct, reproducible worker seeds per rank: the generator seeds the workers' base.
+    generator = torch.Generator()
+    generator.manual_seed(seed * 1000003 + rank)
+    extra.setdefault("pin_memory", device.type == "cuda")
+    extra.setdefault("worker_init_fn", worker_init_fn)
+    loader = DataLoader(
+        dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
+        num_workers=num_workers, collate_fn=collate_fn, generator=generator, **extra,
+    )
+    return DeviceLoader(loader, device, world_size, on_iter)
+
+
+_PASSTHROUGH = (
+    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+    "prefetch_factor", "persistent_workers", "multiprocessing_context", "in_order",
+)
+
+
+def loader_kwargs_from(loader: DataLoader) -> dict[str, Any]:
+    """Rebuild arguments from an existing DataLoader's public attributes."""
+    bs = loader.batch_sampler
+    if loader.batch_size is None or (bs is not None and type(bs) is not BatchSampler):
+        raise ValueError(
+            f"Cannot re-shard a DataLoader with a custom batch_sampler ({type(bs).__name__}): "
+            "splitsync would not know how to split it across ranks. Pass the dataset to "
+            "run.loader(dataset, batch_size=...) instead, or shard the batch sampler yourself."
+        )
+    sampler = loader.sampler
+    if isinstance(sampler, RandomSampler):
+        shuffle = True
+    elif isinstance(sampler, (SequentialSampler, DistributedSampler)):
+        shuffle = bool(getattr(sampler, "shuffle", False))
+    else:
+        raise ValueError(
+            f"Cannot re-shard a DataLoader with a custom sampler ({type(sampler).__name__}). "
+            "Pass the dataset to run.loader(...) or wrap your sampler per rank yourself."
+        )
+    kwargs: dict[str, Any] = {
+        "dataset": loader.dataset, "batch_size": loader.batch_size, "shuffle": shuffle,
+        "drop_last": loader.drop_last,
+    }
+    for name in _PASSTHROUGH:
+        if hasattr(loader, name):
+            kwargs[name] = getattr(loader, name)
+    if kwargs.get("num_workers", 0) == 0:
+        kwargs.pop("prefetch_factor", None)
+        kwargs.pop("persistent_workers", None)
+    return kwargs

@@ -1,0 +1,193 @@
+"""``run.loader`` over a stream: batches on device, ends agreed between ranks, exact positions.
+
+Ends of data (``at_end``):
+
+* ``"stop"`` (default): every rank stops at the first step where some rank has no batch.
+  Nobody hangs in DDP or FSDP and nothing is duplicated; the samples other ranks hold at
+  that moment are not trained in this epoch, and rank 0 says how many. The ranks agree with
+  one all-reduce of one integer per window of up to ``agree_every`` batches (read ahead),
+  not per step: windows grow 1, 2, 4, ... so the first step does not wait.
+* ``"uneven"``: each rank yields all of its part, no agreement; wrap the loop in
+  ``run.join(model)`` (DDP) so ranks that finish early do not hang the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from itertools import islice
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from splitsync.data.stream.readers import StreamReaders
+from splitsync.dist.device import move_to
+from splitsync.dist.logs import get_logger
+
+__all__ = ["StreamLoader", "AT_END"]
+
+AT_END = ("stop", "uneven")
+
+
+class StreamLoader:
+    """A loader over a stream, with the surface of the map-style loader."""
+
+    sampler = None  # no index sampler: positions are per shard
+
+    def __init__(self, readers: StreamReaders, loader: DataLoader, device: torch.device, *,
+                 at_end: str, on_iter: Callable[[Any], None] | None = None,
+                 agree_every: int = 64) -> None:
+        if at_end not in AT_END:
+            raise ValueError(f"at_end={at_end!r}: choose one of {AT_END}.")
+        if not isinstance(agree_every, int) or agree_every < 1:
+            raise ValueError(f"agree_every={agree_every!r}: give a positive number of batches.")
+        self.agree_every = agree_every
+        self.readers = readers
+        self.loader = loader
+        self.device = device
+        self.at_end = at_end
+        self.on_iter = on_iter
+        self.rank, self.world_size = readers.rank, readers.world
+        self.batches_seen = 0
+        self.last_batch = False
+        self.untrained = 0  # samples held when the ranks stopped at the end of the last pass
+        self.epoch = 0
+        self.pass_epoch: int | None = None
+        self.finished = False  # the pass of ``epoch`` ran to its end on this rank
+        self._consumed = [0] * readers.source.n_shards  # this rank, since the pass began
+        self._resume_epoch: int | None = None
+        self._reported = False
+
+    @property
+    def dataset(self) -> Any:
+        return self.readers.source
+
+    @property
+    def batch_size(self) -> int:
+        return self.readers.batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch``; a pending resume position applies only to its own epoch."""
+        if self._resume_epoch != epoch:
+            self.readers.offsets = [0] * len(self.readers.offsets)
+            self.readers.rotation = 0
+        self._resume_epoch = None
+        self.epoch = self.readers.epoch = epoch
+        self.finished = False
+
+    def _report(self) -> None:
+        if self._reported or self.rank != 0:
+            return
+        self._reported = True
+        src = self.readers.source
+        log = get_logger()
+        layout = self.readers.layout
+        msg = layout.describe(src.kind, self.world_size, self.readers.workers)
+        (log.info if layout.mode == "shard" else log.warning)(msg)
+        done = sum(self.readers.offsets)
+        if done:
+            how = ("through the library's own state (no decoding of whole record batches)"
+                   if not src.skips_by_reading else "by reading and dropping them")
+            log.info("run.loader: resuming epoch %d after %d consumed sample(s); they are "
+                     "skipped %s, never trained", self.epoch, done, how)
+
+    def _all_reduce(self, values: list[int], op: str) -> list[int]:
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.SUM)
+        return [int(v) for v in t.tolist()]
+
+    def __iter__(self) -> Iterator[Any]:
+        self.batches_seen = 0
+        self.last_batch = False
+        self.finished = False
+        self.untrained = 0
+        self.pass_epoch = self.epoch
+        self._consumed = [0] * len(self._consumed)
+        self._report()
+        if self.on_iter is not None:
+            self.on_iter(self)
+        it = iter(self.loader)
+        cpu = self.device.type == "cpu"
+        agree = self.world_size > 1 and self.at_end == "stop"
+        window = 1  # grows to agree_every: the first step does not wait for a full window
+        while True:
+            held = list(islice(it, window))
+            # One all-reduce per window: the ranks step through min(held) batches together,
+            # exactly what agreeing before every step would give, at 1/window of the cost.
+            n = self._all_reduce([len(held)], "min")[0] if agree else len(held)
+            for batch, counts in held[:n]:
+                for s, c in counts:
+                    self._consumed[s] += c
+                self.batches_seen += 1
+                yield batch if cpu else move_to(batch, self.device)
+            if n < window:
+                left = sum(_size(b) for b, _ in held[n:])
+                self._end(self._all_reduce([left], "sum")[0] if agree else left)
+                return
+            window = min(2 * window, self.agree_every)
+
+    def _end(self, held: int) -> None:
+        self.finished = True
+        self.untrained = held
+        if held and self.rank == 0:
+            get_logger().warning(
+                "run.loader: epoch %d ended on the first rank to run out of data; %d sample(s) "
+                "already read on other ranks were not trained (at_end='stop' keeps the ranks in "
+                "step; pass at_end='uneven' with run.join(model) to train them)%s",
+                self.epoch, held, "" if self.readers.layout.mode == "element" else
+                ", nor were the rest of those ranks' shards")
+
+    def trim_padding(self, x: torch.Tensor) -> torch.Tensor:
+        """Streams are never padded: ``x`` unchanged."""
+        return x
+
+    # --- checkpoint positions -------------------------------------------------------------
+    def position(self) -> dict[str, Any]:
+        """Collective: the epoch and per-shard consumed counts over all ranks, to resume from."""
+        n, w = len(self._consumed), self.world_size
+        began = self.pass_epoch == self.epoch
+        mine = self._consumed if began else [0] * n
+        vec = [*mine, *([0] * w), *([0] * w)]
+        vec[n + self.rank] = self.batches_seen if began else 0
+        vec[n + w + self.rank] = int(self.finished and began)
+        if w > 1:
+            import torch.distributed as dist
+
+            t = torch.tensor(vec, dtype=torch.int64, device=self.device)
+            dist.all_reduce(t)
+            vec = t.tolist()
+        if all(vec[n + w:]) and began:  # every rank finished this epoch: continue at the next
+            return {"epoch": self.epoch + 1, "offsets": [0] * n, "batches": [0] * w,
+                    "workers": self.readers.workers, "stream": True}
+        offsets = [a + b for a, b in zip(self.readers.offsets, vec[:n])]
+        return {"epoch": self.epoch, "offsets": offsets, "batches": vec[n:n + w],
+                "workers": self.readers.workers, "stream": True}
+
+    def resume_at(self, pos: dict[str, Any]) -> None:
+        """Continue at ``pos`` (from :meth:`position`, at any world size or worker count)."""
+        offsets = [int(o) for o in pos["offsets"]]
+        if len(offsets) != len(self.readers.offsets):
+            raise ValueError(f"the checkpoint's stream had {len(offsets)} shard(s), this one "
+                             f"has {len(self.readers.offsets)}: resume the same stream.")
+        self.readers.offsets = offsets
+        batches = list(pos.get("batches", []))
+        same = len(batches) == self.world_size and pos.get("workers") == self.readers.workers
+        # Same ranks and workers: worker w takes over from the worker that was next in the
+        # DataLoader's round robin, so the batches come in the interrupted order.
+        shard = self.readers.layout.mode == "shard"  # element-level deals relative to the prefix
+        self.readers.rotation = batches[self.rank] % self.readers.workers if same and shard else 0
+        self.epoch = self.readers.epoch = int(pos["epoch"])
+        self._resume_epoch = self.epoch
+
+
+def _size(batch: Any) -> int:
+    """Samples in a collated batch: the first dimension of its first tensor (or its length)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        return _size(next(iter(batch.values()))) if batch else 0
+    if isinstance(batch, (list, tuple)):
+        return _size(batch[0]) if batch else 0
+    return 1

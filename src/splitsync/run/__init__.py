@@ -1,0 +1,1 @@
+"""The Run: one training session, its parts, config, accumulation and profiling."""

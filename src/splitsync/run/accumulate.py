@@ -1,0 +1,155 @@
+"""Backward and optimizer step for one run: loss scaling, gradient accumulation, clipping.
+
+Everything is decided once, when the run starts and when a model is prepared: precision "32"
+without accumulation gets a backward that is exactly ``loss.backward()`` and a step that is
+exactly ``optimizer.step(); optimizer.zero_grad(set_to_none=True)``.
+
+Accumulation over ``k`` micro-batches keeps one counter of backward calls. The wrapped
+model's forward reads it to decide whether this micro-step synchronises gradients (DDP
+decides that in forward: ``require_backward_grad_sync`` is what ``no_sync()`` toggles;
+FSDP2 reads ``set_requires_gradient_sync`` in backward), ``backward`` divides the loss by
+``k`` and ``step`` steps only on every ``k``-th micro-batch. So the ordinary loop is
+correct with ``init(accumulate=k)`` alone. The counter runs across epochs: when an epoch's
+batch count is not a multiple of ``k``, its last window is completed by the next epoch's
+first micro-batches (every optimizer step still sees exactly ``k``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from splitsync.strategies import Strategy, SyncSetter, for_model
+from splitsync.train.clip import clip_optimizer
+from splitsync.train.precision import Precision, forward_with
+
+__all__ = ["StepPlan", "prepare_module"]
+
+
+def _plain_backward(loss: torch.Tensor) -> None:
+    loss.backward()
+
+
+class StepPlan:
+    """The run's backward/step functions and its micro-step counter."""
+
+    def __init__(self, precision: Precision, accumulate: int) -> None:
+        self.precision = precision
+        self.every = accumulate
+        self.micro = 0  # backward calls so far; a step boundary when divisible by `every`
+        self.scaler: Any = precision.make_scaler()
+        self._update_due = False  # GradScaler.update() runs before the next backward
+        self.backward: Callable[[torch.Tensor], None]
+        self.step: Callable[..., torch.Tensor | None]
+        self._choose()
+
+    def _choose(self) -> None:
+        if self.scaler is None and self.every == 1:
+            self.backward = _plain_backward
+            self.step = self._step_plain
+        else:
+            self.backward = self._backward_general
+            self.step = self._step_general
+
+    def use_strategy_scaler(self, strategy: Strategy, model: nn.Module) -> None:
+        """The scaler the model's strategy needs (FSDP2's sharded one: found-inf must agree
+        across ranks), swapped in only before the first backward."""
+        if self.scaler is None or self.micro:
+            return
+        scaler = strategy.make_scaler(self.precision, model)
+        if type(scaler) is not type(self.scaler):
+            self.scaler = scaler
+
+    @property
+    def sync_now(self) -> bool:
+        """Whether the coming micro-step ends an accumulation window (syncs and steps)."""
+        return (self.micro + 1) % self.every == 0
+
+    # --- backward ----------------------------------------------------------------------
+    def _backward_general(self, loss: torch.Tensor) -> None:
+        scaler = self.scaler
+        if scaler is not None:
+            if self._update_due:  # deferred so that several optimizers share one scale
+                scaler.update()
+                self._update_due = False
+            loss = scaler.scale(loss)
+        if self.every > 1:
+            loss = loss / self.every
+        loss.backward()
+        self.micro += 1
+
+    # --- step --------------------------------------------------------------------------
+    @staticmethod
+    def _step_plain(optimizer: torch.optim.Optimizer,
+                    clip: float | None = None) -> torch.Tensor | None:
+        norm = None if clip is None else clip_optimizer(optimizer, clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def _step_general(self, optimizer: torch.optim.Optimizer,
+                      clip: float | None = None) -> torch.Tensor | None:
+        if self.micro % self.every:
+            return None  # inside an accumulation window: keep gradients, do not step
+        norm = None
+        scaler = self.scaler
+        if scaler is None:
+            if clip is not None:
+                norm = clip_optimizer(optimizer, clip)
+            optimizer.step()
+        else:
+            if clip is not None:
+                scaler.unscale_(optimizer)  # clip true gradients, not scaled ones
+                norm = clip_optimizer(optimizer, clip)
+            scaler.step(optimizer)  # skipped when gradients hold inf/nan
+            self._update_due = True
+        optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # --- models ------------------------------------------------------------------------
+    def install_forward(self, model: nn.Module, autocast: bool = True,
+                        strategy: Strategy | None = None) -> nn.Module:
+        """Give ``model`` a forward with the precision's autocast and the accumulation sync.
+
+        The forward is replaced on the instance (keys of ``state_dict`` are unchanged); when
+        neither is needed the model is returned untouched. ``autocast=False`` leaves autocast
+        to the user (``run.autocast()``).
+        """
+        strategy = for_model(model) if strategy is None else strategy
+        self.use_strategy_scaler(strategy, model)
+        forward = model.forward
+        precision = self.precision if autocast else replace(self.precision, autocast_dtype=None)
+        wrapped = forward_with(forward, precision)
+        setter = strategy.sync_setter(model) if self.every > 1 else None
+        if setter is not None:
+            wrapped = _synced(wrapped, setter, self)
+        if wrapped is not forward:
+            model.forward = wrapped
+        return model
+
+    def accumulate(self, model: nn.Module) -> AbstractContextManager[None]:
+        """Skip gradient sync for the coming micro-step unless it ends the window."""
+        if self.sync_now:
+            return nullcontext()
+        return for_model(model).no_sync(model)
+
+
+def _synced(forward: Callable[..., Any], setter: SyncSetter,
+            plan: StepPlan) -> Callable[..., Any]:
+    def synced_forward(*args: Any, **kwargs: Any) -> Any:
+        setter((plan.micro + 1) % plan.every == 0)
+        return forward(*args, **kwargs)
+
+    return synced_forward
+
+
+def prepare_module(module: nn.Module, precision: Precision) -> nn.Module:
+    """Cast parameters for "bf16-true" (before any wrapper builds buckets or shards)."""
+    if precision.param_dtype is not None:
+        module = module.to(precision.param_dtype)
+    return module

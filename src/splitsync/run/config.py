@@ -1,0 +1,61 @@
+"""The run's configuration: one frozen dataclass, validated once at init()."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from splitsync.output.trackers import check_loggers
+from splitsync.strategies import STRATEGY_NAMES
+from splitsync.train.precision import PRECISIONS, check_precision_name
+
+__all__ = ["RunConfig", "PRECISIONS", "DEFAULT_STRAGGLER_THRESHOLD"]
+
+# run.log reports the slowest rank when the others wait for it a quarter of every step
+DEFAULT_STRAGGLER_THRESHOLD = 0.25
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything the user chose at ``splitsync.init``."""
+
+    seed: int | None = None
+    strategy: str = "auto"
+    precision: str = "32"
+    device: str | None = None
+    backend: str | None = None
+    accumulate: int = 1
+    timeout: timedelta = timedelta(minutes=10)
+    debug: bool = False
+    guards: bool = True
+    run_dir: str | None = None
+    deterministic: bool = False
+    save_blocking: bool = True  # run.save's default; False: background saves
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+    loggers: tuple[str, ...] | None = None  # None: the default trackers (see splitsync.output.trackers)
+    straggler_threshold: float | None = DEFAULT_STRAGGLER_THRESHOLD  # None: no report
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGY_NAMES:
+            raise ValueError(
+                f"Unknown strategy {self.strategy!r}. Valid strategies: "
+                f"{', '.join(STRATEGY_NAMES)}."
+            )
+        check_precision_name(self.precision)
+        if not isinstance(self.accumulate, int) or self.accumulate < 1:
+            raise ValueError(
+                f"accumulate={self.accumulate!r}: give the number of micro-batches per "
+                "optimizer step, an integer >= 1."
+            )
+        # a list or one name becomes a tuple of valid names; an unknown one lists the valid ones
+        object.__setattr__(self, "loggers", check_loggers(self.loggers))
+        if self.straggler_threshold is not None and (
+                isinstance(self.straggler_threshold, bool)
+                or not isinstance(self.straggler_threshold, (int, float))
+                or not self.straggler_threshold >= 0):
+            raise ValueError(f"straggler_threshold={self.straggler_threshold!r}: give a "
+                             "fraction of a step >= 0 (0.25: report when the others wait a "
+                             "quarter of each step for the slowest rank) or None.")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            raise ValueError(f"seed={self.seed!r}: give a non-negative integer or None.")

@@ -1,0 +1,94 @@
+"""The run's model part: move, wrap for the strategy, compile, install precision/accumulation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+from weakref import WeakKeyDictionary
+
+import torch
+from torch import nn
+
+from splitsync.observe import Observer, overriding
+from splitsync.run.accumulate import StepPlan, prepare_module
+from splitsync.strategies import Strategy, WrapContext, for_model, get_strategy, resolve
+from splitsync.train.stale import RetiredParameters
+from splitsync.train.syncbn import convert_sync_batchnorm
+
+__all__ = ["Models"]
+
+
+class Models:
+    """Wraps the user's modules and remembers which strategy wrapped each."""
+
+    def __init__(self, device: torch.device, world_size: int, rank: int, plan: StepPlan,
+                 default_strategy: str, strategy_options: Mapping[str, Any]) -> None:
+        self.device = device
+        self.world_size = world_size
+        self.rank = rank
+        self.plan = plan
+        self.default_strategy = default_strategy
+        self.strategy_options = dict(strategy_options)
+        self._strategies: WeakKeyDictionary[nn.Module, Strategy] = WeakKeyDictionary()
+        self._on_model: tuple[Observer, ...] = ()
+        self._on_wrapped: tuple[Observer, ...] = ()
+        self.retired = RetiredParameters()  # what run.step checks each optimizer against
+
+    def set_observers(self, observers: Sequence[Observer]) -> None:
+        self._on_model = overriding(observers, "on_model")
+        self._on_wrapped = overriding(observers, "on_wrapped")
+
+    def wrap(self, module: nn.Module, strategy: str | None, *, sync_batchnorm: bool,
+             compile: bool | dict[str, Any], autocast: bool, options: Mapping[str, Any]
+             ) -> nn.Module:
+        """See ``Run.model``."""
+        name = resolve(strategy or self.default_strategy, self.world_size)
+        strat = get_strategy(name)
+        options = _ignored_when_single(strategy or self.default_strategy, name, options)
+        unknown = set(options) - set(strat.options)
+        if unknown:
+            raise TypeError(
+                f"strategy {name!r} does not take {sorted(unknown)}; it takes "
+                f"{list(strat.options) or 'no options'}."
+            )
+        before = list(module.parameters())  # what an optimizer built already holds
+        if sync_batchnorm and self.world_size > 1:
+            module = convert_sync_batchnorm(module, self.device)
+        if not strat.places_module:
+            module = module.to(self.device)
+        for obs in self._on_model:
+            obs.on_model(module)
+        module = prepare_module(module, self.plan.precision)  # before buckets or shards
+        ctx = WrapContext(self.device, self.world_size, self.rank, self.plan.precision)
+        wrapped = strat.wrap(module, ctx, {**self.strategy_options, **options})
+        if compile:
+            wrapped = strat.compile(wrapped, {} if compile is True else dict(compile))
+        wrapped = self.plan.install_forward(wrapped, autocast, strat)
+        for obs in self._on_wrapped:
+            wrapped = obs.on_wrapped(wrapped)
+        self._strategies[wrapped] = strat
+        self.retired.record(before, wrapped, _why(strat, self.plan))
+        return wrapped
+
+    def strategy_of(self, model: nn.Module) -> Strategy:
+        """The strategy that wrapped ``model`` (found by its type if run.model did not)."""
+        return self._strategies.get(model) or for_model(model)
+
+
+def _why(strat: Strategy, plan: StepPlan) -> str:
+    if strat.replaces_parameters:
+        return (f"strategy {strat.name!r} replaced the module's parameters with new (sharded) "
+                "ones when run.model wrapped it")
+    dtype = plan.precision.param_dtype
+    cast = f", casting to {dtype}" if dtype is not None else ""
+    return f"run.model made new parameter objects (moving to the device{cast})"
+
+
+def _ignored_when_single(requested: str, resolved: str, options: Mapping[str, Any]
+                         ) -> Mapping[str, Any]:
+    """DDP's options under "auto" at one process: accepted and ignored, so that a script
+    runs unchanged at every world size. An explicit "single" still rejects them."""
+    if requested != "auto" or resolved != "single" or not options:
+        return options
+    ddp = get_strategy("ddp").options
+    return {k: v for k, v in options.items() if k not in ddp}

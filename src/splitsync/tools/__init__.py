@@ -1,0 +1,1 @@
+"""Tools that observe the core (guards, verify, stragglers) or read code and machines (lint, plan, bench, envreport)."""

@@ -1,0 +1,58 @@
+"""Every rule, in code order, and code selection (``--select`` / ``--ignore``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from splitsync.tools.lint.model import Rule
+from splitsync.tools.lint.rules import data, devices, indices, loop, moves, output, parallel, seeds
+
+__all__ = ["all_rules", "get_rule", "select_rules", "META_CODES", "META_HELP"]
+
+#: Codes the runner itself reports: a file that does not parse, a bad suppression comment,
+#: a rule that crashed on a file.
+META_CODES = {"SS000": "syntax-error", "SS001": "bad-suppression", "SS002": "rule-failed"}
+#: (severity, what it means) of each runner code, for ``--list-rules``.
+META_HELP = {
+    "SS000": ("error", "the file cannot be read or parsed as Python; no rule ran on it"),
+    "SS001": ("warning", "a `# splitsync: ignore[...]` comment names no rule"),
+    "SS002": ("warning", "a rule failed on this file (the other rules still ran)"),
+}
+
+
+def all_rules() -> tuple[Rule, ...]:
+    """All rules, sorted by code."""
+    rules = (*devices.RULES, *indices.RULES, *moves.RULES, *parallel.RULES, *data.RULES,
+             *seeds.RULES, *output.RULES, *loop.RULES)
+    return tuple(sorted(rules, key=lambda r: r.code))
+
+
+def get_rule(code: str) -> Rule:
+    """The rule with ``code`` (case-insensitive); KeyError naming the known codes otherwise."""
+    for rule in all_rules():
+        if rule.code == code.upper():
+            return rule
+    raise KeyError(f"no rule {code!r}; known codes: {', '.join(r.code for r in all_rules())}")
+
+
+def _matches(code: str, prefixes: Iterable[str]) -> bool:
+    return any(code.startswith(p) for p in prefixes)
+
+
+def _validate(prefixes: list[str], flag: str) -> None:
+    codes = [r.code for r in all_rules()] + list(META_CODES)
+    for p in prefixes:
+        if not any(c.startswith(p) for c in codes):
+            raise ValueError(f"{flag} {p!r} matches no rule; codes are {', '.join(codes)} "
+                             "(a prefix such as SS5 selects SS501-SS503)")
+
+
+def select_rules(select: Iterable[str] | None = None,
+                 ignore: Iterable[str] | None = None) -> tuple[Rule, ...]:
+    """Rules whose code starts with one of ``select`` (all if None) and none of ``ignore``."""
+    chosen = [p.strip().upper() for p in select or [] if p.strip()]
+    dropped = [p.strip().upper() for p in ignore or [] if p.strip()]
+    _validate(chosen, "--select")
+    _validate(dropped, "--ignore")
+    return tuple(r for r in all_rules()
+                 if (not chosen or _matches(r.code, chosen)) and not _matches(r.code, dropped))

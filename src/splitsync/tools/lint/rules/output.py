@@ -1,0 +1,229 @@
+"""Output that every rank repeats: print (SS501), torch.save (SS502) and logging (SS503)
+in a distributed script, outside a rank-0 check; checkpoints written once per machine (SS504)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+from splitsync.tools.lint.facts import Facts, dotted, last_name
+from splitsync.tools.lint.flow import (
+    guarded_by_rank0,
+    is_local_rank_test,
+    is_rank_like,
+    local_rank_names,
+    mentions_rank,
+    rank0_guards,
+)
+from splitsync.tools.lint.model import Hit, Rule
+
+__all__ = ["RULES"]
+
+
+
+def _every_rank(facts: Facts, call: ast.Call) -> bool:
+    """Does ``call`` run on every rank of a distributed script?"""
+    if not facts.in_distributed_run or guarded_by_rank0(facts, call):
+        return False
+    main = facts.main_block()
+    if facts.uses_spawn and main is not None and any(a is main for a in facts.ancestors(call)):
+        return False  # spawned children never run the parent's __main__ block
+    return True
+
+
+def _guard(facts: Facts) -> str:
+    if facts.is_splitsync:
+        return "`if run.is_main:`"
+    return "`if rank == 0:` (or `dist.get_rank() == 0`)"
+
+
+def _rank_derived(facts: Facts, scope: ast.AST) -> set[str]:
+    """Names in ``scope`` computed from a rank (``device = f"cuda:{rank}"``): a message that
+    shows one names its process."""
+    names: set[str] = set()
+    assigns = [n for n in facts.walk_scope(scope)
+               if isinstance(n, ast.Assign | ast.AnnAssign) and n.value is not None]
+    for _ in range(3):  # `local = int(os.environ["LOCAL_RANK"])`, then `device = f"..{local}"`
+        before = len(names)
+        for node in assigns:
+            if any(is_rank_like(n) or (isinstance(n, ast.Name) and n.id in names)
+                   for n in ast.walk(node.value)):  # type: ignore[arg-type]
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names.update(t.id for t in targets if isinstance(t, ast.Name))
+        if len(names) == before:
+            break
+    return names
+
+
+def _names_rank(facts: Facts, call: ast.Call) -> bool:
+    parts = [*call.args, *call.keywords]
+    if mentions_rank(parts) or any(last_name(n) == "getpid" for p in parts for n in ast.walk(p)):
+        return True  # the rank or the process id: the line says which process wrote it
+    derived = _rank_derived(facts, facts.scope(call))
+    return any(isinstance(n, ast.Name) and n.id in derived for p in parts for n in ast.walk(p))
+
+
+def _before_exit(facts: Facts, call: ast.Call) -> bool:
+    """``print("need 2 GPUs"); sys.exit()``: every rank says why it stops, then stops."""
+    stmt = facts.parents.get(call)
+    for name in ("body", "orelse"):
+        block = getattr(facts.parents.get(stmt), name, None) if stmt is not None else None
+        if isinstance(block, list) and stmt in block:
+            rest = block[block.index(stmt) + 1:]
+            if rest and (isinstance(rest[0], ast.Return | ast.Raise) or (
+                    isinstance(rest[0], ast.Expr) and last_name(rest[0].value) in {
+                        "exit", "_exit", "quit"})):
+                return True
+    return False
+
+
+_OPT_IN = re.compile(r"verbose|debug|^print_|_print$|^show_", re.I)
+
+
+def _opt_in(facts: Facts, call: ast.Call) -> bool:
+    """``if self.print_text: print(...)``: diagnostics the user switches on for a debug run."""
+    for parent in facts.ancestors(call):
+        if isinstance(parent, ast.If) and any(
+                _OPT_IN.search(last_name(n) or "") for n in ast.walk(parent.test)
+                if isinstance(n, ast.Name | ast.Attribute)):
+            return True
+    return False
+
+
+def unguarded_print(facts: Facts) -> Iterator[Hit]:
+    """SS501: ``print`` on every rank."""
+    if "print" in facts.functions or facts.project.print_override:
+        return  # print is replaced by a rank-0-only one (`setup_for_distributed(is_master)`)
+    for call, full in facts.calls:
+        if full != "print" or not isinstance(call.func, ast.Name) or not _every_rank(facts, call):
+            continue
+        if _names_rank(facts, call) or _before_exit(facts, call) or _opt_in(facts, call):
+            continue  # the line names its rank, says why the process stops, or is opted into
+        fix = ("use `run.print(...)`, which prints on rank 0 only" if facts.is_splitsync
+               else f"print under {_guard(facts)}, or put the rank in the message if every "
+               "process should report")
+        yield Hit(call, f"`{facts.text(call)}` {facts.scope_name(call)} runs on every rank: with "
+                  "N processes the line appears N times, interleaved.", f"{fix}.")
+
+
+def _buffers(facts: Facts) -> set[str]:
+    """Names bound to in-memory buffers (``io.BytesIO()``): saving there writes no file."""
+    names: set[str] = set()
+    for node in facts.nodes:
+        if isinstance(node, ast.Assign):
+            value, targets = node.value, node.targets
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            value, targets = node.context_expr, [node.optional_vars]
+        else:
+            continue
+        if isinstance(value, ast.Call) and last_name(value) == "BytesIO":
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+#: Functions that write one checkpoint file (not the collective ``torch.distributed.checkpoint``).
+_SAVERS = frozenset({"torch.save", "safetensors.torch.save_file", "safetensors.torch.save_model"})
+
+
+def _saves(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST | None]]:
+    """Checkpoint writes and their target (None when unseen), skipping in-memory buffers and
+    paths that name the rank (one file per rank on purpose)."""
+    buffers = _buffers(facts)
+    for c, full in facts.calls:
+        if full not in _SAVERS:
+            continue
+        target = c.args[1] if len(c.args) > 1 else next(
+            (k.value for k in c.keywords if k.arg in {"f", "filename"}), None)
+        if target is not None and (mentions_rank([target]) or dotted(target) in buffers
+                                   or last_name(target) == "BytesIO"):
+            continue
+        yield c, target
+
+
+def unguarded_save(facts: Facts) -> Iterator[Hit]:
+    """SS502: ``torch.save`` on every rank."""
+    for c, target in _saves(facts):
+        if not _every_rank(facts, c):
+            continue
+        what = f"`{facts.text(target, 200)}`" if target is not None else "the file"
+        yield Hit(c, f"`{facts.text(c)}` {facts.scope_name(c)} runs on every rank: N processes "
+                  f"write {what} at the same time, which can leave it truncated or mixed, and "
+                  "N-1 of the writes are wasted.",
+                  f"save under {_guard(facts)}, then `dist.barrier()` before any rank reads it "
+                  "back (`run.barrier()` in splitsync).")
+
+
+def save_per_node(facts: Facts) -> Iterator[Hit]:
+    """SS504: a checkpoint written under ``local_rank == 0``: once per machine."""
+    if not facts.in_distributed_run:
+        return
+    local = local_rank_names(facts)
+    for c, target in _saves(facts):
+        guards = rank0_guards(facts, c)
+        if not guards or not all(is_local_rank_test(g, local) for g in guards):
+            continue
+        what = f"`{facts.text(target, 200)}`" if target is not None else "the file"
+        test = facts.text(guards[0], 80)
+        yield Hit(c, f"`{facts.text(c)}` is guarded by `{test}`, the rank within one machine: "
+                  f"on a multi-node run one process per node writes {what}, so several "
+                  "processes write the same file on a shared filesystem at once.",
+                  "guard checkpoint writes by the global rank, `if dist.get_rank() == 0:` "
+                  "(`int(os.environ[\"RANK\"]) == 0` under torchrun; `run.is_main` in "
+                  "splitsync), and `dist.barrier()` before any rank reads the file.")
+
+
+def _loggers(facts: Facts) -> set[str]:
+    names = {"logging"}
+    for node in facts.nodes:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                and facts.resolve(node.value.func) == "logging.getLogger":
+            names.update(d for t in node.targets if (d := dotted(t)))
+    return names
+
+
+def unguarded_logging(facts: Facts) -> Iterator[Hit]:
+    """SS503: ``logger.info`` on every rank."""
+    loggers = _loggers(facts)
+    for call in facts.method_calls("info"):
+        receiver = call.func.value  # type: ignore[attr-defined]
+        name = "logging" if facts.resolve(receiver) == "logging" else dotted(receiver)
+        if name not in loggers or not _every_rank(facts, call):
+            continue
+        if mentions_rank([*call.args, *call.keywords]):
+            continue
+        alt = " or `run.logger`, whose lines carry the rank" if facts.is_splitsync else ""
+        yield Hit(call, f"`{facts.text(call)}` {facts.scope_name(call)} logs on every rank: each "
+                  "record is written N times with nothing telling the copies apart.",
+                  f"log under {_guard(facts)}, or put the rank in the format{alt}.")
+
+
+RULES = (
+    Rule("SS501", "unguarded-print", "warning",
+         "print in a distributed script not guarded by a rank-0 check",
+         "Every process runs the whole script; output meant once must be guarded by a rank-0 "
+         "check (splitsync: run.print). A print that names its rank (or a value computed from "
+         "it) is treated as deliberate, and no print is flagged when the project replaces "
+         "builtins.print with a rank-0-only one (`setup_for_distributed(is_master)`). Known "
+         "false positives: print replaced by other means (a logging redirect, a wrapper "
+         "module the checker cannot read).", unguarded_print),
+    Rule("SS502", "unguarded-save", "warning",
+         "torch.save in a distributed script not guarded by a rank-0 check",
+         "Concurrent writers of one checkpoint file can corrupt it; save on rank 0 and barrier. "
+         "Paths that contain the rank (one file per rank) are allowed. Known false positives: a "
+         "helper that is only ever called on rank 0 from another project the checker does not "
+         "read; saves to node-local scratch disks meant per process.", unguarded_save),
+    Rule("SS503", "unguarded-logging", "warning",
+         "logging in a distributed script not guarded by a rank-0 check",
+         "logging.info on every rank repeats each record N times. Guard it, or include the "
+         "rank in the message or format (splitsync's run.logger does). Known false "
+         "positives: loggers whose handlers are disabled on other ranks by configuration "
+         "the checker cannot see.", unguarded_logging),
+    Rule("SS504", "save-per-node", "warning",
+         "checkpoint written under local_rank == 0 (one writer per machine)",
+         "LOCAL_RANK is the process's index on its own machine, so `local_rank == 0` is true "
+         "on one process per node: on N nodes N processes write the same checkpoint path, "
+         "which a shared filesystem interleaves or truncates. Guard writes by the global "
+         "rank. Known false positives: single-node jobs (local and global rank agree) and "
+         "paths on node-local disks where one copy per machine is intended.", save_per_node),
+)

@@ -1,0 +1,234 @@
+"""Run the rules over a source string, a file or a tree of files; apply suppression comments.
+
+A finding is silenced by a comment on its line (or any line of the flagged expression):
+``# splitsync: ignore[SS501]``, ``# splitsync: ignore[SS501, SS204]`` or ``# splitsync: ignore``
+(every code). ``# splitsync: ignore-file[SS501]`` anywhere silences a code in the whole file.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from splitsync.tools.lint.facts import Facts, build_facts
+from splitsync.tools.lint.flow import with_rank0_functions
+from splitsync.tools.lint.model import Finding, Rule
+from splitsync.tools.lint.project import local_imports, project_of, with_project
+from splitsync.tools.lint.registry import META_CODES, all_rules
+
+__all__ = ["check_source", "check_file", "check_paths", "iter_python_files", "Suppressions"]
+
+_COMMENT = re.compile(r"#\s*splitsync:\s*ignore(-file)?\b(?:\[([^\]]*)\])?", re.IGNORECASE)
+_SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages", "build", "dist"})
+ALL = "*"
+
+
+@dataclass(frozen=True)
+class Suppressions:
+    """Codes silenced per line, codes silenced for the whole file, and malformed comments."""
+
+    lines: dict[int, frozenset[str]]
+    whole_file: frozenset[str]
+    unknown: tuple[tuple[int, int, str], ...]
+
+    def silences(self, code: str, first: int, last: int) -> bool:
+        """Is ``code`` silenced on any line from ``first`` to ``last``?"""
+        if code in self.whole_file or ALL in self.whole_file:
+            return True
+        return any(code in c or ALL in c for n in range(first, last + 1)
+                   if (c := self.lines.get(n)))
+
+
+def _comments(source: str) -> Iterator[tuple[int, int, str]]:
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                yield tok.start[0], tok.start[1] + 1, tok.string
+    except (tokenize.TokenError, SyntaxError):
+        return
+
+
+def parse_suppressions(source: str) -> Suppressions:
+    """Read ``# splitsync: ignore[...]`` comments from ``source``."""
+    known = {r.code for r in all_rules()} | set(META_CODES)
+    lines: dict[int, frozenset[str]] = {}
+    whole: set[str] = set()
+    unknown: list[tuple[int, int, str]] = []
+    for line, col, text in _comments(source):
+        match = _COMMENT.search(text)
+        if match is None:
+            continue
+        codes = {c.strip().upper() for c in (match.group(2) or "").split(",") if c.strip()}
+        for code in sorted(codes - known):
+            unknown.append((line, col, code))
+        codes = (codes & known) if match.group(2) is not None else {ALL}
+        if match.group(1):
+            whole |= codes
+        else:
+            lines[line] = lines.get(line, frozenset()) | frozenset(codes)
+    return Suppressions(lines, frozenset(whole), tuple(unknown))
+
+
+def _span(node: ast.AST) -> tuple[int, int, int]:
+    line = getattr(node, "lineno", 1)
+    col = getattr(node, "col_offset", 0) + 1
+    end = getattr(node, "end_lineno", line) if isinstance(node, ast.expr) else line
+    return line, col, end or line
+
+
+def _parse(source: str, path: str) -> Facts | Finding:
+    """The file's facts, or the SS000 finding saying why it cannot be read."""
+    try:
+        tree = ast.parse(source, filename=path)
+    except RecursionError:
+        return Finding("SS000", META_CODES["SS000"], "error",
+                       f"cannot parse {path}: it is nested too deeply for Python's parser.",
+                       "split the deepest expression into smaller statements.",
+                       path, 1, 1, 1)
+    except (SyntaxError, ValueError) as err:
+        line = getattr(err, "lineno", None) or 1
+        return Finding("SS000", META_CODES["SS000"], "error",
+                       f"cannot parse {path}: {getattr(err, 'msg', err)}; no rule was checked.",
+                       "fix the syntax error (Python would refuse to run the script too).",
+                       path, line, getattr(err, "offset", None) or 1, line)
+    return build_facts(tree, path, source)
+
+
+def _run_rules(facts: Facts, rules: tuple[Rule, ...]) -> list[Finding]:
+    facts = with_rank0_functions(facts)  # after the project is known: helpers run per rank too
+    path = facts.path
+    quiet = parse_suppressions(facts.source)
+    found: dict[tuple[str, int, int], Finding] = {}
+    for rule in rules:
+        try:
+            hits = list(rule.check(facts))
+        except Exception as err:  # one broken rule must not hide the others' findings
+            found[("SS002", 1, 1)] = Finding(
+                "SS002", META_CODES["SS002"], "warning",
+                f"rule {rule.code} ({rule.name}) failed on {path}: {type(err).__name__}: {err}; "
+                "the other rules still ran.",
+                f"report this file to splitsync; silence with `--ignore {rule.code}`.",
+                path, 1, 1, 1)
+            continue
+        for hit in hits:
+            line, col, end = _span(hit.node)
+            if quiet.silences(rule.code, line, end):
+                continue
+            found.setdefault((rule.code, line, col), Finding(
+                rule.code, rule.name, hit.severity or rule.severity, hit.message, hit.fix, path,
+                line, col, end))
+    if "SS001" not in quiet.whole_file:
+        for line, col, code in quiet.unknown:
+            found[("SS001", line, col)] = Finding(
+                "SS001", META_CODES["SS001"], "warning",
+                f"`# splitsync: ignore[{code}]` names no rule, so it silences nothing.",
+                "use a code from `splitsync check --list-rules`.", path, line, col, line)
+    return sorted(found.values(), key=lambda f: (f.line, f.column, f.code))
+
+
+def check_source(source: str, path: str = "<string>",
+                 rules: Iterable[Rule] | None = None) -> list[Finding]:
+    """All findings for one script's text (read alone, imports not followed), sorted by line."""
+    rules = all_rules() if rules is None else tuple(rules)
+    facts = _parse(source, path)
+    if isinstance(facts, Finding):
+        return [facts]
+    return _run_rules(with_project(facts), rules)
+
+
+def _read(path: Path) -> str | Finding:
+    try:
+        with tokenize.open(path) as fh:
+            return fh.read()
+    except (SyntaxError, UnicodeDecodeError) as err:
+        return Finding("SS000", META_CODES["SS000"], "error",
+                       f"cannot read {path} as Python source: {err}.",
+                       "save it as UTF-8 (or fix its coding cookie).", str(path), 1, 1, 1)
+
+
+def _analyse(files: list[Path], rules: tuple[Rule, ...]) -> dict[Path, list[Finding]]:
+    """Findings per file for ``files`` and the local modules they import, each file read
+    together with the modules it is connected to by imports."""
+    shown = {f.resolve(): f for f in files}
+    facts: dict[Path, Facts] = {}
+    failed: dict[Path, list[Finding]] = {}
+    edges: dict[Path, set[Path]] = {}
+    queue = list(shown)
+    while queue:
+        key = queue.pop()
+        if key in facts or key in failed:
+            continue
+        source = _read(shown.get(key, key))
+        parsed = source if isinstance(source, Finding) else _parse(source, str(shown.get(key, key)))
+        if isinstance(parsed, Finding):
+            failed[key] = [parsed]
+            continue
+        facts[key] = parsed
+        edges[key] = local_imports(parsed.tree, key)
+        queue.extend(edges[key] - facts.keys())
+    # a file is read with what it imports and with the scripts that import it (and theirs)
+    importers: dict[Path, set[Path]] = {key: set() for key in facts}
+    for key, targets in edges.items():
+        for target in targets & facts.keys():
+            importers[target].add(key)
+
+    def reach(start: Path, links: dict[Path, set[Path]]) -> set[Path]:
+        seen, todo = {start}, [start]
+        while todo:
+            for nxt in links.get(todo.pop(), set()) & facts.keys():
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    closures = {key: reach(key, edges) for key in facts}
+    projects = {}
+    for key in facts:
+        together = set().union(*(closures[a] for a in reach(key, importers)))
+        projects[key] = project_of(facts[k] for k in sorted(together))
+    results = dict(failed)
+    for key, f in facts.items():
+        results[key] = _run_rules(with_project(f, projects[key]), rules)
+    return results
+
+
+def check_file(path: str | Path, rules: Iterable[Rule] | None = None) -> list[Finding]:
+    """Findings for one file, read together with the local modules it imports."""
+    rules = all_rules() if rules is None else tuple(rules)
+    path = Path(path)
+    return _analyse([path], rules).get(path.resolve(), [])
+
+
+def iter_python_files(paths: Iterable[str | Path]) -> Iterator[Path]:
+    """Each ``.py`` file named, or found under a named directory (hidden and build dirs skipped)."""
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            for found in sorted(path.rglob("*.py")):
+                rel = found.relative_to(path).parts[:-1]
+                if not any(p.startswith(".") or p in _SKIP_DIRS for p in rel):
+                    yield found
+        elif path.is_file():
+            yield path
+        else:
+            raise FileNotFoundError(f"{raw}: no such file or directory (give scripts or folders "
+                                    "of scripts to check)")
+
+
+def check_paths(paths: Iterable[str | Path],
+                rules: Iterable[Rule] | None = None) -> tuple[list[Finding], int]:
+    """Findings for every file under ``paths`` and the local modules they import, and how
+    many files were checked."""
+    rules = all_rules() if rules is None else tuple(rules)
+    files = list(dict.fromkeys(iter_python_files(paths)))
+    results = _analyse(files, rules)
+    named = {f.resolve() for f in files}
+    extra = sorted(k for k in results if k not in named)  # imported modules outside `paths`
+    order = [f.resolve() for f in files] + extra
+    findings = [f for key in dict.fromkeys(order) for f in results.get(key, [])]
+    return findings, len(order)

@@ -1,0 +1,169 @@
+"""Diff a script's 1-process and N-process records and name the likely cause (pure)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from splitsync.tools.verify.checks import Result
+
+__all__ = ["compare_runs", "likely_cause", "RTOL", "ATOL"]
+
+RTOL, ATOL = 1e-3, 1e-5
+Record = dict[str, Any]
+
+
+def _close(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=RTOL, abs_tol=ATOL)
+
+
+def _ids(records: Sequence[Record], step: int) -> list[list[Any]]:
+    """Per rank, the samples of one step: indices if every rank has them, else row hashes."""
+    use_idx = all(r["steps"][step]["indices"] for r in records)
+    return [r["steps"][step]["indices" if use_idx else "rows"] for r in records]
+
+
+def _first_mismatch(a: Sequence[float | None], b: Sequence[float | None]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if not _close(x, y)), None)
+
+
+def _series(single: Record, multi: Sequence[Record], steps: int) -> tuple[list, list, list, list]:
+    loss1 = [single["steps"][s]["loss"] for s in range(steps)]
+    lossn = []
+    for s in range(steps):
+        values = [r["steps"][s]["loss"] for r in multi]
+        lossn.append(None if None in values else sum(values) / len(values))
+    grad1 = [single["steps"][s]["grad_norm"] for s in range(steps)]
+    gradn = [multi[0]["steps"][s]["grad_norm"] for s in range(steps)]
+    return loss1, lossn, grad1, gradn
+
+
+def _overlap(multi: Sequence[Record], steps: int) -> tuple[int, int] | None:
+    """(step, shared samples) of the first step where two ranks read the same samples.
+
+    Counted within one pass over the data (a new epoch may read the samples again).
+    """
+    seen: Counter[Any] = Counter()
+    current = None
+    for s in range(steps):
+        if multi[0]["steps"][s].get("pass") != current:
+            current, seen = multi[0]["steps"][s].get("pass"), Counter()
+        per_rank = _ids(multi, s)
+        for ids in per_rank:
+            seen.update(set(ids))
+        shared = sum(1 for v in seen.values() if v > 1)
+        if shared:
+            return s, shared
+    return None
+
+
+def compare_runs(single: Record, multi: Sequence[Record], n: int) -> list[Result]:
+    """Every check of a script verify, in the order a user should read them."""
+    steps = min([len(single["steps"])] + [len(r["steps"]) for r in multi])
+    out = [Result("steps recorded", steps > 0,
+                  f"{steps} optimizer steps compared" if steps else
+                  "no step recorded: the script must call run.backward(loss) and run.step(opt)")]
+    if not steps:
+        return out
+    hashes = [r["init_hash"] for r in multi]
+    out.append(Result("initial weights agree across ranks", len(set(hashes)) == 1,
+                      "identical" if len(set(hashes)) == 1 else f"hashes per rank: {hashes}"))
+    out.append(Result(f"initial weights: 1 vs {n} processes", single["init_hash"] == hashes[0],
+                      "identical" if single["init_hash"] == hashes[0] else
+                      "the model is initialised differently at different process counts"))
+    ov = _overlap(multi, steps)
+    out.append(Result("ranks' samples disjoint", ov is None, "disjoint" if ov is None else
+                      f"by step {ov[0]}, {ov[1]} samples were read by more than one rank"))
+    bad = next((s for s in range(steps) if Counter(x for ids in _ids(multi, s) for x in ids)
+                != Counter(_ids([single], s)[0])), None)
+    out.append(Result(f"{n} ranks' batches = 1-process batch", bad is None,
+                      "every step covers the same samples" if bad is None else
+                      f"step {bad}: the ranks' samples together differ from the 1-process batch"))
+    out.append(_epochs(multi[0]))
+    loss1, lossn, grad1, gradn = _series(single, multi, steps)
+    for name, a, b in (("per-step loss", loss1, lossn), ("per-step gradient norm", grad1, gradn)):
+        i = _first_mismatch(a, b)
+        out.append(Result(name, i is None, f"equal within rtol {RTOL:g}" if i is None else
+                          f"first differs at step {i}: 1 process {a[i]:.6g}, {n} processes "
+                          f"{b[i]:.6g}"))
+    return out
+
+
+def _epochs(record: Record) -> Result:
+    name = "set_epoch advanced"
+    if not record["used_run_loader"]:
+        return Result(name, False, "not checkable: the training data (a shuffled loader) is "
+                                   "not read with run.loader, so splitsync cannot shard it")
+    by_loader: dict[Any, list[Any]] = {}
+    for p in record["passes"]:
+        # a pass that trained on nothing (a peek: next(iter(loader))) is not an epoch
+        if p["shuffle"] and p.get("trained", 1):
+            by_loader.setdefault(p["loader"], []).append(p["epoch"])
+    multi_pass = [e for e in by_loader.values() if len(e) > 1]
+    if not multi_pass:
+        return Result(name, True, "one pass per loader; nothing to advance")
+    stuck = [e for e in multi_pass if any(b is None or a is None or b <= a
+                                          for a, b in zip(e, e[1:], strict=False))]
+    return Result(name, not stuck, "each pass got a new epoch" if not stuck else
+                  f"sampler epochs per pass {stuck[0]}: call loader.set_epoch(epoch) or iterate "
+                  "run.epochs(n)")
+
+
+def likely_cause(results: Sequence[Result], single: Record, multi: Sequence[Record],
+                 n: int) -> str | None:
+    """The first failure's most likely explanation, or None when everything passed.
+
+    Causes are tried in the order of the checks: a cause is named only for a check that
+    failed (dropout is blamed only when losses diverge and the model has dropout).
+    """
+    failed = {r.check for r in results if not r.ok}
+    if not failed:
+        return None
+    if "steps recorded" in failed:
+        return ("The script did not complete a training step under verify; see the runs' "
+                "output above.")
+    if "initial weights agree across ranks" in failed:
+        return ("Ranks start from different weights: seed every rank the same (init(seed=0)) "
+                "and do not reseed with the rank before building the model.")
+    if "ranks' samples disjoint" in failed:
+        return ("Unsharded data: every rank reads the same samples (a plain DataLoader). Read "
+                "data with run.loader(dataset, batch_size=...) so each rank gets its shard.")
+    if any(c.endswith("= 1-process batch") for c in failed):
+        return ("The ranks' batches do not make up the 1-process batch: data is not read "
+                "through run.loader, or the script builds its own sampler.")
+    if {"per-step loss", "per-step gradient norm"} & failed:
+        return _diverged(failed, single, multi, n)
+    if "set_epoch advanced" in failed:
+        return ("The sampler's epoch never advances, so every epoch reads the samples in the "
+                "same order: iterate run.epochs(n) or call loader.set_epoch(epoch).")
+    if f"initial weights: 1 vs {n} processes" in failed:
+        return "The model's initial weights depend on the number of processes (seed or rank)."
+    return "See the failed checks above."
+
+
+def _diverged(failed: set[str], single: Record, multi: Sequence[Record], n: int) -> str:
+    """Why per-step losses or gradient norms differ although the data is right."""
+    steps = min(len(single["steps"]), *(len(r["steps"]) for r in multi))
+    loss1, lossn, grad1, gradn = _series(single, multi, steps)
+    for a, b in ((loss1, lossn), (grad1, gradn)):
+        i = _first_mismatch(a, b)
+        if i is not None and a[i] and b[i] and math.isclose(a[i] / b[i], n, rel_tol=0.05):
+            return (f"The loss is summed over the batch, not averaged: at {n} processes each "
+                    f"rank's loss and gradient are 1/{n} of the 1-process ones. Use "
+                    "reduction='mean' (the default) or divide by the batch size.")
+    if f"initial weights: 1 vs {n} processes" in failed:
+        return "The model's initial weights depend on the number of processes (seed or rank)."
+    modules = set(multi[0]["modules"])
+    if any(m.startswith("Dropout") and not m.endswith("(p=0)") for m in modules):
+        return ("Dropout draws different masks for a batch of B than for N batches of B/N; "
+                "this difference is expected. Verify with dropout off (p=0) to check the rest.")
+    if any("BatchNorm" in m and m != "SyncBatchNorm" for m in modules):
+        return ("BatchNorm normalises each rank's B/N samples separately; use "
+                "run.model(net, sync_batchnorm=True) for statistics over the global batch.")
+    return ("The losses diverge without a known cause: check that the loss is a mean over the "
+            "batch, that the learning rate and batch size do not depend on world_size, and "
+            "that nothing random (augmentation, noise) is drawn per process.")

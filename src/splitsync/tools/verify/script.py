@@ -1,0 +1,102 @@
+"""``splitsync verify -n N script.py [args]``: run the script at 1 and N processes, diff them."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from splitsync.testing import clean_env
+from splitsync.tools.verify import record
+from splitsync.tools.verify.agree import EXITED
+from splitsync.tools.verify.checks import Result
+from splitsync.tools.verify.compare import compare_runs, likely_cause
+from splitsync.tools.verify.launch import Outcome, run_all, torchrun
+
+__all__ = ["ScriptReport", "verify_script"]
+
+
+@dataclass(frozen=True)
+class ScriptReport:
+    """The checks, the likely cause of the first failure, and the launches' output."""
+
+    results: list[Result]
+    cause: str | None
+    outcomes: list[Outcome]
+
+
+def _load(directory: Path, world: int) -> list[dict] | None:
+    paths = [directory / f"rank{r}.json" for r in range(world)]
+    if not all(p.exists() for p in paths):
+        return None
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def verify_script(script: str, args: list[str], nproc: int, steps: int = 3, epochs: int = 2,
+                  batch: int | None = None, timeout: float = 300.0) -> ScriptReport:
+    """Run ``script`` for ``steps x epochs`` steps at 1 and ``nproc`` processes and compare.
+
+    Each run writes what the script saves through splitsync (checkpoints, exports, run_dir)
+    in its own temporary folder, removed afterwards: the user's directories are untouched.
+    """
+    if not Path(script).is_file():
+        raise FileNotFoundError(f"splitsync verify: no script at {script!r}.")
+    with tempfile.TemporaryDirectory(prefix="splitsync-verify-") as tmp:
+        shared = Path(tmp)
+        dirs = {1: shared / "1", nproc: shared / str(nproc)}
+        commands = []
+        for world, directory in dirs.items():
+            env = clean_env()
+            env.update({record.ENV_DIR: str(directory), record.ENV_NPROC: str(nproc),
+                        record.ENV_STEPS: str(steps), record.ENV_EPOCHS: str(epochs),
+                        record.ENV_SHARED: str(shared), record.ENV_TIMEOUT: str(timeout),
+                        # no __pycache__ next to the user's modules either
+                        "PYTHONDONTWRITEBYTECODE": "1"})
+            if batch is not None:
+                env[record.ENV_BATCH] = str(batch)
+            target = [script, *args]
+            commands.append(([sys.executable, *target] if world == 1 else
+                             torchrun(world, target), env))
+        worlds = list(dirs)
+
+        def ended(i: int) -> None:  # a run waiting to agree on the batch stops waiting
+            (shared / EXITED.format(world=worlds[i])).touch()
+
+        outcomes = run_all(commands, timeout, on_exit=ended)
+        results = [Result("1 process runs", outcomes[0].ok, _exit(outcomes[0])),
+                   Result(f"{nproc} processes run", outcomes[1].ok, _exit(outcomes[1]))]
+        single, multi = _load(dirs[1], 1), _load(dirs[nproc], nproc)
+        if single is None or multi is None:
+            detail, cause = _no_records(outcomes, single is None, multi is None, nproc)
+            results.append(Result("records written", False, detail))
+            return ScriptReport(results, cause, outcomes)
+        results += compare_runs(single[0], multi, nproc)
+        return ScriptReport(results, likely_cause(results, single[0], multi, nproc), outcomes)
+
+
+NEEDS = ("verify records what a run does through splitsync: splitsync.init(), "
+         "run.model(net), run.loader(dataset, batch_size=...), run.backward(loss) and "
+         "run.step(optimizer)")
+
+
+def _no_records(outcomes: list[Outcome], no_single: bool, no_multi: bool,
+                nproc: int) -> tuple[str, str]:
+    """Why a run wrote no record (the recorder writes one as soon as init() runs)."""
+    if all(o.ok for o in outcomes):
+        return ("both runs exited 0 without calling splitsync.init()",
+                f"The script does not use splitsync (it never calls splitsync.init()); {NEEDS}. "
+                "Port the training loop to these calls, or read a plain torch.distributed "
+                "script with `splitsync check script.py`.")
+    sides = [name for name, missing in (("1-process", no_single), (f"{nproc}-process", no_multi))
+             if missing]
+    return (f"the {' and '.join(sides)} run failed before splitsync.init()",
+            "The script failed before splitsync.init(); see the runs' output above.")
+
+
+def _exit(outcome: Outcome) -> str:
+    if outcome.ok:
+        return "exit code 0"
+    code = "timed out" if outcome.returncode is None else f"exit code {outcome.returncode}"
+    return f"{code}:\n{outcome.tail()}"

@@ -1,0 +1,1 @@
+"""Training arithmetic the Run applies: precision, clipping, stale optimizers, SyncBatchNorm."""
