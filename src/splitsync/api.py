@@ -1,9 +1,9 @@
 """``splitsync.init()``: detect the launcher, form the group, and assemble the :class:`Run`.
 
 This is the one place that knows which tools exist: it attaches the guards (from the
-config), the straggler clock (runs of two or more processes, unless
-``straggler_threshold=None``) and the ``splitsync verify`` recorder (from the environment)
-to the run as observers. The core (``runtime`` and the Run's parts) never names them.
+config), the sample ledger (``ledger=True``), the straggler clock (runs of two or more
+processes, unless ``straggler_threshold=None``) and the ``splitsync verify`` recorder (from
+the environment) to the run as observers. The core (``runtime`` and the Run's parts) never names them.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from splitsync.run.config import DEFAULT_STRAGGLER_THRESHOLD, RunConfig
 from splitsync.run.runtime import Run
 from splitsync.tools.guards.session import collective_timeout
 from splitsync.tools.guards.session import start as start_guards
+from splitsync.tools.ledger.recorder import Ledger
 from splitsync.tools.stragglers import StepClock
 from splitsync.tools.verify.record import from_environ as verify_recorder
 from splitsync.train.precision import get_precision
@@ -41,14 +42,15 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
          debug: bool = False, guards: bool = True, run_dir: str | None = None,
          deterministic: bool = False, loggers: str | list[str] | tuple[str, ...] | None = None,
          straggler_threshold: float | None = DEFAULT_STRAGGLER_THRESHOLD,
-         save_blocking: bool = True, **strategy_options: Any) -> Run:
+         save_blocking: bool = True, ledger: bool = False, **strategy_options: Any) -> Run:
     """Detect the launcher, pick the device, form the process group and seed every RNG.
 
     ``loggers`` picks the trackers ``run.log`` writes to ("jsonl", "csv", "tensorboard",
     "wandb", "mlflow"; None: JSONL, CSV and TensorBoard under ``run_dir``). ``run.log``
     reports the slowest rank when the others wait for it more than ``straggler_threshold``
     of each step (None: no report, and no clock). ``save_blocking=False`` makes ``run.save``
-    write checkpoints in the background.
+    write checkpoints in the background. ``ledger=True`` records which samples every
+    optimizer step trained on every rank under ``run_dir/ledger`` (``splitsync audit``).
     """
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
@@ -59,6 +61,9 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
                        save_blocking=save_blocking,
                        strategy_options=strategy_options, loggers=loggers,  # type: ignore[arg-type]
                        straggler_threshold=straggler_threshold)
+    if ledger and run_dir is None:
+        raise ValueError("init(ledger=True) writes the sample ledger under run_dir; pass "
+                         "run_dir=... (the folder splitsync audit reads).")
     if config.loggers is not None:
         require_packages(config.loggers)  # a missing package fails now, not mid-run
     env = detect_env()  # validated before any network call
@@ -86,6 +91,11 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
             observers.append(StepClock(env.rank, env.world_size, config.straggler_threshold))
         if config.run_dir is not None:  # an observer may move it (verify's own folder)
             config = replace(config, run_dir=str(redirect(observers, Path(config.run_dir))))
+        book = None
+        if ledger:
+            book = Ledger(config.run_dir, env.rank, env.world_size, env.restart_count,
+                          final_seed)
+            observers.append(book)
     except BaseException:
         if owns:
             destroy_group()
@@ -94,4 +104,6 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
               observers=observers)
     if verify is not None:
         verify.bind(run)  # tells a step that steps from an accumulation micro-step
+    if book is not None:
+        book.bind(lambda: run.sync_gradients)
     return run

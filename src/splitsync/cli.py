@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "verify": "Self-test the installation, or check that a script is data-parallel-correct.",
     "bench": "Measure splitsync's overhead, communication and scaling.",
     "plan": "Predict step time and scaling efficiency at N devices.",
+    "audit": "Check from a run's sample ledger that every sample was trained exactly once.",
 }
 
 

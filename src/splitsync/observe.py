@@ -48,6 +48,12 @@ class Observer:
     def on_loader_iter(self, loader: DeviceLoader) -> None:
         """A loader made by ``run.loader`` starts a pass."""
 
+    def on_batch(self, loader: Any, ids: torch.Tensor) -> None:
+        """A loader made by ``run.loader`` yields a batch; ``ids`` (int64, one per sample, in
+        batch order) say which samples it holds: dataset indices for an indexable dataset
+        (padded repeats included), ``shard * 2**40 + position`` in the shard's epoch order
+        for a stream (``splitsync.data.stream.sample_id``)."""
+
     def epochs(self, start: int, stop: int) -> int:
         """``run.epochs(stop, start)``: the epoch to stop before (may be smaller)."""
         return stop
@@ -91,6 +97,10 @@ class Observer:
 
     def on_log(self, record: Mapping[str, int | float]) -> None:
         """``run.log``: the metrics averaged over ranks."""
+
+    def on_resume(self, state: Any) -> None:
+        """``run.resume``: ``state`` (a ``ResumeState``) says where the run continues;
+        ``state.resumed`` is False when no checkpoint was found (a fresh start at step 0)."""
 
     def on_save(self, path: Path, step: int) -> None:
         """``run.save``: a checkpoint was committed at ``path``."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
@@ -61,6 +62,9 @@ class ShardSampler(DistributedSampler):
         self.order = order
         self.start = 0  # global positions of this epoch already consumed
         self._resume_epoch: int | None = None
+        # When set, every index handed out is also appended here (in the main process,
+        # where the DataLoader draws indices), so a loader can say which samples a batch holds.
+        self.tap: deque[int] | None = None
         self._set_sizes()
 
     def _set_sizes(self) -> None:
@@ -81,6 +85,10 @@ class ShardSampler(DistributedSampler):
         return torch.randperm(n, generator=g).tolist()
 
     def __iter__(self) -> Iterator[int]:
+        it = self._iter_indices()
+        return it if self.tap is None else _tapped(it, self.tap)
+
+    def _iter_indices(self) -> Iterator[int]:
         if self.order == "bijection":
             return self._iter_bijection()
         rest = self.global_order()[self.start :]
@@ -144,6 +152,13 @@ class ShardSampler(DistributedSampler):
         self._set_sizes()
 
 
+def _tapped(it: Iterator[int], tap: deque[int]) -> Iterator[int]:
+    push = tap.append
+    for i in it:
+        push(i)
+        yield i
+
+
 class DeviceLoader:
     """A DataLoader whose batches arrive on the run's device and whose position is known."""
 
@@ -151,6 +166,9 @@ class DeviceLoader:
                  on_iter: Callable[[DeviceLoader], None] | None = None) -> None:
         self.loader = loader
         self.on_iter = on_iter
+        # Called with (loader, int64 sample indices) per batch when set (run.loader sets it
+        # while an observer listens to on_batch); None costs one attribute check per batch.
+        self.on_batch: Callable[[DeviceLoader, torch.Tensor], None] | None = None
         self.device = device
         self.world_size = world_size
         self.batches_seen = 0  # in the current pass
@@ -197,10 +215,38 @@ class DeviceLoader:
         if self.on_iter is not None:
             self.on_iter(self)
         total = len(self.loader)
+        if self.on_batch is not None and self.sampler is not None:
+            yield from self._iter_with_ids(total)
+            return
         for batch in self.loader:
             self.batches_seen += 1
             self.last_batch = self.batches_seen == total
             yield batch if self._cpu else move_to(batch, self.device)
+
+    def _iter_with_ids(self, total: int) -> Iterator[Any]:
+        """The pass, telling ``on_batch`` each batch's indices. The DataLoader draws indices
+        in order (ahead, with workers) and returns batches in that order, so batch k holds
+        the k-th ``batch_size`` indices drawn."""
+        sampler, callback = self.sampler, self.on_batch
+        assert sampler is not None and callback is not None
+        if self.loader.num_workers and not getattr(self.loader, "in_order", True):
+            raise ValueError("run.loader(..., in_order=False) returns batches out of order, so "
+                             "their sample indices are unknown; drop in_order=False to record "
+                             "them.")
+        tap: deque[int] = deque()
+        sampler.tap = tap
+        size = self.loader.batch_size or 1
+        last = len(sampler) - (total - 1) * size if not self.loader.drop_last else size
+        pop = tap.popleft
+        try:
+            for batch in self.loader:
+                self.batches_seen += 1
+                self.last_batch = self.batches_seen == total
+                k = last if self.last_batch else size
+                callback(self, torch.tensor([pop() for _ in range(k)], dtype=torch.int64))
+                yield batch if self._cpu else move_to(batch, self.device)
+        finally:
+            sampler.tap = None
 
     def trim_padding(self, x: torch.Tensor) -> torch.Tensor:
         """Drop this rank's padded duplicates from the current batch's results."""

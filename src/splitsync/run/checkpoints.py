@@ -52,6 +52,7 @@ class Checkpoints:
         self.checkpointer: Checkpointer | None = None
         self.blocking = self.config.save_blocking
         self._on_save: tuple[Observer, ...] = ()
+        self._on_resume: tuple[Observer, ...] = ()
         self._attach, self._detach = attach, detach
         self._watch: _SaveWatch | None = None
         self._group: Any = None  # gloo group for background saves: made once, on first use
@@ -60,6 +61,7 @@ class Checkpoints:
 
     def set_observers(self, observers: Sequence[Observer]) -> None:
         self._on_save = overriding(observers, "on_save")
+        self._on_resume = overriding(observers, "on_resume")
         self._redirect = overriding(observers, "redirect_path")
 
     def _path(self, path: str | os.PathLike[str]) -> Any:
@@ -78,7 +80,10 @@ class Checkpoints:
         self.blocking = self.config.save_blocking if save_blocking is None else save_blocking
         self.checkpointer = Checkpointer(self._path(dir), objects, keep=keep, rank=self.rank,
                                          world_size=self.world_size)
-        return self.checkpointer.load(self.loaders.all)
+        state = self.checkpointer.load(self.loaders.all)
+        for obs in self._on_resume:
+            obs.on_resume(state)
+        return state
 
     def attach_loader(self, loader: Any) -> None:
         """A loader made after ``resume`` continues where the checkpoint left it."""

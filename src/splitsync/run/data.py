@@ -28,12 +28,24 @@ class Loaders:
         self._iter: tuple[Observer, ...] = ()
         self._epochs: tuple[Observer, ...] = ()
         self._on_epoch: tuple[Observer, ...] = ()
+        self._on_batch: tuple[Observer, ...] = ()
 
     def set_observers(self, observers: Sequence[Observer]) -> None:
         self._kwargs = overriding(observers, "loader_kwargs")
         self._iter = overriding(observers, "on_loader_iter")
         self._epochs = overriding(observers, "epochs")
         self._on_epoch = overriding(observers, "on_epoch")
+        self._on_batch = overriding(observers, "on_batch")
+        for loader in self.all:
+            self._watch_batches(loader)
+
+    def _watch_batches(self, loader: Any) -> None:
+        # Loaders compute a batch's sample ids only while someone listens.
+        loader.on_batch = self._batch if self._on_batch else None
+
+    def _batch(self, loader: Any, ids: torch.Tensor) -> None:
+        for obs in self._on_batch:
+            obs.on_batch(loader, ids)
 
     def build(self, data: Dataset | DataLoader, batch_size: int | None, *, shuffle: bool,
               drop_last: bool, num_workers: int, collate_fn: Any,
@@ -60,6 +72,7 @@ class Loaders:
         loader = build_loader(rank=self.rank, world_size=self.world_size, seed=self.seed,
                               device=self.device, on_iter=self._set_active, **kwargs)
         self.all.append(loader)
+        self._watch_batches(loader)
         return loader
 
     def _stream(self, data: Any, batch_size: int | None, **kwargs: Any) -> Any:
@@ -76,6 +89,7 @@ class Loaders:
                                      world_size=self.world_size, seed=self.seed,
                                      device=self.device, on_iter=self._set_active, **kwargs)
         self.all.append(loader)
+        self._watch_batches(loader)
         return loader
 
     def _set_active(self, loader: DeviceLoader) -> None:

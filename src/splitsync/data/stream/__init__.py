@@ -8,13 +8,13 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, default_collate
 
-from splitsync.data.stream.loader import AT_END, StreamLoader
+from splitsync.data.stream.loader import AT_END, SHARD_SHIFT, StreamLoader, sample_id
 from splitsync.data.stream.readers import Layout, StreamReaders, choose_layout
 from splitsync.data.stream.sources import Shards, Source, as_source, is_stream
 from splitsync.dist.seeding import worker_init_fn
 
 __all__ = ["Shards", "Source", "StreamLoader", "Layout", "choose_layout", "is_stream",
-           "build_stream_loader", "AT_END", "DEFAULT_BUFFER"]
+           "build_stream_loader", "AT_END", "DEFAULT_BUFFER", "SHARD_SHIFT", "sample_id"]
 
 DEFAULT_BUFFER = 1024
 _REFUSED = ("sampler", "batch_sampler", "persistent_workers")

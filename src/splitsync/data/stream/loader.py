@@ -24,9 +24,23 @@ from splitsync.data.stream.readers import StreamReaders
 from splitsync.dist.device import move_to
 from splitsync.dist.logs import get_logger
 
-__all__ = ["StreamLoader", "AT_END"]
+__all__ = ["StreamLoader", "AT_END", "SHARD_SHIFT", "sample_id", "batch_ids"]
 
 AT_END = ("stop", "uneven")
+SHARD_SHIFT = 40  # a stream sample's id: shard << 40 | position in the shard's epoch order
+
+
+def sample_id(shard: int, position: int) -> int:
+    """One int64 naming a stream sample: its shard and its position in that shard's epoch
+    order (the same for every world size and worker count)."""
+    return (shard << SHARD_SHIFT) | position
+
+
+def batch_ids(counts: list[tuple[int, int, int]]) -> torch.Tensor:
+    """The sample ids of a batch from its ``(shard, first position, count)`` runs."""
+    parts = [torch.arange(first, first + c, dtype=torch.int64) + (s << SHARD_SHIFT)
+             for s, first, c in counts]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class StreamLoader:
@@ -47,6 +61,7 @@ class StreamLoader:
         self.device = device
         self.at_end = at_end
         self.on_iter = on_iter
+        self.on_batch: Callable[[Any, torch.Tensor], None] | None = None  # see DeviceLoader
         self.rank, self.world_size = readers.rank, readers.world
         self.batches_seen = 0
         self.last_batch = False
@@ -118,9 +133,11 @@ class StreamLoader:
             # exactly what agreeing before every step would give, at 1/window of the cost.
             n = self._all_reduce([len(held)], "min")[0] if agree else len(held)
             for batch, counts in held[:n]:
-                for s, c in counts:
+                for s, _, c in counts:
                     self._consumed[s] += c
                 self.batches_seen += 1
+                if self.on_batch is not None:
+                    self.on_batch(self, batch_ids(counts))
                 yield batch if cpu else move_to(batch, self.device)
             if n < window:
                 left = sum(_size(b) for b, _ in held[n:])
