@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,7 @@ def main(a: argparse.Namespace) -> None:
         ids = Path(a.run_dir) / "ids"
         ids.mkdir(exist_ok=True)
         out = open(ids / f"{me}-r{run.rank}.txt", "a", buffering=1)  # noqa: SIM115
-        out.write(f"R {state.step} {run.world_size}\n")
+        out.write(f"R {state.step} {run.world_size} {time.time()}\n")
         step = state.step
         for epoch in run.epochs(EPOCHS, start=state.epoch):
             its = [iter(ld) for ld in loaders]

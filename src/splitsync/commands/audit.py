@@ -54,7 +54,8 @@ def render(report: Any) -> None:
     from rich.table import Table
 
     # piped output keeps the tables whole instead of wrapping them at 80 columns
-    con = Console(highlight=False, width=None if sys.stdout.isatty() else 110)
+    con = Console(highlight=False, soft_wrap=True,
+                  width=None if sys.stdout.isatty() else 110)
     con.print(f"[bold]splitsync audit[/bold] {report.run_dir}")
     lt = Table(title="launches", title_justify="left")
     for col in ("launch", "world size", "restart", "seed", "resumed from", "last step",

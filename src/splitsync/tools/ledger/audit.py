@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from splitsync.tools.ledger.format import LEDGER_DIR
 from splitsync.tools.ledger.history import Entry, Finding, History, read_history
-from splitsync.tools.ledger.recorder import LEDGER_DIR
 
 __all__ = ["EpochCount", "Report", "audit", "describe_sample"]
 

@@ -26,9 +26,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAGIC", "Step", "ParsedFile", "record", "json_record", "step_record", "parse",
+__all__ = ["LEDGER_DIR", "MAGIC", "Step", "ParsedFile", "record", "json_record", "step_record", "parse",
            "read_file", "rank_file", "launch_dir"]
 
+LEDGER_DIR = "ledger"  # under run_dir
 MAGIC = b"SPLITSYNC-LEDGER 1\n"
 _HEAD = struct.Struct("<cII")  # kind, payload length, crc32
 _STEP = struct.Struct("<IHHHBI")  # step, loader, epoch, padded, encoding, count: 15 bytes

@@ -21,6 +21,7 @@ import torch
 from splitsync.dist import comm
 from splitsync.observe import Observer
 from splitsync.tools.ledger.format import (
+    LEDGER_DIR,
     MAGIC,
     json_record,
     launch_dir,
@@ -29,9 +30,6 @@ from splitsync.tools.ledger.format import (
 )
 
 __all__ = ["Ledger", "LEDGER_DIR", "next_launch"]
-
-LEDGER_DIR = "ledger"
-
 
 def next_launch(root: Path) -> int:
     """One more than the highest launch under ``root`` (1 for the first)."""
