@@ -48,11 +48,11 @@ class Observer:
     def on_loader_iter(self, loader: DeviceLoader) -> None:
         """A loader made by ``run.loader`` starts a pass."""
 
-    def on_batch(self, loader: Any, ids: torch.Tensor) -> None:
-        """A loader made by ``run.loader`` yields a batch; ``ids`` (int64, one per sample, in
-        batch order) say which samples it holds: dataset indices for an indexable dataset
-        (padded repeats included), ``shard * 2**40 + position`` in the shard's epoch order
-        for a stream (``splitsync.data.stream.sample_id``)."""
+    def on_batch(self, loader: Any, ids: list[int]) -> None:
+        """A loader made by ``run.loader`` yields a batch; ``ids`` (one per sample, in batch
+        order) say which samples it holds: dataset indices for an indexable dataset (padded
+        repeats included), ``shard * 2**40 + position`` in the shard's epoch order for a
+        stream (``splitsync.data.stream.sample_id``)."""
 
     def epochs(self, start: int, stop: int) -> int:
         """``run.epochs(stop, start)``: the epoch to stop before (may be smaller)."""

@@ -43,8 +43,8 @@ class Ids(Observer):
     def __init__(self) -> None:
         self.seen: list[torch.Tensor] = []
 
-    def on_batch(self, loader: object, ids: torch.Tensor) -> None:
-        self.seen.append(ids)
+    def on_batch(self, loader: object, ids: list[int]) -> None:
+        self.seen.append(torch.tensor(ids, dtype=torch.int64))
 
 
 def test_batches_carry_their_sample_ids_and_steps_record_them(tmp_path: Path) -> None:

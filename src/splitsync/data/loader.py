@@ -166,9 +166,9 @@ class DeviceLoader:
                  on_iter: Callable[[DeviceLoader], None] | None = None) -> None:
         self.loader = loader
         self.on_iter = on_iter
-        # Called with (loader, int64 sample indices) per batch when set (run.loader sets it
+        # Called with (loader, the batch's sample indices) when set (run.loader sets it
         # while an observer listens to on_batch); None costs one attribute check per batch.
-        self.on_batch: Callable[[DeviceLoader, torch.Tensor], None] | None = None
+        self.on_batch: Callable[[DeviceLoader, list[int]], None] | None = None
         self.device = device
         self.world_size = world_size
         self.batches_seen = 0  # in the current pass
@@ -243,7 +243,7 @@ class DeviceLoader:
                 self.batches_seen += 1
                 self.last_batch = self.batches_seen == total
                 k = last if self.last_batch else size
-                callback(self, torch.tensor([pop() for _ in range(k)], dtype=torch.int64))
+                callback(self, [pop() for _ in range(k)])
                 yield batch if self._cpu else move_to(batch, self.device)
         finally:
             sampler.tap = None

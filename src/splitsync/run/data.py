@@ -43,7 +43,7 @@ class Loaders:
         # Loaders compute a batch's sample ids only while someone listens.
         loader.on_batch = self._batch if self._on_batch else None
 
-    def _batch(self, loader: Any, ids: torch.Tensor) -> None:
+    def _batch(self, loader: Any, ids: list[int]) -> None:
         for obs in self._on_batch:
             obs.on_batch(loader, ids)
 

@@ -36,11 +36,13 @@ def sample_id(shard: int, position: int) -> int:
     return (shard << SHARD_SHIFT) | position
 
 
-def batch_ids(counts: list[tuple[int, int, int]]) -> torch.Tensor:
+def batch_ids(counts: list[tuple[int, int, int]]) -> list[int]:
     """The sample ids of a batch from its ``(shard, first position, count)`` runs."""
-    parts = [torch.arange(first, first + c, dtype=torch.int64) + (s << SHARD_SHIFT)
-             for s, first, c in counts]
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+    ids: list[int] = []
+    for s, first, c in counts:
+        base = (s << SHARD_SHIFT) + first
+        ids.extend(range(base, base + c))
+    return ids
 
 
 class StreamLoader:
@@ -61,7 +63,7 @@ class StreamLoader:
         self.device = device
         self.at_end = at_end
         self.on_iter = on_iter
-        self.on_batch: Callable[[Any, torch.Tensor], None] | None = None  # see DeviceLoader
+        self.on_batch: Callable[[Any, list[int]], None] | None = None  # see DeviceLoader
         self.rank, self.world_size = readers.rank, readers.world
         self.batches_seen = 0
         self.last_batch = False

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 import zlib
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,7 @@ _HEAD = struct.Struct("<cII")  # kind, payload length, crc32
 _STEP = struct.Struct("<IHHHBI")  # step, loader, epoch, padded, encoding, count: 15 bytes
 _U16, _U32, _I64, _RUNS = 0, 1, 2, 3
 _RUN = np.dtype([("first", "<i8"), ("length", "<u4")])
+_RUN_PACK = struct.Struct("<qI")
 
 
 def launch_dir(root: Path, launch: int) -> Path:
@@ -76,21 +80,27 @@ def json_record(kind: bytes, obj: dict[str, Any]) -> bytes:
     return record(kind, json.dumps(obj, sort_keys=True).encode())
 
 
-def step_record(step: int, loader: int, epoch: int, padded: int, ids: np.ndarray) -> bytes:
-    """An ``S`` record; ``ids`` int64, non-negative."""
+def step_record(step: int, loader: int, epoch: int, padded: int,
+                ids: Sequence[int] | np.ndarray) -> bytes:
+    """An ``S`` record of non-negative ``ids``. Plain Python for a list (a batch's worth:
+    cheaper than numpy's per-call overhead at these sizes), numpy for an array."""
+    if isinstance(ids, np.ndarray):
+        ids = ids.tolist()
     n = len(ids)
-    top = int(ids.max()) if n else 0
+    top = max(ids) if n else 0
     width = 2 if top < 1 << 16 else 4 if top < 1 << 32 else 8
-    runs = 1 + int(np.count_nonzero(np.diff(ids) != 1)) if n else 0
-    if runs * _RUN.itemsize < n * width:
-        starts = np.flatnonzero(np.r_[True, np.diff(ids) != 1])
-        arr = np.empty(runs, dtype=_RUN)
-        arr["first"] = ids[starts]
-        arr["length"] = np.diff(np.r_[starts, n])
-        enc, body = _RUNS, arr.tobytes()
+    starts = [0] + [i for i in range(1, n) if ids[i] != ids[i - 1] + 1] if n else []
+    if len(starts) * _RUN.itemsize < n * width:
+        ends = [*starts[1:], n]
+        body = b"".join(_RUN_PACK.pack(ids[a], b - a) for a, b in zip(starts, ends,
+                                                                         strict=True))
+        enc = _RUNS
     else:
-        enc = {2: _U16, 4: _U32, 8: _I64}[width]
-        body = ids.astype({2: "<u2", 4: "<u4", 8: "<i8"}[width]).tobytes()
+        enc, code = {2: (_U16, "H"), 4: (_U32, "I"), 8: (_I64, "q")}[width]
+        arr = array(code, ids)
+        if sys.byteorder != "little":
+            arr.byteswap()
+        body = arr.tobytes()
     return record(b"S", _STEP.pack(step, loader, epoch, padded, enc, n) + body)
 
 

@@ -70,7 +70,7 @@ class Ledger(Observer):
         self._sync: Any = None  # () -> bool: did the last run.step step? (bound by init)
         self._loaders: dict[int, int] = {}  # id(loader) -> index, in order of first pass
         self._objs: list[Any] = []  # keeps indexed loaders alive, so ids are never reused
-        self._pending: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self._pending: dict[tuple[int, int], list[int]] = {}
         self._padded: dict[tuple[int, int], int] = {}
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         meta = {"launch": launch, "rank": rank, "world_size": world_size,
@@ -97,7 +97,7 @@ class Ledger(Observer):
         info["step"] = self.step
         self._write(json_record(b"P", info))
 
-    def on_batch(self, loader: Any, ids: torch.Tensor) -> None:
+    def on_batch(self, loader: Any, ids: list[int]) -> None:
         idx = self._loaders.get(id(loader))
         if idx is None:
             idx = self._index(loader)
@@ -110,9 +110,9 @@ class Ledger(Observer):
                 self._padded[key] = sampler.padding
         pending = self._pending.get(key)
         if pending is None:
-            self._pending[key] = [ids]
+            self._pending[key] = list(ids)
         else:
-            pending.append(ids)
+            pending.extend(ids)
 
     def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None) -> None:
         if self._sync is not None and not self._sync():
@@ -121,10 +121,9 @@ class Ledger(Observer):
         if not self._pending:
             return
         out = []
-        for (loader, epoch), parts in self._pending.items():
-            ids = parts[0] if len(parts) == 1 else torch.cat(parts)
+        for (loader, epoch), ids in self._pending.items():
             out.append(step_record(self.step, loader, epoch,
-                                   self._padded.pop((loader, epoch), 0), ids.numpy()))
+                                   self._padded.pop((loader, epoch), 0), ids))
         self._pending.clear()
         self._write(b"".join(out))
 
