@@ -135,6 +135,9 @@ def test_audit_catches_and_names_each_fault(tmp_path: Path) -> None:
     assert first_epoch["status"] == "duplicates" and first_epoch["more"] == 6, text
     assert f"index {bad['sample']}: trained 2 times at step 4, rank 0, launch 2" in text
     assert rep["superseded"] == [{"launch": 1, "first_step": 4, "last_step": 5}], text
+    assert ("launch 2 resumed at step 3 with 6 sample(s) of loader 0's epoch 0 trained, but "
+            "the loader began that epoch at position 0: the data position was not restored"
+            ) in text, text
 
     # a truncated ledger file: unreadable, never clean
     cut = tmp_path / "cut"

@@ -50,6 +50,15 @@ def test_step_records_round_trip_in_the_smallest_encoding(ids: np.ndarray, width
     assert np.array_equal(step.ids, ids)
 
 
+def test_a_known_bound_skips_the_scan_and_falls_back_when_exceeded(tmp_path: Path) -> None:
+    head = MAGIC + json_record(b"M", {"rank": 0, "world_size": 1})
+    for ids, width, size in (([5, 6, 7, 9], 2, 8), ([70000, 1], 2, 8), ([1, 2, 3], 4, 12)):
+        rec = step_record(1, 0, 0, 0, ids, width)
+        assert len(rec) - 24 == size  # 70000 does not fit 2 bytes: 4 each after all
+        (_, step), = parse(head + rec, tmp_path).records
+        assert step.ids.tolist() == ids
+
+
 def test_a_cut_or_altered_file_is_unreadable_from_that_byte(tmp_path: Path) -> None:
     head = MAGIC + json_record(b"M", {"rank": 0, "world_size": 1})
     recs = [step_record(s, 0, 0, 0, np.arange(4 * s, 4 * s + 4) * 7) for s in (1, 2, 3)]
@@ -198,6 +207,14 @@ def test_stream_positions_and_resume_changes(tmp_path: Path) -> None:
     write(tmp_path / "bs", 2, 0, 1, [R(1), P(n=8, bs=3, world=1), S(2, [2, 3, 4])])
     rc, rep, text = cli_audit(tmp_path / "bs")
     assert rc == 1 and "with batch size 3 where launch 1 had 2" in text
+
+    # a resumed loader that skips ahead of what the committed steps trained
+    write(tmp_path / "ahead", 1, 0, 1, [R(0, False), P(n=8, world=1), S(1, [0, 1])])
+    write(tmp_path / "ahead", 2, 0, 1, [R(1), json_record(b"P", {**_pass(n=8, world=1),
+                                                                  "start": 4, "step": 1}),
+                                        S(2, [4, 5])])
+    rc, rep, text = cli_audit(tmp_path / "ahead")
+    assert rc == 1 and "began that epoch at position 4: the data position was ahead" in text
 
     write(tmp_path / "nores", 1, 0, 1, [R(0, False), P(n=8, world=1), S(1, [0, 1])])
     write(tmp_path / "nores", 2, 0, 1, [P(n=8, world=1), S(1, [2, 3])])

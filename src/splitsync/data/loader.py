@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Iterator, Sized
+from itertools import chain, islice
 from typing import Any
 
 import torch
@@ -64,7 +64,7 @@ class ShardSampler(DistributedSampler):
         self._resume_epoch: int | None = None
         # When set, every index handed out is also appended here (in the main process,
         # where the DataLoader draws indices), so a loader can say which samples a batch holds.
-        self.tap: deque[int] | None = None
+        self.tap: IndexTap | None = None
         self._set_sizes()
 
     def _set_sizes(self) -> None:
@@ -85,8 +85,9 @@ class ShardSampler(DistributedSampler):
         return torch.randperm(n, generator=g).tolist()
 
     def __iter__(self) -> Iterator[int]:
-        it = self._iter_indices()
-        return it if self.tap is None else _tapped(it, self.tap)
+        if self.tap is not None:  # to the tap a chunk at a time: no per-index Python of ours
+            return chain.from_iterable(self.tap.feed(self._iter_indices()))
+        return self._iter_indices()
 
     def _iter_indices(self) -> Iterator[int]:
         if self.order == "bijection":
@@ -152,11 +153,29 @@ class ShardSampler(DistributedSampler):
         self._set_sizes()
 
 
-def _tapped(it: Iterator[int], tap: deque[int]) -> Iterator[int]:
-    push = tap.append
-    for i in it:
-        push(i)
-        yield i
+class IndexTap:
+    """The indices a sampler handed out, in order, taken back a batch at a time."""
+
+    def __init__(self) -> None:
+        self.items: list[int] = []
+        self.at = 0  # the next index to take
+
+    def feed(self, indices: Iterator[int], chunk: int = 4096) -> Iterator[list[int]]:
+        """``indices`` in lists of ``chunk``, each kept here as it is handed out."""
+        while True:
+            values = list(islice(indices, chunk))
+            if not values:
+                return
+            if self.at > 65536:  # drop what was taken, now and then (C-speed)
+                del self.items[: self.at]
+                self.at = 0
+            self.items.extend(values)
+            yield values
+
+    def take(self, k: int) -> list[int]:
+        out = self.items[self.at : self.at + k]
+        self.at += k
+        return out
 
 
 class DeviceLoader:
@@ -233,17 +252,15 @@ class DeviceLoader:
             raise ValueError("run.loader(..., in_order=False) returns batches out of order, so "
                              "their sample indices are unknown; drop in_order=False to record "
                              "them.")
-        tap: deque[int] = deque()
-        sampler.tap = tap
+        tap = sampler.tap = IndexTap()
         size = self.loader.batch_size or 1
         last = len(sampler) - (total - 1) * size if not self.loader.drop_last else size
-        pop = tap.popleft
+        take = tap.take
         try:
             for batch in self.loader:
                 self.batches_seen += 1
                 self.last_batch = self.batches_seen == total
-                k = last if self.last_batch else size
-                callback(self, [pop() for _ in range(k)])
+                callback(self, take(last if self.last_batch else size))
                 yield batch if self._cpu else move_to(batch, self.device)
         finally:
             sampler.tap = None

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LEDGER_DIR", "MAGIC", "Step", "ParsedFile", "record", "json_record", "step_record", "parse",
+__all__ = ["LEDGER_DIR", "MAGIC", "width_for", "Step", "ParsedFile", "record", "json_record", "step_record", "parse",
            "read_file", "rank_file", "launch_dir"]
 
 LEDGER_DIR = "ledger"  # under run_dir
@@ -80,24 +80,38 @@ def json_record(kind: bytes, obj: dict[str, Any]) -> bytes:
     return record(kind, json.dumps(obj, sort_keys=True).encode())
 
 
+def width_for(n: int) -> int:
+    """Bytes per id for ids below ``n``."""
+    return 2 if n <= 1 << 16 else 4 if n <= 1 << 32 else 8
+
+
+_CODES = {2: (_U16, "H"), 4: (_U32, "I"), 8: (_I64, "q")}
+
+
 def step_record(step: int, loader: int, epoch: int, padded: int,
-                ids: Sequence[int] | np.ndarray) -> bytes:
-    """An ``S`` record of non-negative ``ids``. Plain Python for a list (a batch's worth:
-    cheaper than numpy's per-call overhead at these sizes), numpy for an array."""
+                ids: Sequence[int] | np.ndarray, width: int | None = None) -> bytes:
+    """An ``S`` record of non-negative ``ids``. ``width``: store them as values of that many
+    bytes without looking for runs (an indexable dataset's ids, whose bound is known);
+    None: the smaller of values and runs. Plain Python on lists: a batch's worth is cheaper
+    than numpy's per-call overhead."""
     if isinstance(ids, np.ndarray):
         ids = ids.tolist()
     n = len(ids)
-    top = max(ids) if n else 0
-    width = 2 if top < 1 << 16 else 4 if top < 1 << 32 else 8
-    starts = [0] + [i for i in range(1, n) if ids[i] != ids[i - 1] + 1] if n else []
-    if len(starts) * _RUN.itemsize < n * width:
-        ends = [*starts[1:], n]
-        body = b"".join(_RUN_PACK.pack(ids[a], b - a) for a, b in zip(starts, ends,
-                                                                         strict=True))
-        enc = _RUNS
-    else:
-        enc, code = {2: (_U16, "H"), 4: (_U32, "I"), 8: (_I64, "q")}[width]
-        arr = array(code, ids)
+    enc = -1
+    if width is None:
+        width = width_for(max(ids) + 1 if n else 0)
+        starts = [0] + [i for i in range(1, n) if ids[i] != ids[i - 1] + 1] if n else []
+        if len(starts) * _RUN.itemsize < n * width:
+            ends = [*starts[1:], n]
+            body = b"".join(_RUN_PACK.pack(ids[a], b - a)
+                            for a, b in zip(starts, ends, strict=True))
+            enc = _RUNS
+    if enc < 0:
+        enc, code = _CODES[width]
+        try:
+            arr = array(code, ids)
+        except OverflowError:  # an id beyond the bound given: look at the ids themselves
+            return step_record(step, loader, epoch, padded, ids)
         if sys.byteorder != "little":
             arr.byteswap()
         body = arr.tobytes()

@@ -126,6 +126,27 @@ def _changes(earlier: list[Launch], launch: Launch, findings: list[Finding]) -> 
                     launch.number))
 
 
+def _position(launch: Launch, live: list[Entry], findings: list[Finding]) -> None:
+    """A resumed loader must begin where the committed steps left its epoch."""
+    assert launch.resume is not None
+    for loader, passes in launch.passes.items():
+        first = passes[0]
+        if int(first.get("step", 0)) != int(launch.resume["step"]):
+            continue  # its first pass began after steps of this launch: not the resume
+        epoch = int(first["epoch"])
+        begun = sum(int(x) for x in first.get("offsets", ())) if first["kind"] == "stream" \
+            else int(first.get("start", 0))
+        trained = sum(len(e.record.ids) - e.record.padded for e in live
+                      if e.record.loader == loader and e.record.epoch == epoch)
+        if begun != trained:
+            how = "not restored" if begun < trained else "ahead of them"
+            findings.append(Finding(True, (
+                f"launch {launch.number} resumed at step {launch.resume['step']} with "
+                f"{trained} sample(s) of loader {loader}'s epoch {epoch} trained, but the "
+                f"loader began that epoch at position {begun}: the data position was {how}"),
+                launch.number))
+
+
 def _lost_steps(launch: Launch, live: list[Entry], findings: list[Finding]) -> None:
     """Every rank of a launch takes every step: a step some rank lacks was lost."""
     by_rank: dict[int, set[int]] = {r: set() for r in range(launch.world_size)}
@@ -164,6 +185,7 @@ def read_history(root: Path) -> History:
             live = keep
             if r["resumed"] and launches:
                 _changes(launches, launch, findings)
+            _position(launch, live, findings)
         elif entries and live:
             findings.append(Finding(True, (
                 f"launch {launch.number} trained without run.resume after earlier launches "

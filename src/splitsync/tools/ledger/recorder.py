@@ -27,6 +27,7 @@ from splitsync.tools.ledger.format import (
     launch_dir,
     rank_file,
     step_record,
+    width_for,
 )
 
 __all__ = ["Ledger", "LEDGER_DIR", "next_launch"]
@@ -71,6 +72,7 @@ class Ledger(Observer):
         self._loaders: dict[int, int] = {}  # id(loader) -> index, in order of first pass
         self._objs: list[Any] = []  # keeps indexed loaders alive, so ids are never reused
         self._pending: dict[tuple[int, int], list[int]] = {}
+        self._widths: list[int | None] = []  # per loader: bytes per id, None for streams
         self._padded: dict[tuple[int, int], int] = {}
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         meta = {"launch": launch, "rank": rank, "world_size": world_size,
@@ -88,6 +90,8 @@ class Ledger(Observer):
         if idx is None:
             idx = self._loaders[id(loader)] = len(self._objs)
             self._objs.append(loader)
+            self._widths.append(None if loader.sampler is None
+                                else width_for(len(loader.dataset)))
         return idx
 
     # --- hooks -------------------------------------------------------------------------
@@ -123,7 +127,8 @@ class Ledger(Observer):
         out = []
         for (loader, epoch), ids in self._pending.items():
             out.append(step_record(self.step, loader, epoch,
-                                   self._padded.pop((loader, epoch), 0), ids))
+                                   self._padded.pop((loader, epoch), 0), ids,
+                                   self._widths[loader]))
         self._pending.clear()
         self._write(b"".join(out))
 
