@@ -76,6 +76,8 @@ def test_batches_carry_their_sample_ids_and_steps_record_them(tmp_path: Path) ->
     assert [len(s.ids) for s in steps] == [6, 4, 6, 4]  # 10 samples: the last batch has 1
     assert steps[0].ids.tolist() == torch.cat(trained[:2]).tolist()
     assert [k for k, _ in f.records][-1] == "C"
+    resumes = [r for k, r in f.records if k == "R"]  # on_resume: a fresh start at step 0
+    assert [(r["step"], r["resumed"]) for r in resumes] == [(0, False)]
     rep = audit(tmp_path)
     assert rep.ok and [e.status for e in rep.epochs] == ["exactly once"] * 2
 
