@@ -104,6 +104,6 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
               observers=observers)
     if verify is not None:
         verify.bind(run)  # tells a step that steps from an accumulation micro-step
-    if book is not None:
+    if book is not None and accumulate > 1:  # else every run.step steps: nothing to ask
         book.bind(lambda: run.sync_gradients)
     return run

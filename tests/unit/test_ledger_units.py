@@ -37,7 +37,7 @@ def test_step_records_round_trip_in_the_smallest_encoding(ids: np.ndarray, width
                                                           tmp_path: Path) -> None:
     ids = ids.astype(np.int64)
     rec = step_record(7, 1, 2, 0, ids)
-    body = len(rec) - 9 - 15  # record header, step header
+    body = len(rec) - 9 - 17  # record header, step header
     if width is not None:
         assert body == width * len(ids)
     else:  # runs: 12 bytes each
@@ -54,7 +54,7 @@ def test_a_known_bound_skips_the_scan_and_falls_back_when_exceeded(tmp_path: Pat
     head = MAGIC + json_record(b"M", {"rank": 0, "world_size": 1})
     for ids, width, size in (([5, 6, 7, 9], 2, 8), ([70000, 1], 2, 8), ([1, 2, 3], 4, 12)):
         rec = step_record(1, 0, 0, 0, ids, width)
-        assert len(rec) - 24 == size  # 70000 does not fit 2 bytes: 4 each after all
+        assert len(rec) - 26 == size  # 70000 does not fit 2 bytes: 4 each after all
         (_, step), = parse(head + rec, tmp_path).records
         assert step.ids.tolist() == ids
 

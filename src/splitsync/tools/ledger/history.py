@@ -82,6 +82,8 @@ def _read_launch(folder: Path, number: int, unreadable: list[dict[str, str]],
                  findings: list[Finding]) -> tuple[Launch, list[Entry]]:
     launch = Launch(number)
     entries: list[Entry] = []
+    passes: dict[int, dict[int, list[dict[str, Any]]]] = {}  # rank -> loader -> P records
+    closes: dict[int, dict[str, Any]] = {}
     for path in sorted(folder.glob("rank-*.ledger")):
         f = read_file(path)
         rank = int(f.meta.get("rank", path.stem.split("-")[1]))
@@ -99,10 +101,13 @@ def _read_launch(folder: Path, number: int, unreadable: list[dict[str, str]],
                 launch.steps = max(launch.steps, rec.step)
             elif kind == "R" and launch.resume is None:
                 launch.resume = rec
-            elif kind == "P" and rank == 0:
-                launch.passes.setdefault(int(rec["loader"]), []).append(rec)
-            elif kind == "C" and rank == 0:
-                launch.close = rec
+            elif kind == "P":
+                passes.setdefault(rank, {}).setdefault(int(rec["loader"]), []).append(rec)
+            elif kind == "C":
+                closes[rank] = rec
+    # every rank records the same passes and close: the lowest rank that has them speaks
+    launch.passes = passes[min(passes)] if passes else {}
+    launch.close = closes[min(closes)] if closes else None
     missing = sorted(set(range(launch.world_size)) - set(launch.files))
     if missing:
         findings.append(Finding(True, f"launch {number}: no ledger file for rank(s) {missing} "

@@ -150,11 +150,10 @@ class Ledger(Observer):
         if self._fd < 0:
             return
         passes = []
-        for loader, idx in ((obj, i) for i, obj in enumerate(self._objs)):
-            finished = getattr(loader, "finished", None)
+        for idx, loader in enumerate(self._objs):
+            finished = getattr(loader, "finished", None)  # a stream's own flag
             if finished is None:  # map-style: the pass ran to its last batch
-                finished = bool(loader.last_batch)
-                epoch = loader.sampler.epoch
+                finished, epoch = loader.last_batch, loader.sampler.epoch
             else:
                 epoch = loader.epoch
             passes.append({"loader": idx, "epoch": epoch, "finished": bool(finished),
