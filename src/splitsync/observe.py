@@ -102,6 +102,11 @@ class Observer:
         """``run.resume``: ``state`` (a ``ResumeState``) says where the run continues;
         ``state.resumed`` is False when no checkpoint was found (a fresh start at step 0)."""
 
+    def before_save(self, step: int | None) -> None:
+        """``run.save`` is about to write a checkpoint (``step``: the one it was given, None
+        for the run's own count): the moment to flush anything the checkpoint must not
+        outrun."""
+
     def on_save(self, path: Path, step: int) -> None:
         """``run.save``: a checkpoint was committed at ``path``."""
 

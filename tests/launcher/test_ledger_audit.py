@@ -74,9 +74,11 @@ def test_exactly_once_across_kills_restarts_and_other_world_sizes(tmp_path: Path
     assert rc == 0, f"{note}\n{text}"
     assert [la["world_size"] for la in rep["launches"]] == [2, 2, 2, 3, 1], text
     assert [la["restart_count"] for la in rep["launches"]][:3] == [0, 1, 2], text
-    # the kills and the stops rolled steps back, and the audit set them aside
+    # the kill in run.save and the stops rolled steps back, and the audit set them aside
+    # (steps after a checkpoint are written at the next save or close: a plain kill loses
+    # those records with the steps themselves)
     rolled = {s["launch"] for s in rep["superseded"]}
-    assert {1, 3, 4} <= rolled, text
+    assert {2, 3, 4} <= rolled, text
     assert "superseded: launch 3 steps 13-14" in text
     ours = own_counts(tmp_path)
     epochs = {(e["loader"], e["epoch"]): e for e in rep["epochs"]}

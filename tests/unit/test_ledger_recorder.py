@@ -111,3 +111,24 @@ def test_ledger_needs_a_run_dir_and_costs_nothing_when_off() -> None:
         loader = run.loader(Indexed(), batch_size=3)
         assert loader.on_batch is None  # no listener: no ids computed
         assert loader.sampler is not None and loader.sampler.tap is None
+
+
+def test_steps_reach_the_file_before_the_checkpoint_that_commits_them(tmp_path: Path) -> None:
+    def steps_on_disk() -> list[int]:
+        f = read_file(rank_file(tmp_path / "ledger", 1, 0))
+        return [r.step for k, r in f.records if k == "S"]
+
+    with ss.init(seed=0, guards=False, ledger=True, run_dir=str(tmp_path)) as run:
+        model = run.model(nn.Linear(2, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        run.resume(tmp_path / "ckpt", model=model, optimizer=opt)
+        loader = run.loader(Indexed(), batch_size=2)
+        for k, (x, _) in enumerate(loader):
+            run.backward(model(x).sum())
+            run.step(opt)
+            if k == 2:
+                assert steps_on_disk() == []  # buffered: no system call per step
+                run.save()
+                assert steps_on_disk() == [1, 2, 3]  # written before the checkpoint
+        assert steps_on_disk() == [1, 2, 3]
+    assert steps_on_disk() == [1, 2, 3, 4, 5]  # and the rest at close

@@ -53,6 +53,7 @@ class Checkpoints:
         self.blocking = self.config.save_blocking
         self._on_save: tuple[Observer, ...] = ()
         self._on_resume: tuple[Observer, ...] = ()
+        self._before_save: tuple[Observer, ...] = ()
         self._attach, self._detach = attach, detach
         self._watch: _SaveWatch | None = None
         self._group: Any = None  # gloo group for background saves: made once, on first use
@@ -62,6 +63,7 @@ class Checkpoints:
     def set_observers(self, observers: Sequence[Observer]) -> None:
         self._on_save = overriding(observers, "on_save")
         self._on_resume = overriding(observers, "on_resume")
+        self._before_save = overriding(observers, "before_save")
         self._redirect = overriding(observers, "redirect_path")
 
     def _path(self, path: str | os.PathLike[str]) -> Any:
@@ -98,6 +100,8 @@ class Checkpoints:
             raise RuntimeError("run.save() saves the objects registered by run.resume(dir, "
                                "model=..., optimizer=...); call run.resume first.")
         self.settle(wait=True)  # at most one save in flight; an earlier failure raises here
+        for obs in self._before_save:
+            obs.before_save(step)
         blocking = self.blocking if blocking is None else blocking
         group = None if blocking else self._side_group()
         if not blocking and self._stager is None:

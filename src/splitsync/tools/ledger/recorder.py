@@ -2,10 +2,13 @@
 
 ``init(ledger=True)`` attaches a :class:`Ledger`. It hears each batch's sample ids
 (``on_batch``), credits them to the optimizer step that follows (``on_step_end`` once the
-accumulation window steps), and appends one record per step to
-``run_dir/ledger/launch-NNNNN/rank-NNNNN.ledger`` with a single ``os.write``: a killed
-process loses at most the step it was in. ``run.resume`` writes the step the launch continues
-from, which is how ``splitsync audit`` knows which earlier steps were rolled back.
+accumulation window steps), and keeps one record per step, appended to
+``run_dir/ledger/launch-NNNNN/rank-NNNNN.ledger`` with one ``os.write`` every
+``FLUSH_STEPS`` steps, before every ``run.save`` (``before_save``) and at ``run.close``. So
+every step a checkpoint commits is in the file before the checkpoint is: a killed process
+loses only records of steps after its last checkpoint, which the restart rolls back anyway.
+``run.resume`` writes the step the launch continues from, which is how ``splitsync audit``
+knows which earlier steps were rolled back.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from splitsync.tools.ledger.format import (
     width_for,
 )
 
-__all__ = ["Ledger", "LEDGER_DIR", "next_launch"]
+__all__ = ["Ledger", "LEDGER_DIR", "FLUSH_STEPS", "next_launch"]
+
+FLUSH_STEPS = 64  # steps buffered between writes (a write per step costs a system call)
 
 def next_launch(root: Path) -> int:
     """One more than the highest launch under ``root`` (1 for the first)."""
@@ -74,6 +79,7 @@ class Ledger(Observer):
         self._pending: dict[tuple[int, int], list[int]] = {}
         self._widths: list[int | None] = []  # per loader: bytes per id, None for streams
         self._padded: dict[tuple[int, int], int] = {}
+        self._buffer: list[bytes] = []
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         meta = {"launch": launch, "rank": rank, "world_size": world_size,
                 "restart_count": restart_count, "seed": seed, "host": socket.gethostname(),
@@ -99,7 +105,7 @@ class Ledger(Observer):
         info = describe_loader(loader)
         info["loader"] = self._index(loader)
         info["step"] = self.step
-        self._write(json_record(b"P", info))
+        self._buffer.append(json_record(b"P", info))
 
     def on_batch(self, loader: Any, ids: list[int]) -> None:
         idx = self._loaders.get(id(loader))
@@ -124,27 +130,32 @@ class Ledger(Observer):
         self.step += 1
         if not self._pending:
             return
-        out = []
+        out = self._buffer
         for (loader, epoch), ids in self._pending.items():
             out.append(step_record(self.step, loader, epoch,
                                    self._padded.pop((loader, epoch), 0), ids,
                                    self._widths[loader]))
         self._pending.clear()
-        self._write(b"".join(out))
+        if len(out) >= FLUSH_STEPS:
+            self._flush()
 
     def on_resume(self, state: Any) -> None:
         self.step = int(state.step)
         self._pending.clear()  # delivered before the resume: not trained from its state
         self._padded.clear()
         where = None if state.path is None else str(state.path)
+        self._flush()
         self._write(json_record(b"R", {"step": self.step, "epoch": int(state.epoch),
                                         "resumed": bool(state.resumed), "path": where,
                                         "world_size": state.world_size}))
 
+    def before_save(self, step: int | None) -> None:
+        self._flush()  # in the page cache before the checkpoint commits: a kill keeps them
+
     def on_save(self, path: Path, step: int) -> None:
-        # Records reach the page cache at every step (a killed process keeps them); a
-        # committed checkpoint also gets them onto the disk, against a machine's crash.
-        os.fsync(self._fd)
+        # and on the disk once it has committed, against a machine's crash
+        if self._fd >= 0:
+            os.fsync(self._fd)
 
     def on_close(self, clean: bool) -> None:
         if self._fd < 0:
@@ -158,10 +169,18 @@ class Ledger(Observer):
                 epoch = loader.epoch
             passes.append({"loader": idx, "epoch": epoch, "finished": bool(finished),
                            "untrained": int(getattr(loader, "untrained", 0))})
-        self._write(json_record(b"C", {"clean": clean, "step": self.step, "passes": passes}))
+        self._buffer.append(json_record(b"C", {"clean": clean, "step": self.step,
+                                                "passes": passes}))
+        self._flush()
         os.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
+
+    def _flush(self) -> None:
+        if self._buffer:
+            data = b"".join(self._buffer)
+            self._buffer.clear()
+            self._write(data)
 
     def _write(self, data: bytes) -> None:
         if self._fd >= 0:
