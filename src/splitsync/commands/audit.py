@@ -65,7 +65,8 @@ def render(report: Any) -> None:
         start = la["resumed_from_step"]
         lt.add_row(str(la["launch"]), str(la["world_size"]), str(la["restart_count"]),
                    str(la["seed"]), "-" if start is None else f"step {start}",
-                   str(la["last_step"]), "yes" if la["closed"] else "no")
+                   str(la["last_step"]),
+                   "yes" if la["clean"] else "on an error" if la["closed"] else "no")
     con.print(lt)
     for s in report.superseded:
         con.print(f"superseded: launch {s['launch']} steps {s['first_step']}-{s['last_step']} "

@@ -58,6 +58,7 @@ class Launch:
                 "restart_count": self.restart_count,
                 "resumed_from_step": None if r is None else (r["step"] if r["resumed"] else 0),
                 "last_step": self.steps, "closed": self.close is not None,
+                "clean": bool(self.close and self.close.get("clean")),
                 "seed": next((f.meta.get("seed") for f in self.files.values()), None)}
 
 
