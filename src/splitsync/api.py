@@ -30,6 +30,7 @@ from splitsync.tools.guards.session import collective_timeout
 from splitsync.tools.guards.session import start as start_guards
 from splitsync.tools.stragglers import StepClock
 from splitsync.tools.verify.record import from_environ as verify_recorder
+from splitsync.tools.verify.record import settings as verify_settings
 from splitsync.train.precision import get_precision
 
 __all__ = ["init"]
@@ -52,6 +53,8 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
     """
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
+    # under `splitsync verify --strategies/--accumulate`: the launch's strategy, accumulation
+    strategy, accumulate = verify_settings(os.environ, strategy, accumulate)
     config = RunConfig(seed=seed, strategy=strategy, precision=precision,
                        device=None if device is None else str(device), backend=backend,
                        accumulate=accumulate, timeout=timeout, debug=debug, guards=guards,
@@ -92,6 +95,4 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         raise
     run = Run(config, env, dev, chosen_backend, final_seed, owns, handler, precision=policy,
               observers=observers)
-    if verify is not None:
-        verify.bind(run)  # tells a step that steps from an accumulation micro-step
     return run

@@ -44,6 +44,7 @@ class StepPlan:
         self.micro = 0  # backward calls so far; a step boundary when divisible by `every`
         self.scaler: Any = precision.make_scaler()
         self._update_due = False  # GradScaler.update() runs before the next backward
+        self._window_open = False  # the last step() was a micro-step (did not step)
         self.backward: Callable[[torch.Tensor], None]
         self.step: Callable[..., torch.Tensor | None]
         self._choose()
@@ -95,7 +96,9 @@ class StepPlan:
     def _step_general(self, optimizer: torch.optim.Optimizer,
                       clip: float | None = None) -> torch.Tensor | None:
         if self.micro % self.every:
+            self._window_open = True
             return None  # inside an accumulation window: keep gradients, do not step
+        self._window_open = False
         norm = None
         scaler = self.scaler
         if scaler is None:
@@ -110,6 +113,20 @@ class StepPlan:
             self._update_due = True
         optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def stepped(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether the last ``step(optimizer)`` really stepped it: not a micro-step of an
+        accumulation window, nor a step the GradScaler skipped (inf/nan gradients). Asked
+        only by observers of the step, after it; the scaler's answer costs one sync."""
+        if self._window_open:
+            return False
+        if self.scaler is None or not self._update_due:
+            return True
+        # GradScaler keeps each optimizer's found-inf flags until its update(), which runs
+        # before the next backward: read here, they say whether scaler.step skipped
+        state = getattr(self.scaler, "_per_optimizer_states", {}).get(id(optimizer), {})
+        found = state.get("found_inf_per_device", {})
+        return not any(float(v.item()) for v in found.values())
 
     # --- models ------------------------------------------------------------------------
     def install_forward(self, model: nn.Module, autocast: bool = True,

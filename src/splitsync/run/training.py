@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from splitsync.observe import Observer, chain_around, overriding
+from splitsync.observe import Observer, chain_around, overriding, step_end_calls
 from splitsync.run.accumulate import StepPlan
 from splitsync.run.data import Loaders
 from splitsync.run.join import join
@@ -55,7 +55,7 @@ class Training:
         around = chain_around(observers) if self.world_size > 1 else None
         self.backward = self._observed_backward(before, around)
         self.step = self._observed_step(overriding(observers, "on_step_begin"),
-                                        overriding(observers, "on_step_end"))
+                                        step_end_calls(observers))
         self.steps = dict.fromkeys(self.steps, self.step)
 
     def _observed_backward(self, before: tuple[Observer, ...],
@@ -77,7 +77,7 @@ class Training:
         return backward
 
     def _observed_step(self, begin: tuple[Observer, ...],
-                       end: tuple[Observer, ...]) -> Callable[..., torch.Tensor | None]:
+                       end: tuple[Callable[..., Any], ...]) -> Callable[..., torch.Tensor | None]:
         plan = self.plan
         if not begin and not end:
             return plan.step
@@ -87,8 +87,10 @@ class Training:
             for obs in begin:
                 obs.on_step_begin(optimizer)
             norm = plan.step(optimizer, clip)
-            for obs in end:
-                obs.on_step_end(optimizer, norm)  # may end the script (SystemExit)
+            if end:
+                stepped = plan.stepped(optimizer)
+                for call in end:
+                    call(optimizer, norm, stepped)  # may end the script (SystemExit)
             return norm
 
         return step

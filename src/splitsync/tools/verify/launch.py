@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Outcome", "torchrun", "run_all"]
+__all__ = ["Outcome", "torchrun", "script_command", "run_all"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,11 @@ def torchrun(nproc: int, target: Sequence[str]) -> list[str]:
     """torchrun on this machine (loopback rendezvous on a free port)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc-per-node", str(nproc), *target]
+
+
+def script_command(world: int, target: Sequence[str]) -> list[str]:
+    """``python target`` at one process, torchrun at more."""
+    return [sys.executable, *target] if world == 1 else torchrun(world, target)
 
 
 def run_all(commands: Sequence[tuple[Sequence[str], Mapping[str, str]]], timeout: float,
