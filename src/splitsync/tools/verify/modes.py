@@ -1,7 +1,7 @@
 """``splitsync verify --strategies A,B`` / ``--accumulate K`` / ``--resume`` on a script.
 
-All modes given in one call share their launches: the script as written (the reference)
-runs once, beside one launch per imposed strategy, the accumulation run and the first half
+All modes given in one call share their launches: the reference (the script as written,
+or under the first of ``--strategies``) runs once, beside one launch per other strategy, the accumulation run and the first half
 of the resume check; the resumed launches start once that first half has saved. Each
 launch writes only under its own folder of one temporary directory (see ``record``).
 """
@@ -13,14 +13,14 @@ import re
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from splitsync.tools.verify import agree, record
 from splitsync.tools.verify.checks import Result, not_checkable
-from splitsync.tools.verify.launch import Outcome, run_all, script_command
+from splitsync.tools.verify.launch import Launch, Outcome, run_all
 from splitsync.tools.verify.pair import Side, compare_pair, pair_cause
 from splitsync.tools.verify.script import launch_env
 
@@ -111,7 +111,7 @@ class _Runner:
             env = launch_env(self.dir(launch.label), self.tmp, p.nproc, p.steps, p.epochs,
                              p.batch, p.timeout)
             env.update(launch.env)
-            commands.append((script_command(launch.world, [self.script, *self.args]), env))
+            commands.append(Launch(launch.world, (self.script, *self.args), env))
 
         def ended(i: int) -> None:
             if launches[i].env.get(record.ENV_ROLE) == agree.REF:
@@ -132,10 +132,12 @@ def verify_modes(script: str, args: Sequence[str], plan: Plan) -> list[Section]:
     n, total = plan.nproc, plan.steps * plan.epochs
     half = max(1, total // 2)
     other_world = plan.resume_nproc or (1 if n > 1 else 2)
-    ref = _Launch("as written", n, {record.ENV_ROLE: agree.REF})
     follow = {record.ENV_ROLE: "follow"}
     strategies = [_Launch(f"strategy {s}", n, {**follow, record.ENV_STRATEGY: s})
                   for s in plan.strategies]
+    ref = _Launch("as written", n, {record.ENV_ROLE: agree.REF})
+    if strategies:  # the first strategy's run is everyone's reference: one launch fewer
+        ref = strategies[0] = replace(strategies[0], env={**strategies[0].env, **ref.env})
     accum = _Launch(f"accumulate x{plan.accumulate}", n,
                     {**follow, record.ENV_ACCUMULATE: str(plan.accumulate)})
     # stopped one step after `half`, before the script's own save of that step: a script
@@ -145,7 +147,7 @@ def verify_modes(script: str, args: Sequence[str], plan: Plan) -> list[Section]:
                for w in (n, other_world)]
     with tempfile.TemporaryDirectory(prefix="splitsync-verify-") as tmp:
         runner = _Runner(Path(tmp), script, args, plan)
-        phase1 = [ref, *strategies, *([accum] if plan.accumulate > 1 else []),
+        phase1 = [ref, *strategies[1:], *([accum] if plan.accumulate > 1 else []),
                   *([first] if plan.resume else [])]
         runner.run(phase1)
         if plan.resume:

@@ -11,7 +11,7 @@ from splitsync.testing import clean_env
 from splitsync.tools.verify import agree, record
 from splitsync.tools.verify.checks import Result
 from splitsync.tools.verify.compare import compare_runs, likely_cause
-from splitsync.tools.verify.launch import Outcome, run_all, script_command
+from splitsync.tools.verify.launch import Launch, Outcome, run_all
 
 __all__ = ["ScriptReport", "verify_script", "launch_env"]
 
@@ -63,7 +63,7 @@ def verify_script(script: str, args: list[str], nproc: int, steps: int = 3, epoc
             env = launch_env(directory, shared, nproc, steps, epochs, batch, timeout)
             # the N-process run is the script as the user runs it: it sets the global batch
             env[record.ENV_ROLE] = agree.REF if world == nproc else "follow"
-            commands.append((script_command(world, [script, *args]), env))
+            commands.append(Launch(world, (script, *args), env))
 
         def ended(i: int) -> None:  # a run waiting to agree on the batch stops waiting
             if i == 1:
