@@ -88,9 +88,8 @@ def _ran(label: str, outcome: Outcome) -> Result:
 def _launch_cause(label: str, outcome: Outcome) -> str:
     error = _failure(outcome) or ""
     if "StaleOptimizerError" in error:
-        return (f"Under {label} the optimizer holds parameters that run.model replaced "
-                f"({error.split(':', 1)[1].strip()[:200]}). Build the optimizer after "
-                "run.model, from the parameters of the model it returned.")
+        return (f"Under {label} the optimizer holds parameters that run.model replaced: "
+                f"{error.split(':', 1)[1].strip()}")
     return f"The {label} run failed: {error}"
 
 
@@ -190,9 +189,10 @@ def _strategies(runner: _Runner, launches: list[_Launch], n: int) -> Section:
         if missing:
             results.append(missing)
     base = sides[0]
-    for side in sides[1:]:
-        if base is None or side is None:
-            continue
+    for launch, side in zip(launches[1:], sides[1:], strict=True):
+        if base is None or side is None or not runner.outcomes[launch.label].ok \
+                or not runner.outcomes[launches[0].label].ok:
+            continue  # a failed launch is its own row (and cause); nothing to compare
         rows = compare_pair(base, side)
         results += [Result(f"{side.label} vs {base.label}: {r.check}", r.ok, r.detail,
                            r.checkable) for r in rows]
