@@ -175,3 +175,20 @@ def test_step_end_tells_micro_steps_from_steps_and_keeps_old_observers_working()
             run.step(opt)
     assert new.seen == [False, True, False, True]
     assert old.calls == 4
+
+
+def test_a_step_the_grad_scaler_skips_did_not_step() -> None:
+    """Inf gradients: GradScaler skips optimizer.step, and the plan says so (CPU scaler)."""
+    from splitsync.run.accumulate import StepPlan
+    from splitsync.train.precision import Precision
+
+    plan = StepPlan(Precision("16-mixed", "cpu", None, None, scaled=True), accumulate=1)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = model.weight.detach().clone()
+    plan.backward(model(torch.randn(2, 3)).sum() * float("inf"))
+    plan.step(opt)
+    assert not plan.stepped(opt) and torch.equal(model.weight, before)
+    plan.backward(model(torch.randn(2, 3)).pow(2).mean())
+    plan.step(opt)
+    assert plan.stepped(opt) and not torch.equal(model.weight, before)

@@ -117,8 +117,12 @@ def _global_batch(single: Record, multi: Sequence[Record], steps: int, n: int) -
     """Samples per optimizer step at 1 and at N processes (equal, or the comparison of
     losses is not one of equals)."""
     name = "equal global batch"
-    one = [len(single["steps"][s]["rows"]) for s in range(steps)]
-    many = [sum(len(r["steps"][s]["rows"]) for r in multi) for s in range(steps)]
+    key = "rows" if any(single["steps"][s]["rows"] for s in range(steps)) else "indices"
+    one = [len(single["steps"][s][key]) for s in range(steps)]
+    many = [sum(len(r["steps"][s][key]) for r in multi) for s in range(steps)]
+    if not any(one) and not any(many):
+        return not_checkable(name, "no samples seen: the model's forward takes no tensor "
+                                   "first and the data is not read through run.loader")
     micro1, micron = single["steps"][0].get("micro", 1), multi[0]["steps"][0].get("micro", 1)
     shape = (f"1 process: {micro1} micro-batch(es), {one[0]} samples per step; {n} processes: "
              f"{micron} micro-batch(es) each, {many[0]} samples")
