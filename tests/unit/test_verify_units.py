@@ -120,3 +120,22 @@ def test_equal_runs_pass_and_bit_equality_is_exact() -> None:
     rows = {r.check: r for r in compare_pair(a, c, exact=True)}
     assert not rows["final parameters"].ok and "bit-equality" in rows["final parameters"].detail
     assert {r.check: r for r in compare_pair(a, c)}["final parameters"].ok  # within tolerance
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--strategies", "ddp,fsdpp"], "unknown strategy 'fsdpp'"),
+    (["--strategies", "ddp"], "one strategy"),
+    (["--accumulate", "1"], "give K of 2 or more"),
+    (["--resume", "--resume-nproc", "2"], "another world size than -n 2"),
+])
+def test_mode_flags_are_checked_before_anything_runs(argv: list[str], message: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from splitsync.commands import verify
+
+    parser = argparse.ArgumentParser()
+    verify.add_arguments(parser)
+    args = parser.parse_args(["-n", "2", *argv, "missing.py"])
+    assert verify.main(args) == 2
+    assert message in " ".join(capsys.readouterr().out.split())

@@ -101,11 +101,17 @@ def _modes(args: argparse.Namespace, console: Console) -> int:
     names = tuple(s.strip() for s in (args.strategies or "").split(",") if s.strip())
     unknown = [s for s in names if s not in STRATEGY_NAMES]
     if args.strategies is not None and (len(names) < 2 or unknown):
-        console.print(f"[red]--strategies {args.strategies}: give two or more of "
+        what = f"unknown strategy {unknown[0]!r}" if unknown else "one strategy"
+        console.print(f"[red]--strategies {args.strategies}: {what}; give two or more of "
                       f"{', '.join(STRATEGY_NAMES)}, comma-separated (e.g. ddp,fsdp).[/]")
         return 2
     if args.accumulate is not None and args.accumulate < 2:
         console.print(f"[red]--accumulate {args.accumulate}: give K of 2 or more.[/]")
+        return 2
+    if args.resume_nproc is not None and (args.resume_nproc < 1
+                                          or args.resume_nproc == args.nproc):
+        console.print(f"[red]--resume-nproc {args.resume_nproc}: give another world size "
+                      f"than -n {args.nproc} (the resume at -n is always checked).[/]")
         return 2
     plan = Plan(args.nproc, names, args.accumulate or 1, args.resume, args.resume_nproc,
                 args.steps, args.epochs, args.batch, args.timeout)
