@@ -12,6 +12,7 @@ from torch import nn
 from splitsync.ckpt.store import CheckpointError
 from splitsync.data.loader import DeviceLoader
 from splitsync.data.stream.loader import StreamLoader
+from splitsync.dist.seeding import Generators
 from splitsync.strategies.state import module_state, optimizer_from_fqn, optimizer_to_fqn
 
 __all__ = [
@@ -21,9 +22,12 @@ __all__ = [
 
 
 # --- RNG ---------------------------------------------------------------------------------
-def capture_rng() -> dict[str, Any]:
-    """This process's python, numpy, torch and CUDA generator states (plain containers)."""
+def capture_rng(generators: Generators | None = None) -> dict[str, Any]:
+    """This process's python, numpy, torch and CUDA generator states (plain containers), and
+    the run's per-rank ``run.generator`` streams."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if generators is not None:
+        state["generators"] = generators.capture(per_rank=True)
     try:
         import numpy as np
     except ImportError:
@@ -37,8 +41,10 @@ def capture_rng() -> dict[str, Any]:
     return state
 
 
-def restore_rng(state: Mapping[str, Any]) -> None:
+def restore_rng(state: Mapping[str, Any], generators: Generators | None = None) -> None:
     """Inverse of :func:`capture_rng`."""
+    if generators is not None:
+        generators.restore(state.get("generators", {}))
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"])

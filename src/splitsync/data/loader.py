@@ -18,7 +18,7 @@ from torch.utils.data import (
 
 from splitsync.data.permute import Permutation
 from splitsync.dist.device import move_to
-from splitsync.dist.seeding import worker_init_fn
+from splitsync.dist.seeding import loader_seed, worker_init_fn
 
 __all__ = ["ShardSampler", "DeviceLoader", "build_loader", "loader_kwargs_from", "ORDERS"]
 
@@ -239,7 +239,7 @@ def build_loader(
     )
     # Distinct, reproducible worker seeds per rank: the generator seeds the workers' base.
     generator = torch.Generator()
-    generator.manual_seed(seed * 1000003 + rank)
+    generator.manual_seed(loader_seed(seed, rank))
     extra.setdefault("pin_memory", device.type == "cuda")
     extra.setdefault("worker_init_fn", worker_init_fn)
     loader = DataLoader(

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, default_collate
 from splitsync.data.stream.loader import AT_END, StreamLoader
 from splitsync.data.stream.readers import Layout, StreamReaders, choose_layout
 from splitsync.data.stream.sources import Shards, Source, as_source, is_stream
-from splitsync.dist.seeding import worker_init_fn
+from splitsync.dist.seeding import loader_seed, worker_init_fn
 
 __all__ = ["Shards", "Source", "StreamLoader", "Layout", "choose_layout", "is_stream",
            "build_stream_loader", "AT_END", "DEFAULT_BUFFER"]
@@ -44,7 +44,7 @@ def build_stream_loader(data: Any, *, batch_size: int, shuffle: bool, drop_last:
                             collate=collate_fn or default_collate)
     extra.setdefault("pin_memory", device.type == "cuda")
     extra.setdefault("worker_init_fn", worker_init_fn)
-    generator = torch.Generator().manual_seed(seed * 1000003 + rank)
+    generator = torch.Generator().manual_seed(loader_seed(seed, rank))
     loader = DataLoader(readers, batch_size=None, num_workers=num_workers, generator=generator,
                         **extra)
     return StreamLoader(readers, loader, device, at_end=at_end, on_iter=on_iter,

@@ -7,6 +7,7 @@ samples from its ``start``-th on. A stream without shards is one shard.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from abc import ABC, abstractmethod
@@ -33,6 +34,11 @@ class Source(ABC):
     @abstractmethod
     def open(self, shard: int, start: int) -> Iterator[Any]:
         """Samples of shard ``shard``, from its ``start``-th on."""
+
+    def open_epoch(self, shard: int, start: int, seed: int, epoch: int) -> Iterator[Any]:
+        """:meth:`open` in epoch ``epoch`` of a run seeded with ``seed``; a source with
+        random stages of its own seeds them from (seed, epoch, shard) here."""
+        return self.open(shard, start)
 
 
 def read_file(path: str | os.PathLike[str]) -> Iterator[Any]:
@@ -150,7 +156,13 @@ def _hf_seek(part: Any, start: int) -> bool:
 
 
 class _WdsShards(Shards):
-    """A webdataset pipeline rebuilt per shard: its url list, then its own stages."""
+    """A webdataset pipeline rebuilt per shard: its url list, then its own stages.
+
+    Its random stages (``.shuffle(n)``, ``detshuffle``) seed themselves from the pid and the
+    time, or count epochs in the stage object, so a re-opened shard would come in another
+    order and a resume mid-shard would skip other samples than were trained. Each opening
+    gets them reseeded from (seed, epoch, shard): the same order in every process.
+    """
 
     kind = "webdataset pipeline"
 
@@ -159,16 +171,64 @@ class _WdsShards(Shards):
         self.stages = list(stages)
 
     def open(self, shard: int, start: int) -> Iterator[Any]:
+        return self.open_epoch(shard, start, 0, 0)
+
+    def open_epoch(self, shard: int, start: int, seed: int, epoch: int) -> Iterator[Any]:
         import webdataset as wds
 
-        pipe = wds.DataPipeline(wds.SimpleShardList([self.items[shard]]), *self.stages)
+        stages = [_reseeded(st, _stage_seed(seed, epoch, shard, i))
+                  for i, st in enumerate(self.stages)]
+        pipe = wds.DataPipeline(wds.SimpleShardList([self.items[shard]]), *stages)
         return islice(iter(pipe), start, None)
+
+
+def _stage_seed(*parts: int) -> int:
+    key = ":".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+
+def _shuffle_args(stage: Any) -> tuple[int, int] | None:
+    """(bufsize, initial) of a webdataset shuffle stage, or None for any other stage."""
+    from webdataset import filters
+
+    if isinstance(stage, filters.detshuffle):
+        return int(stage.bufsize), int(stage.initial)
+    if isinstance(stage, filters.FilterFunction) and stage.f is filters._shuffle:
+        args = dict(zip(("bufsize", "initial"), stage.args))
+        bufsize = args.get("bufsize", stage.kw.get("bufsize", 1000))
+        initial = args.get("initial", stage.kw.get("initial", 100))
+        return int(bufsize), int(initial)
+    return None
+
+
+def _reseeded(stage: Any, seed: int) -> Any:
+    """``stage`` itself, or a shuffle stage with the same buffer drawing from ``seed``."""
+    found = _shuffle_args(stage)
+    if found is None:
+        return stage
+    from webdataset import filters
+
+    return filters.FilterFunction(filters._shuffle, found[0], found[1], seed=seed)
+
+
+def _stage_name(stage: Any) -> str:
+    found = _shuffle_args(stage)
+    return f"shuffle({found[0]})" if found else type(stage).__name__
 
 
 def _from_webdataset(data: Any) -> Source:
     stages = list(getattr(data, "pipeline", []))
     urls = getattr(stages[0], "urls", None) if stages else None
     if not isinstance(urls, list):
+        random = [_stage_name(st) for st in stages if _shuffle_args(st) is not None]
+        if random:
+            raise TypeError(
+                f"run.loader got a webdataset pipeline with a random stage ({random[0]}) and "
+                "no list of shard urls, so splitsync cannot reseed it per shard: its order "
+                "would differ after a resume and samples would be lost and repeated. Build "
+                "it from a list of urls (wds.WebDataset([...]) or wds.SimpleShardList(urls)), "
+                "whose shuffle stages splitsync seeds from (seed, epoch, shard), or drop the "
+                "stage and pass run.loader(..., shuffle=True, buffer_size=n).")
         return IterSource(data, "webdataset pipeline")
     rest = [s for s in stages[1:] if getattr(s, "__name__", "") not in _WDS_SPLITTERS]
     return _WdsShards(urls, rest)
