@@ -9,10 +9,10 @@ to the run as observers. The core (``runtime`` and the Run's parts) never names 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,11 +28,11 @@ from splitsync.output.trackers import require_packages
 from splitsync.run.accumulate import accumulate_for
 from splitsync.run.config import DEFAULT_STRAGGLER_THRESHOLD, RunConfig
 from splitsync.run.runtime import Run
+from splitsync.strategies import check_options
 from splitsync.tools.guards.session import collective_timeout
 from splitsync.tools.guards.session import start as start_guards
 from splitsync.tools.stragglers import StepClock
 from splitsync.tools.verify.record import from_environ as verify_recorder
-from splitsync.strategies import check_options
 from splitsync.train.precision import get_precision
 
 __all__ = ["init"]

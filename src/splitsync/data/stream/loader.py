@@ -161,7 +161,7 @@ class StreamLoader:
         if all(vec[n + w:]) and began:  # every rank finished this epoch: continue at the next
             return {"epoch": self.epoch + 1, "offsets": [0] * n, "batches": [0] * w,
                     "workers": self.readers.workers, "stream": True}
-        offsets = [a + b for a, b in zip(self.readers.offsets, vec[:n])]
+        offsets = [a + b for a, b in zip(self.readers.offsets, vec[:n], strict=True)]
         return {"epoch": self.epoch, "offsets": offsets, "batches": vec[n:n + w],
                 "workers": self.readers.workers, "stream": True}
 

@@ -194,7 +194,7 @@ def _shuffle_args(stage: Any) -> tuple[int, int] | None:
     if isinstance(stage, filters.detshuffle):
         return int(stage.bufsize), int(stage.initial)
     if isinstance(stage, filters.FilterFunction) and stage.f is filters._shuffle:
-        args = dict(zip(("bufsize", "initial"), stage.args))
+        args = dict(zip(("bufsize", "initial"), stage.args, strict=False))
         bufsize = args.get("bufsize", stage.kw.get("bufsize", 1000))
         initial = args.get("initial", stage.kw.get("initial", 100))
         return int(bufsize), int(initial)
