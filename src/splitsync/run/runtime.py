@@ -19,7 +19,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from splitsync.data.build import make_loader
 from splitsync.data.loader import DeviceLoader
+from splitsync.data.stream.loader import StreamLoader
 from splitsync.dist.device import move_to
 from splitsync.dist.env import DistEnv
 from splitsync.dist.group import destroy_group
@@ -69,7 +71,7 @@ class Run:
             precision = get_precision(config.precision, device)
         # backward/step functions for this precision and accumulation, chosen once
         self._plan = StepPlan(precision, config.accumulate)
-        self._data = Loaders(self.rank, self.world_size, seed, device)
+        self._data = Loaders()
         self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
                               config.strategy_options)
         self._training = Training(self._plan, self._data, self.world_size,
@@ -130,11 +132,16 @@ class Run:
     # --- data --------------------------------------------------------------------------
     def loader(self, data: Dataset | DataLoader, batch_size: int | None = None, *,
                shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
-               collate_fn: Any = None, **extra: Any) -> DeviceLoader:
+               collate_fn: Any = None, **extra: Any) -> DeviceLoader | StreamLoader:
         """A loader over this rank's shard; ``batch_size`` is per process. A stream (see
-        docs/streams.md) gets a :class:`~splitsync.data.stream.StreamLoader`."""
-        loader = self._data.build(data, batch_size, shuffle=shuffle, drop_last=drop_last,
-                                  num_workers=num_workers, collate_fn=collate_fn, **extra)
+        docs/streams.md) gets a :class:`~splitsync.data.stream.StreamLoader`, anything
+        indexable a :class:`~splitsync.data.loader.DeviceLoader`; both keep a position
+        (``position()``, ``restore()``) that ``run.save``/``run.resume`` carry."""
+        loader = make_loader(data, batch_size, shuffle=shuffle, drop_last=drop_last,
+                             num_workers=num_workers, collate_fn=collate_fn, rank=self.rank,
+                             world_size=self.world_size, seed=self.seed, device=self.device,
+                             hooks=self._data.hooks, **extra)
+        self._data.all.append(loader)
         self._checkpoints.attach_loader(loader)  # made after run.resume: continue from it
         return loader
 

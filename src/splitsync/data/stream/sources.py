@@ -13,14 +13,10 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
-from pathlib import Path
 from typing import Any
 
-from torch.utils.data import IterableDataset
+__all__ = ["Source", "Shards", "IterSource", "HFSource", "from_webdataset", "read_file"]
 
-__all__ = ["Source", "Shards", "IterSource", "HFSource", "as_source", "is_stream", "read_file"]
-
-SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".jsonl", ".txt", ".json")
 _WDS_SPLITTERS = frozenset({"single_node_only", "split_by_node", "split_by_worker"})
 
 
@@ -216,7 +212,9 @@ def _stage_name(stage: Any) -> str:
     return f"shuffle({found[0]})" if found else type(stage).__name__
 
 
-def _from_webdataset(data: Any) -> Source:
+def from_webdataset(data: Any) -> Source:
+    """The source for a webdataset pipeline: its shard urls reopened one by one when it
+    starts from a list of them, else the pipeline read whole (refused with a random stage)."""
     stages = list(getattr(data, "pipeline", []))
     urls = getattr(stages[0], "urls", None) if stages else None
     if not isinstance(urls, list):
@@ -232,48 +230,3 @@ def _from_webdataset(data: Any) -> Source:
         return IterSource(data, "webdataset pipeline")
     rest = [s for s in stages[1:] if getattr(s, "__name__", "") not in _WDS_SPLITTERS]
     return _WdsShards(urls, rest)
-
-
-def _is_file_list(data: Any) -> bool:
-    if not isinstance(data, (list, tuple)) or not data:
-        return False
-    if all(isinstance(x, os.PathLike) for x in data):
-        return True
-    return all(isinstance(x, str) and x.endswith(SHARD_SUFFIXES) and Path(x).is_file()
-               for x in data)
-
-
-def _shardable(data: Any) -> bool:
-    return isinstance(getattr(data, "n_shards", None), int) and callable(
-        getattr(data, "shard", None))
-
-
-def is_stream(data: Any) -> bool:
-    """True for data that ``run.loader`` reads as a stream rather than by index."""
-    if isinstance(data, (Source, IterableDataset)) or _is_file_list(data):
-        return True
-    if _shardable(data):
-        return True
-    indexable = hasattr(data, "__len__") and hasattr(data, "__getitem__")
-    return hasattr(data, "__iter__") and not indexable
-
-
-def as_source(data: Any) -> Source:
-    """The :class:`Source` for ``data`` (see :func:`is_stream`), or a clear error."""
-    if isinstance(data, Source):
-        return data
-    root = type(data).__module__.split(".")[0]
-    if _shardable(data):
-        kind = "Hugging Face IterableDataset" if root == "datasets" else type(data).__name__
-        return HFSource(data, kind)
-    if root == "webdataset":
-        return _from_webdataset(data)
-    if _is_file_list(data):
-        return Shards(list(data))
-    if iter(data) is data:  # a generator or iterator: one pass only, for one reader
-        raise TypeError(
-            f"run.loader got a one-shot {type(data).__name__}: every rank and worker (and "
-            "every epoch) needs its own pass. Pass something re-iterable instead: a "
-            "torch IterableDataset, a list, or splitsync.Shards(items, open=fn).")
-    kind = "torch IterableDataset" if isinstance(data, IterableDataset) else "iterable"
-    return IterSource(data, kind)
