@@ -149,7 +149,7 @@ class Run:
         """Yield epoch numbers start..n-1, calling set_epoch on every loader first."""
         return self._data.epochs(n, start)
 
-    def generator(self, per_rank: bool = True, *, name: str = "default",
+    def generator(self, per_rank: bool = True, *, name: str | None = None,
                   device: str | torch.device = "cpu") -> torch.Generator:
         """A ``torch.Generator`` for scripts that draw their own batches (nanoGPT's
         ``get_batch``: ``torch.randint(n, (b,), generator=run.generator())``).
@@ -158,7 +158,10 @@ class Run:
         ``per_rank=False``: the same stream on every rank. Its state is part of the run's
         RNG state: :meth:`save` writes it and :meth:`resume` restores it (also when it is
         made after ``resume``), so a resumed run draws what the interrupted one would have.
-        The same ``name`` returns the same generator; give other streams other names."""
+        The same call returns the same generator; ``name`` gives a script more streams (by
+        default one per-rank stream, "rank", and one shared stream, "shared")."""
+        if name is None:
+            name = "rank" if per_rank else "shared"
         return self._generators.get(name, per_rank, torch.device(device))
 
     def to_device(self, obj: Any) -> Any:
