@@ -42,16 +42,16 @@ def test_accumulate_from_the_world_size() -> None:
 
     def per_process(world_size: int) -> int:
         seen.append(world_size)
-        return 40 // world_size
+        return 4 // world_size
 
     with ss.init(seed=0, guards=False, accumulate=per_process) as run:
-        assert run.config.accumulate == 40 and seen == [1]
+        assert run.config.accumulate == 4 and seen == [1]
         model = run.model(nn.Linear(2, 1))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for _ in range(39):
+        for i in range(4):
             run.backward(model(torch.ones(1, 2)).sum())
             run.step(opt)
-            assert not run.sync_gradients
+            assert run.sync_gradients == (i == 3)  # one optimizer step per 4 micro-batches
     with pytest.raises(ValueError, match=r"returned 0 at world size 1"):
         ss.init(seed=0, accumulate=lambda world_size: 0)
 

@@ -63,7 +63,7 @@ class Generators:
                 raise ValueError(
                     f"run.generator(name={name!r}) was made with per_rank={was}; the same "
                     "stream cannot change. Give the other one its own name=.")
-            if gen.device != device:
+            if gen.device.type != device.type or device.index not in (None, gen.device.index):
                 raise ValueError(f"run.generator(name={name!r}) lives on {gen.device}, not "
                                  f"{device}; give a stream on another device its own name=.")
             return gen
