@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from splitsync.dist.seeding import Generators
 from splitsync.observe import Observer, overriding, redirect
 from splitsync.run.config import RunConfig
 from splitsync.run.data import Loaders
@@ -45,8 +46,10 @@ class Checkpoints:
     def __init__(self, rank: int, world_size: int, loaders: Loaders,
                  config: RunConfig | None = None,
                  attach: Callable[[Observer], Any] | None = None,
-                 detach: Callable[[Observer], None] | None = None) -> None:
+                 detach: Callable[[Observer], None] | None = None,
+                 generators: Generators | None = None) -> None:
         self.rank = rank
+        self.generators = generators
         self.world_size = world_size
         self.loaders = loaders
         self.config = config if config is not None else RunConfig()
@@ -80,7 +83,7 @@ class Checkpoints:
             self.checkpointer.close()
         self.blocking = self.config.save_blocking if save_blocking is None else save_blocking
         self.checkpointer = Checkpointer(self._path(dir), objects, keep=keep, rank=self.rank,
-                                         world_size=self.world_size)
+                                         world_size=self.world_size, generators=self.generators)
         state = self.checkpointer.load(self.loaders.all)
         if state.resumed:
             for obs in self._on_resume:

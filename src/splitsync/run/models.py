@@ -11,11 +11,21 @@ from torch import nn
 
 from splitsync.observe import Observer, overriding
 from splitsync.run.accumulate import StepPlan, prepare_module
-from splitsync.strategies import Strategy, WrapContext, for_model, get_strategy, resolve
+from splitsync.strategies import (
+    Strategy,
+    WrapContext,
+    check_options,
+    for_model,
+    get_strategy,
+    resolve,
+)
 from splitsync.train.stale import RetiredParameters
 from splitsync.train.syncbn import convert_sync_batchnorm
 
-__all__ = ["Models"]
+__all__ = ["Models", "MODEL_KEYWORDS"]
+
+# run.model's own keywords: a misspelt one is matched against these and the strategy's options
+MODEL_KEYWORDS = ("strategy", "sync_batchnorm", "compile", "autocast")
 
 
 class Models:
@@ -42,15 +52,12 @@ class Models:
              compile: bool | dict[str, Any], autocast: bool, options: Mapping[str, Any]
              ) -> nn.Module:
         """See ``Run.model``."""
-        name = resolve(strategy or self.default_strategy, self.world_size)
+        requested = strategy or self.default_strategy
+        name = resolve(requested, self.world_size)
+        # checked against the strategy asked for, so a typo fails at every world size
+        check_options(requested, options, where="run.model()", parameters=MODEL_KEYWORDS)
         strat = get_strategy(name)
-        options = _ignored_when_single(strategy or self.default_strategy, name, options)
-        unknown = set(options) - set(strat.options)
-        if unknown:
-            raise TypeError(
-                f"strategy {name!r} does not take {sorted(unknown)}; it takes "
-                f"{list(strat.options) or 'no options'}."
-            )
+        options = _ignored_when_single(requested, name, options)
         before = list(module.parameters())  # what an optimizer built already holds
         if sync_batchnorm and self.world_size > 1:
             module = convert_sync_batchnorm(module, self.device)

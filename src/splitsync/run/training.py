@@ -44,6 +44,13 @@ class Training:
     def first_step(self, optimizer: torch.optim.Optimizer,
                    clip: float | None = None) -> torch.Tensor | None:
         """The first run.step of ``optimizer``: check it once, then step."""
+        if not isinstance(optimizer, torch.optim.Optimizer):  # e.g. run.step(1.0, opt)
+            raise TypeError(f"run.step(optimizer, clip=None) takes the optimizer first, got a "
+                            f"{type(optimizer).__name__}; write run.step(opt) or "
+                            "run.step(opt, clip=1.0).")
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))):
+            raise TypeError(f"run.step(optimizer, clip=...) takes a maximum gradient norm "
+                            f"(a number) as clip, got a {type(clip).__name__}.")
         if self._check is not None:
             self._check(optimizer)  # raises for an optimizer run.model made stale
         self.steps[optimizer] = self.step

@@ -1,15 +1,14 @@
 """A nanoGPT-style training script on splitsync (the shape of nanoGPT's train.py, tiny).
 
-As in nanoGPT: batches are random offsets into one token stream, drawn per rank; the
-gradient accumulation is derived from the world size (40 // world there, 4 // world here),
-so the global batch is the same at any process count; the step clips at 1.0; AdamW; a
-checkpoint every iteration, resumed on start. Batches come from ``run.generator(per_rank=True)``
-(seeded from the run's seed and the rank, saved and restored by run.save/run.resume); on a
-splitsync without it, from a generator seeded from (seed, rank, draw).
+As in nanoGPT: batches are random offsets into one token stream, drawn per rank from
+``run.generator(per_rank=True)`` (seeded from the run's seed and the rank, saved and restored
+by run.save/run.resume); the gradient accumulation is derived from the world size (40 //
+world there, 4 // world here: ``init(accumulate=...)`` takes the function), so the global
+batch is the same at any process count; the step clips at 1.0; AdamW; a checkpoint every
+iteration, resumed on start.
 """
 
 import argparse
-import os
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +24,6 @@ parser.add_argument("--block", type=int, default=16)
 args = parser.parse_args()
 
 VOCAB, SEED = 32, 1337
-world = int(os.environ.get("WORLD_SIZE", "1"))  # nanoGPT derives accumulation from it
-grad_accum = 4 // world
 tokens = torch.randint(VOCAB, (20_000,), generator=torch.Generator().manual_seed(0))
 
 
@@ -58,28 +55,26 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
 
 
-with splitsync.init(seed=SEED, accumulate=grad_accum) as run:
+with splitsync.init(seed=SEED, accumulate=lambda world_size: 4 // world_size) as run:
+    grad_accum = run.config.accumulate
     model = run.model(GPT())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95))
-    gen = run.generator(per_rank=True) if hasattr(run, "generator") else None
+    gen = run.generator(per_rank=True)
     state = run.resume(args.ckpt, model=model, optimizer=opt)
-    draws = state.step * grad_accum
 
     def get_batch() -> tuple[torch.Tensor, torch.Tensor]:
-        global draws
-        g = gen or torch.Generator().manual_seed(SEED * 1_000_003 + run.rank * 10_007 + draws)
-        draws += 1
-        ix = torch.randint(len(tokens) - args.block - 1, (args.batch_size,), generator=g)
+        ix = torch.randint(len(tokens) - args.block - 1, (args.batch_size,), generator=gen)
         x = torch.stack([tokens[i:i + args.block] for i in ix])
         y = torch.stack([tokens[i + 1:i + 1 + args.block] for i in ix])
         return run.to_device((x, y))
 
     it = state.step
-    X, Y = get_batch()
     while it < args.max_iters:
-        for _ in range(grad_accum):
+        X, Y = get_batch()
+        for micro in range(grad_accum):
             loss = model(X, Y)
-            X, Y = get_batch()  # prefetch, as nanoGPT does
+            if micro + 1 < grad_accum:  # prefetch, as nanoGPT does, within the step only: a
+                X, Y = get_batch()  # batch drawn before run.save would be skipped on resume
             run.backward(loss)
             run.step(opt, clip=1.0)  # steps on the grad_accum-th call
         it += 1
