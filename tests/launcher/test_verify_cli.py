@@ -145,8 +145,8 @@ def test_a_script_without_splitsync_is_told_so() -> None:
 
 
 # --- the modes ----------------------------------------------------------------------------
-MODES = ("--strategies", "ddp,fsdp", "--accumulate", "2", "--resume", "--steps", "3",
-         "--epochs", "3")
+MODES = ("--strategies", "ddp,fsdp", "--accumulate", "2", "--resume", "--steps", "2",
+         "--epochs", "2")  # the resume: 4 steps straight, 2 then a checkpoint, 2 resumed
 
 
 def test_each_mode_names_its_planted_fault() -> None:

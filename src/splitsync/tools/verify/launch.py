@@ -11,6 +11,7 @@ already initialised here, or no ``fork``), each rank is a fresh interpreter inst
 
 from __future__ import annotations
 
+import importlib
 import os
 import runpy
 import signal
@@ -60,6 +61,21 @@ class Launch:
     world: int
     target: tuple[str, ...]
     env: Mapping[str, str]
+
+
+# Imported here once, before forking, rather than in every rank: what a splitsync run
+# imports lazily and costs most (torch.distributed.checkpoint alone is about a second of CPU).
+_PRELOAD = ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
+            "torch.distributed.fsdp", "splitsync.ckpt", "splitsync.run.runtime",
+            "splitsync.strategies")
+
+
+def _preload() -> None:
+    for name in _PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # a torch build without one: each rank imports what it can
+            pass
 
 
 def _can_fork() -> bool:
@@ -167,6 +183,8 @@ def run_all(launches: Sequence[Launch], timeout: float,
     called as soon as launch ``i`` has ended. Output goes to temporary files, never pipes.
     """
     fork = _can_fork()
+    if fork:
+        _preload()
     logs = [tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
             for _ in launches]
     ranks = [_start(launch, log, fork) for launch, log in zip(launches, logs, strict=True)]
