@@ -7,6 +7,7 @@ written before these keys existed are classified from the saved state's keys ins
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,9 +18,10 @@ __all__ = ["KINDS", "type_name", "kind_of", "kind_from_state"]
 # The order inspect lists them in.
 KINDS = ("model", "optimizer", "scheduler", "scaler", "ema", "object")
 
-# Class-name fragments of exponential / stochastic weight averages (torch's AveragedModel,
-# timm's ModelEma*, splitsync's own, ...).
-_EMA_HINTS = ("ema", "averaged", "movingaverage", "swa")
+# Words in the class names of exponential / stochastic weight averages (torch's
+# AveragedModel, timm's ModelEmaV3, ExponentialMovingAverage, ...) or in the names they are
+# registered under (``ema=``); whole words, so "schema" is no EMA.
+_EMA_WORDS = {"ema", "swa", "averaged"}
 _WRAPPERS = ("torch.nn.parallel", "torch._dynamo")
 
 
@@ -49,16 +51,23 @@ def type_name(obj: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def _words(name: str) -> set[str]:
+    """``ModelEmaV2`` -> {"model", "ema", "v2"}; ``ema_model`` -> {"ema", "model"}."""
+    leaf = name.rsplit(".", 1)[-1]
+    return {w.lower() for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", leaf)}
+
+
 def _looks_ema(name: str) -> bool:
-    leaf = name.rsplit(".", 1)[-1].lower()
-    return any(h in leaf for h in _EMA_HINTS)
+    words = _words(name)
+    return bool(words & _EMA_WORDS) or {"moving", "average"} <= words
 
 
-def kind_of(obj: Any) -> str:
-    """One of :data:`KINDS` for a live object registered with ``run.resume``."""
+def kind_of(obj: Any, name: str = "") -> str:
+    """One of :data:`KINDS` for a live object registered with ``run.resume`` (as ``name``)."""
     import torch
 
-    if _looks_ema(type_name(obj)):
+    if _looks_ema(type_name(obj)) or (_looks_ema(name) and not isinstance(
+            obj, (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler))):
         return "ema"
     if isinstance(obj, nn.Module):
         return "model"
@@ -85,6 +94,6 @@ def kind_from_state(name: str, type_: str | None, state: Any) -> str:
         return "scheduler"
     if {"scale", "growth_factor"} <= keys:
         return "scaler"
-    if "ema" in name.lower() or "shadow" in keys or "averaged" in name.lower():
+    if _looks_ema(name) or "shadow" in keys:
         return "ema"
     return "object"

@@ -131,9 +131,9 @@ def _entry(name: str) -> Entry | None:
 def entries(loc: Location) -> list[Entry]:
     """The checkpoint folders at ``loc``, newest step first. In object storage a ``step-N``
     without a manifest is a save in progress or killed (it has no rename to wait for)."""
-    if loc.only is not None:
-        found = _entry(loc.only) or Entry(loc.only, -1, "committed")
-        return [found]
+    if loc.only is not None:  # named by the user: checked whatever its name says
+        found = _entry(loc.only)
+        return [Entry(loc.only, found.step if found else -1, "committed")]
     out = [e for e in map(_entry, _names(loc.storage)) if e is not None]
     if not loc.storage.local:
         out = [Entry(e.name, e.step, "incomplete") if not _exists(loc.storage, f"{e.name}/{MANIFEST}")

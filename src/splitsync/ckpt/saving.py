@@ -72,7 +72,7 @@ def _described(ck: Checkpointer, strategies: Mapping[str, Any]) -> dict[str, Any
     objs = {**ck.models, **{n: o for n, (o, _) in ck.optims.items()}, **ck.others}
     return {"strategies": {n: strategies[n].name for n in sorted(ck.models)},
             "types": {n: type_name(o) for n, o in sorted(objs.items())},
-            "kinds": {n: kind_of(o) for n, o in sorted(objs.items())}}
+            "kinds": {n: kind_of(o, n) for n, o in sorted(objs.items())}}
 
 
 def build_job(ck: Checkpointer, storage: Storage, loaders: Sequence[DeviceLoader], *,

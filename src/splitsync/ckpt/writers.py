@@ -131,6 +131,8 @@ def hf_mismatch(config_dir: Path, tensors: Mapping[str, torch.Tensor]) -> str | 
     try:
         import transformers
     except ImportError:
+        warnings.warn("transformers is not installed here: the parameter names were not "
+                      f"checked against {config_dir}/config.json.", stacklevel=3)
         return None
     config = transformers.AutoConfig.from_pretrained(str(config_dir), local_files_only=True)
     archs = getattr(config, "architectures", None) or []

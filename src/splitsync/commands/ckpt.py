@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -183,9 +184,13 @@ def _verify(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     from splitsync.ckpt.convert import convert
 
-    done = convert(args.dir, args.out, step=args.step, model=args.model,
-                   optimizer=args.optimizer, optimizer_name=args.optimizer_name,
-                   dtype=args.dtype, hf=args.hf, strip_prefix=args.strip_prefix)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        done = convert(args.dir, args.out, step=args.step, model=args.model,
+                       optimizer=args.optimizer, optimizer_name=args.optimizer_name,
+                       dtype=args.dtype, hf=args.hf, strip_prefix=args.strip_prefix)
+    for w in caught:  # one line each, without Python's file:line prefix
+        print(f"warning: {w.message}", file=sys.stderr)
     for where, why in done.skipped:
         print(f"skipped {where}: {why}", file=sys.stderr)
     print(f"wrote {done.out}: model {done.model!r} of {done.source} (step {done.step}), "
