@@ -63,15 +63,20 @@ def compile_blocks(model: nn.Module, kwargs: Mapping[str, Any]) -> int:
     return n
 
 
+def check_offload(offload: Any, name: str = "fsdp") -> bool:
+    """``offload=`` checked: a bool."""
+    if not isinstance(offload, bool):
+        raise TypeError(f"strategy={name!r} offload={offload!r}: give True (keep parameters, "
+                        "gradients and optimizer state on the host) or False.")
+    return offload
+
+
 def offload_policy(offload: Any, device: torch.device, name: str = "fsdp", rank: int = 0) -> Any:
     """FSDP2's offload policy for ``offload=`` on ``device`` (the run's device); ``rank``
     0 says so when there is nothing to offload."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
-    if not isinstance(offload, bool):
-        raise TypeError(f"strategy={name!r} offload={offload!r}: give True (keep parameters, "
-                        "gradients and optimizer state on the host) or False.")
-    if not offload:
+    if not check_offload(offload, name):
         return OffloadPolicy()
     if device.type == "cpu":
         # Still applied, so that a CPU run takes the same path as a GPU run; it copies nothing.
@@ -105,6 +110,7 @@ def shard(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any], mesh:
 def unsharded(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any],
               name: str = "fsdp") -> nn.Module:
     """The module as it is when there is no process group: one process, no sharding."""
+    check_offload(options.get("offload", False), name)
     if ctx.world_size != 1:
         raise RuntimeError(
             f"strategy={name!r} needs a process group. Launch with `splitsync run -n N "
