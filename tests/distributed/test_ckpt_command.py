@@ -1,8 +1,8 @@
 """``splitsync ckpt inspect | convert | verify`` on checkpoints that 2 gloo ranks wrote.
 
 One spawn writes every checkpoint these tests read: DDP (with a scheduler, a GradScaler, an
-EMA model, a plain object and a loader), FSDP2 (two steps), a tiny GPT-2 under FSDP2, and a
-DDP run into S3 (moto's server on loopback). The checks then run offline in this process,
+EMA model, a plain object and a loader), FSDP2 (two steps), HSDP (2 replicas), a tiny GPT-2
+under FSDP2, and a DDP run into S3 (moto's server on loopback). The checks then run offline in this process,
 with no process group, as a user would run the command.
 """
 
@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 import splitsync as ss
+from splitsync import STRATEGY_NAMES
 from splitsync.cli import main as cli
 from splitsync.testing import clean_env, spawn
 
@@ -146,6 +147,17 @@ def write_all(rank: int, world: int, base: str, s3: str, config_dir: str) -> dic
         _steps(run, model, opt, 1)
         run.save(f"{base}/fsdp")
         out["fsdp"], out["fsdp_optim"] = _full(model), _full_optim(model, opt)
+
+        # HSDP: 2 replicas of a 1-way shard, if the strategy exists in this tree.
+        if "hsdp" in STRATEGY_NAMES:
+            model = run.model(_net(), strategy="hsdp", replicate=2)
+            opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+            run.resume(f"{base}/hsdp", model=model, optimizer=opt)
+            _steps(run, model, opt, 2)
+            run.save(f"{base}/hsdp")
+            out["hsdp"], out["hsdp_optim"] = _full(model), _full_optim(model, opt)
+            out["hsdp_mesh"] = dict(zip(model[0].weight.device_mesh.mesh_dim_names,
+                                        model[0].weight.device_mesh.shape, strict=True))
 
         # DDP into S3 (through moto's server).
         model = run.model(_net(), strategy="ddp")
@@ -310,6 +322,25 @@ def test_fsdp_inspect_and_verify(made: dict[str, Any], capsys: pytest.CaptureFix
     assert code == 0 and text.count(": ok") == 2
     code, text, _ = _run(capsys, "verify", root, "--json")
     assert code == 0 and json.loads(text)["ok"] is True
+
+
+@pytest.mark.skipif("hsdp" not in STRATEGY_NAMES, reason="no hsdp strategy in this tree")
+def test_hsdp_inspect_convert_verify(made: dict[str, Any], tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    root = made["base"] / "hsdp"
+    assert made["final"]["hsdp_mesh"] == {"replicate": 2, "shard": 1}
+    s = _inspect(capsys, root)["steps"][0]
+    assert (s["name"], s["status"], s["strategy"], s["world_size"], s["layout"]) == \
+        ("step-000002", "complete", "hsdp", 2, "sharded")
+    assert s["holds"]["optimizer"]["optimizer"]["state_keys"] == ["exp_avg", "exp_avg_sq", "step"]
+    assert _run(capsys, "verify", root)[0] == 0
+    code, _, err = _run(capsys, "convert", root, tmp_path / "h.safetensors",
+                        "--optimizer", tmp_path / "h.pt")
+    assert code == 0, err
+    _same(_load(tmp_path / "h.safetensors"), made["final"]["hsdp"])
+    osd = torch.load(tmp_path / "h.pt", weights_only=True)
+    _same({f"{p}.{k}": v.numpy() for p, st in osd["state"].items() for k, v in st.items()},
+          made["final"]["hsdp_optim"])
 
 
 # --- DDP: what it holds -----------------------------------------------------------------------
