@@ -122,3 +122,18 @@ def test_one_rank_checkpoint_round_trip(tmp_path: Path, capsys: pytest.CaptureFi
     assert cli(["ckpt", "convert", str(tmp_path / "ck"), str(tmp_path / "w.safetensors")]) == 0
     got = load_file(tmp_path / "w.safetensors")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+    # --quick reads manifests and sizes only: a flipped bit goes unseen there, not otherwise.
+    capsys.readouterr()
+    state = tmp_path / "ck" / "step-000001" / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[-40] ^= 1
+    state.write_bytes(data)
+    assert cli(["ckpt", "inspect", str(tmp_path / "ck"), "--quick", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)["steps"][0]
+    assert (s["status"], s["checksums"]) == ("complete", "not checked")
+    assert s["holds"]["model"] == {"model": {"type": "torch.nn.modules.linear.Linear"}}
+    assert cli(["ckpt", "inspect", str(tmp_path / "ck"), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)["steps"][0]
+    assert (s["status"], s["checksums"]) == ("damaged", "failed")
+    assert s["problems"] == ["state.pt fails its XXH3-128 checksum (corrupted)"]

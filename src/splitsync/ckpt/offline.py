@@ -164,9 +164,11 @@ def _manifest(loc: Location, name: str) -> dict[str, Any]:
     return parse_manifest(text)
 
 
-def check(loc: Location, name: str, *, load: tuple[str, ...] = ()) -> tuple[Check, dict[str, Any]]:
+def check(loc: Location, name: str, *, load: tuple[str, ...] = (),
+          checksums: bool = True) -> tuple[Check, dict[str, Any]]:
     """Check checkpoint ``name``: its manifest, then every file's size and checksums. Files in
-    ``load`` are read once, verified and loaded (weights only), returned by name."""
+    ``load`` are read once, verified and loaded (weights only), returned by name.
+    ``checksums=False``: the manifest and the sizes only, nothing read or loaded."""
     try:
         body = _manifest(loc, name)
     except CheckpointError as e:
@@ -182,6 +184,8 @@ def check(loc: Location, name: str, *, load: tuple[str, ...] = ()) -> tuple[Chec
                 what = "zero bytes" if size == 0 else f"{size} bytes"
                 raise CheckpointError(f"{rel} is {what}, the manifest says {info['size']} "
                                       "(truncated or overwritten)")
+            if not checksums:
+                continue
             if rel in load:
                 loaded[rel] = read_part(loc.storage, name, rel, info)
             else:
@@ -190,7 +194,7 @@ def check(loc: Location, name: str, *, load: tuple[str, ...] = ()) -> tuple[Chec
             problems.append(str(e))
         except OSError as e:
             problems.append(f"{rel} is unreadable ({e})")
-    return Check(name, body, tuple(problems), True), loaded
+    return Check(name, body, tuple(problems), checksums), loaded
 
 
 def _damaged(loc: Location, c: Check) -> CheckpointError:

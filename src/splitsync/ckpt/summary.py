@@ -100,9 +100,10 @@ def _sharded(loc: offline.Location, name: str, body: Mapping[str, Any]) -> tuple
     return models, optims
 
 
-def describe_step(loc: offline.Location, name: str) -> dict[str, Any]:
-    """One checkpoint: its check, who wrote it, what it holds (when it verifies)."""
-    c, loaded = offline.check(loc, name, load=(STATE_FILE, rank_file(0)))
+def describe_step(loc: offline.Location, name: str, quick: bool = False) -> dict[str, Any]:
+    """One checkpoint: its check, who wrote it, what it holds (when it verifies). ``quick``:
+    the manifest and file sizes only; contents are named, not read."""
+    c, loaded = offline.check(loc, name, load=(STATE_FILE, rank_file(0)), checksums=not quick)
     body = c.body
     status = "complete" if c.ok else "damaged"
     if body is None and c.problems[0].startswith(f"{MANIFEST} is missing"):
@@ -125,7 +126,7 @@ def describe_step(loc: offline.Location, name: str) -> dict[str, Any]:
     })
     types, kinds = dict(body.get("types", {})), dict(body.get("kinds", {}))
     holds: dict[str, dict[str, Any]] = {k: {} for k in KINDS}
-    if not c.ok:  # names only: nothing is read from files that do not verify
+    if not (c.ok and c.checksums):  # names only: nothing is read from unverified files
         for m in body["models"]:
             holds[kinds.get(m, "model")][m] = {"type": types.get(m)}
         for o, owner in body["optimizers"].items():
@@ -159,8 +160,10 @@ def describe_step(loc: offline.Location, name: str) -> dict[str, Any]:
     return entry
 
 
-def summarize(path: str | os.PathLike[str], step: int | None = None) -> dict[str, Any]:
-    """Every checkpoint at ``path`` (or only ``step``), newest first."""
+def summarize(path: str | os.PathLike[str], step: int | None = None,
+              quick: bool = False) -> dict[str, Any]:
+    """Every checkpoint at ``path`` (or only ``step``), newest first (``quick``: see
+    :func:`describe_step`)."""
     loc = offline.locate(path)
     found = offline.entries(loc)
     if step is not None:
@@ -171,7 +174,7 @@ def summarize(path: str | os.PathLike[str], step: int | None = None) -> dict[str
     steps = []
     for e in found:
         if e.status == "committed":
-            steps.append(describe_step(loc, e.name))
+            steps.append(describe_step(loc, e.name, quick))
         else:
             steps.append({"name": e.name, "where": loc.where(e.name), "step": e.step,
                           "status": e.status, "ok": False, "checksums": "not checked",

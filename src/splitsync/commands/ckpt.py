@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ins.add_argument("dir", metavar="DIR")
     ins.add_argument("--step", type=int, default=None, metavar="N", help="only step N")
     ins.add_argument("--json", action="store_true", help="print JSON for machines")
+    ins.add_argument("--quick", action="store_true",
+                     help="check manifests and file sizes only, not checksums (reads no "
+                          "file; what a step holds is listed by name)")
     conv = sub.add_parser("convert", help="one safetensors file of the full model weights",
                           formatter_class=argparse.RawDescriptionHelpFormatter,
                           description="Write the newest complete step (or --step N), sharded "
@@ -135,7 +138,7 @@ def _render_step(s: Mapping[str, Any]) -> list[str]:
 def _inspect(args: argparse.Namespace) -> int:
     from splitsync.ckpt.summary import summarize
 
-    report = summarize(args.dir, args.step)
+    report = summarize(args.dir, args.step, args.quick)
     if args.json:
         print(json.dumps(report, indent=1, default=str))
     else:
