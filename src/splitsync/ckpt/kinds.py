@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["KINDS", "type_name", "kind_of", "kind_from_state"]
+__all__ = ["KINDS", "type_name", "kind_of", "kind_from_state", "described"]
 
 # The order inspect lists them in.
 KINDS = ("model", "optimizer", "scheduler", "scaler", "ema", "object")
@@ -97,3 +97,16 @@ def kind_from_state(name: str, type_: str | None, state: Any) -> str:
     if _looks_ema(name) or "shadow" in keys:
         return "ema"
     return "object"
+
+
+def described(models: Mapping[str, nn.Module], optims: Mapping[str, tuple[Any, str]],
+              others: Mapping[str, Any]) -> dict[str, Any]:
+    """Manifest keys saying which strategy wrapped each model and what each saved object is
+    (``strategies``, ``types``, ``kinds``): ``splitsync ckpt inspect`` reads checkpoints
+    without the user's code."""
+    from splitsync.strategies import for_model
+
+    objs = {**models, **{n: o for n, (o, _) in optims.items()}, **others}
+    return {"strategies": {n: for_model(m).name for n, m in sorted(models.items())},
+            "types": {n: type_name(o) for n, o in sorted(objs.items())},
+            "kinds": {n: kind_of(o, n) for n, o in sorted(objs.items())}}

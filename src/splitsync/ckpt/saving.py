@@ -18,7 +18,7 @@ import torch
 from splitsync.ckpt.background import SaveJob
 from splitsync.ckpt.fs import Storage
 from splitsync.ckpt.full import split_extra
-from splitsync.ckpt.kinds import kind_of, type_name
+from splitsync.ckpt.kinds import described
 from splitsync.ckpt.sharded import DCP_DIR, async_save_sharded, save_sharded
 from splitsync.ckpt.staging import Stager, live_storages
 from splitsync.ckpt.state import capture_rng, loader_position
@@ -64,15 +64,6 @@ def _dcp_files(storage: Storage, work: str, rank: int) -> dict[str, dict[str, An
             # DCP writes these itself, so they are hashed in a pass after its own fsync.
             out[f"{DCP_DIR}/{p.name}"] = digest_path(p)
     return out
-
-
-def _described(ck: Checkpointer, strategies: Mapping[str, Any]) -> dict[str, Any]:
-    """Manifest keys that say what wrote the checkpoint and what each saved object is, for
-    ``splitsync ckpt inspect`` (which reads checkpoints without the user's code)."""
-    objs = {**ck.models, **{n: o for n, (o, _) in ck.optims.items()}, **ck.others}
-    return {"strategies": {n: strategies[n].name for n in sorted(ck.models)},
-            "types": {n: type_name(o) for n, o in sorted(objs.items())},
-            "kinds": {n: kind_of(o, n) for n, o in sorted(objs.items())}}
 
 
 def build_job(ck: Checkpointer, storage: Storage, loaders: Sequence[DeviceLoader], *,
@@ -130,9 +121,9 @@ def build_job(ck: Checkpointer, storage: Storage, loaders: Sequence[DeviceLoader
         "step": step, "epoch": epoch, "world_size": ck.world_size,
         "layout": "sharded" if sharded else "full", "models": sorted(ck.models),
         "optimizers": {n: owner for n, (_, owner) in ck.optims.items()},
-        "objects": sorted(ck.others), "loaders": [p for p, _ in positions],
+        "objects": sorted(ck.others), **described(ck.models, ck.optims, ck.others),
+        "loaders": [p for p, _ in positions],
         "extra": plain, "tensor_extra": sorted(tensors), "torch": torch.__version__,
-        **_described(ck, strategies),
     }
     return SaveJob(storage=storage, work=work, step=step, rank=ck.rank, keep=ck.keep,
                    body=body, parts=parts, after_parts=after, group=group,
