@@ -25,11 +25,14 @@ examples:
   splitsync ckpt convert ckpt/ final/ --hf gpt2-config/ --optimizer final/optim.pt"""
 
 
+_DIR = "checkpoint directory (as given to run.save) or one step folder; a path or a URL"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     ins = sub.add_parser("inspect", help="steps present, who wrote them, what they hold, sizes, "
                          "whether their checksums verify")
-    ins.add_argument("dir", metavar="DIR")
+    ins.add_argument("dir", metavar="DIR", help=_DIR)
     ins.add_argument("--step", type=int, default=None, metavar="N", help="only step N")
     ins.add_argument("--json", action="store_true", help="print JSON for machines")
     ins.add_argument("--quick", action="store_true",
@@ -40,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           description="Write the newest complete step (or --step N), sharded "
                           "(DCP, FSDP2) or not, as one safetensors file of the full model "
                           "weights, named as in the unwrapped module.")
-    conv.add_argument("dir", metavar="DIR")
+    conv.add_argument("dir", metavar="DIR", help=_DIR)
     conv.add_argument("out", metavar="OUT", help="the .safetensors file to write (a folder "
                       "with --hf); a path or an fsspec URL")
     conv.add_argument("--step", type=int, default=None, metavar="N",
@@ -63,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="remove PREFIX from every parameter name (a wrapper module's "
                            "attribute, e.g. 'model.')")
     ver = sub.add_parser("verify", help="check manifests and checksums; exit code 0 or 1")
-    ver.add_argument("dir", metavar="DIR")
+    ver.add_argument("dir", metavar="DIR", help=_DIR)
     ver.add_argument("--step", type=int, default=None, metavar="N", help="only step N")
     ver.add_argument("--json", action="store_true", help="print JSON for machines")
 
