@@ -119,3 +119,24 @@ def test_bad_selections_name_the_types_present() -> None:
             run.model(Net(), activation_checkpointing=(Block, int))
         with pytest.raises(TypeError, match="predicate fn"):
             run.model(Net(), activation_checkpointing="Block")
+
+
+def _shallow_replica(module: nn.Module) -> nn.Module:
+    """What DataParallel's replicate makes of each module: a shallow copy of its __dict__."""
+    replica = module._replicate_for_data_parallel()
+    replica._modules = {k: _shallow_replica(v) for k, v in module._modules.items()}
+    return replica
+
+
+def test_data_parallel_replicas_run_their_own_checkpointed_forward() -> None:
+    from splitsync.train.actckpt import has_bound_forwards, rebind_forwards
+
+    net = Net()
+    assert not has_bound_forwards(net)
+    apply_activation_checkpointing(net, Block, lambda: [])
+    assert has_bound_forwards(net)
+    replica = _shallow_replica(net)
+    assert replica.blocks[1].forward.__self__ is net.blocks[1]  # copied, still the original's
+    rebind_forwards(net, replica)
+    assert replica.blocks[1].forward.__self__ is replica.blocks[1]
+    assert net.blocks[1].forward.__self__ is net.blocks[1]
