@@ -140,3 +140,17 @@ def test_data_parallel_replicas_run_their_own_checkpointed_forward() -> None:
     rebind_forwards(net, replica)
     assert replica.blocks[1].forward.__self__ is replica.blocks[1]
     assert net.blocks[1].forward.__self__ is net.blocks[1]
+
+
+def test_true_checkpoints_the_blocks_the_strategy_shards() -> None:
+    from splitsync.strategies import get_strategy
+
+    net = Net()
+    assert get_strategy("ddp").blocks(net, {}) == list(net.blocks)  # the repeated Block
+    assert get_strategy("hsdp").blocks(net, {}) == list(net.blocks)
+    linears = get_strategy("fsdp").blocks(net, {"blocks": [nn.Linear]})  # FSDP's blocks=
+    assert linears == [m for m in net.modules() if isinstance(m, nn.Linear)]
+    with ss.init(seed=0) as run:
+        model = run.model(Net(), strategy="single", activation_checkpointing=True)
+        assert [is_checkpointed(m) for m in model.blocks] == [True] * 4
+        assert not is_checkpointed(model.stem) and not is_checkpointed(model.blocks[0].fc1)
