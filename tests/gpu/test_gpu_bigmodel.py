@@ -70,3 +70,23 @@ def test_fsdp_offload_keeps_state_on_the_host_and_trains_like_plain_fsdp() -> No
     assert res["plain_state_devices"] == {"cuda"}
     # the optimizer steps on the CPU there, on the GPU here: equal up to rounding
     assert (res["offload"] - res["plain"]).abs().max().item() < 1e-5
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_data_parallel_with_activation_checkpointing_trains_like_without() -> None:
+    import warnings
+
+    results = []
+    for spec in (None, Block):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # DataParallel's note recommending DDP
+            with ss.init(seed=0, strategy="dp") as run:
+                model = run.model(_net(), activation_checkpointing=spec)
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+                g = torch.Generator().manual_seed(1)
+                for _ in range(3):
+                    run.backward(model(torch.randn(8, WIDTH, generator=g).cuda()).pow(2).mean())
+                    run.step(opt)
+                results.append(torch.cat([p.detach().flatten().cpu()
+                                          for p in model.parameters()]))
+    assert (results[0] - results[1]).abs().max().item() <= 1e-6

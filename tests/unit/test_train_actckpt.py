@@ -119,3 +119,38 @@ def test_bad_selections_name_the_types_present() -> None:
             run.model(Net(), activation_checkpointing=(Block, int))
         with pytest.raises(TypeError, match="predicate fn"):
             run.model(Net(), activation_checkpointing="Block")
+
+
+def _shallow_replica(module: nn.Module) -> nn.Module:
+    """What DataParallel's replicate makes of each module: a shallow copy of its __dict__."""
+    replica = module._replicate_for_data_parallel()
+    replica._modules = {k: _shallow_replica(v) for k, v in module._modules.items()}
+    return replica
+
+
+def test_data_parallel_replicas_run_their_own_checkpointed_forward() -> None:
+    from splitsync.train.actckpt import has_bound_forwards, rebind_forwards
+
+    net = Net()
+    assert not has_bound_forwards(net)
+    apply_activation_checkpointing(net, Block, lambda: [])
+    assert has_bound_forwards(net)
+    replica = _shallow_replica(net)
+    assert replica.blocks[1].forward.__self__ is net.blocks[1]  # copied, still the original's
+    rebind_forwards(net, replica)
+    assert replica.blocks[1].forward.__self__ is replica.blocks[1]
+    assert net.blocks[1].forward.__self__ is net.blocks[1]
+
+
+def test_true_checkpoints_the_blocks_the_strategy_shards() -> None:
+    from splitsync.strategies import get_strategy
+
+    net = Net()
+    assert get_strategy("ddp").blocks(net, {}) == list(net.blocks)  # the repeated Block
+    assert get_strategy("hsdp").blocks(net, {}) == list(net.blocks)
+    linears = get_strategy("fsdp").blocks(net, {"blocks": [nn.Linear]})  # FSDP's blocks=
+    assert linears == [m for m in net.modules() if isinstance(m, nn.Linear)]
+    with ss.init(seed=0) as run:
+        model = run.model(Net(), strategy="single", activation_checkpointing=True)
+        assert [is_checkpointed(m) for m in model.blocks] == [True] * 4
+        assert not is_checkpointed(model.stem) and not is_checkpointed(model.blocks[0].fc1)

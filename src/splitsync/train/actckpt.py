@@ -17,7 +17,8 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["apply_activation_checkpointing", "is_checkpointed"]
+__all__ = ["apply_activation_checkpointing", "is_checkpointed", "rebind_forwards",
+           "has_bound_forwards"]
 
 _MARK = "__splitsync_checkpointed__"
 _HOW = "give True, a module class, a tuple of classes, or a predicate fn(module) -> bool"
@@ -56,6 +57,20 @@ def _checkpoint(module: nn.Module) -> None:
 
     setattr(forward, _MARK, True)
     module.forward = forward
+
+
+def has_bound_forwards(module: nn.Module) -> bool:
+    """Whether a submodule of ``module`` has a forward method set on the instance."""
+    return any(isinstance(m.__dict__.get("forward"), MethodType) for m in module.modules())
+
+
+def rebind_forwards(original: nn.Module, replica: nn.Module) -> None:
+    """Bind forwards set on instances of ``original`` to the matching submodules of a shallow
+    ``replica`` (DataParallel's replicate copies them still bound to the original)."""
+    for orig, rep in zip(original.modules(), replica.modules(), strict=True):
+        forward = rep.__dict__.get("forward")
+        if rep is not orig and isinstance(forward, MethodType) and forward.__self__ is orig:
+            rep.forward = MethodType(forward.__func__, rep)
 
 
 def _outermost(module: nn.Module, match: Callable[[nn.Module], bool]) -> Iterator[nn.Module]:
