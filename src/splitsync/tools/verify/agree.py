@@ -2,9 +2,9 @@
 
 Launches start together and each may see another world size, strategy or accumulation. A
 script may give ``run.loader`` a fixed per-process batch (``batch_size=16``), derive it from
-the world size (``64 // run.world_size``), or derive its accumulation from the world size
-(``init(accumulate=8 // world)``, as nanoGPT does). No launch alone can tell which, so one
-launch is the reference: the script as the user runs it. Its rank 0 publishes the global
+the world size (``64 // run.world_size``), or derive its accumulation from it, as nanoGPT
+does (``init(accumulate=lambda world_size: 8 // world_size)``). No launch alone can tell
+which, so one launch is the reference: the script as the user runs it. Its rank 0 publishes the global
 batch of one optimizer step, G = per-process batch x accumulation x world size (or
 ``--batch`` B x accumulation). Every other launch trains at the same G, with a per-process
 micro-batch of G / (its accumulation x its world size): at 1 process with accumulation 8
