@@ -142,6 +142,8 @@ def test_a_script_without_splitsync_is_told_so() -> None:
     assert not all(r.ok for r in report.results)
     assert report.cause is not None
     assert "never calls splitsync.init()" in report.cause and "run.step(optimizer)" in report.cause
+    assert "failed before" not in report.cause
+    assert all(r.ok for r in report.results[:2])  # both runs exited 0: not a crash
 
 
 # --- the modes ----------------------------------------------------------------------------
