@@ -155,9 +155,13 @@ class Emas:
         return out
 
     def trained_model(self, checkpointer: Any) -> nn.Module | None:
-        """The one registered model that is not an EMA (``run.export``'s default), if any."""
+        """The one registered model that is not an EMA (``run.export``'s default); None
+        when there is no EMA (``run.export`` then decides by itself)."""
         if checkpointer is None or not self.made:
             return None
         emas = {id(e.module) for e in self.made}
         models = [m for m in checkpointer.models.values() if id(m) not in emas]
-        return models[0] if len(models) == 1 else None
+        if len(models) != 1:
+            raise TypeError("run.export(path) exports the model registered by run.resume; "
+                            f"{len(models)} are registered besides the EMAs, so pass model=...")
+        return models[0]
