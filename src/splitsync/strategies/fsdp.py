@@ -107,8 +107,60 @@ def shard(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any], mesh:
     return fully_shard(module, **kwargs)
 
 
-from splitsync.strategies.base import Strategy, SyncSetter, WrapContext, meta_copy
-from splitsync.strategies.blocks import default_blocks, given_blocks
+def unsharded(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any],
+              name: str = "fsdp") -> nn.Module:
+    """The module as it is when there is no process group: one process, no sharding."""
+    check_offload(options.get("offload", False), name)
+    if ctx.world_size != 1:
+        raise RuntimeError(
+            f"strategy={name!r} needs a process group. Launch with `splitsync run -n N "
+            "script.py` (or torchrun)."
+        )
+    # One process holds everything anyway; sharding over one rank would only add the
+    # DTensor machinery. Say so rather than pretend, and name the options left unused.
+    unused = sorted(k for k in ("offload", "replicate", "shard") if options.get(k))
+    note = f" ({', '.join(unused)} not applied)" if unused else ""
+    _log.warning(f"strategy={name!r} in a single process without a process group: the model "
+                 f"runs unsharded{note}. Launch with `splitsync run -n N` to shard.")
+    return module.to(ctx.device)
+
+
+def _wrap(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
+    if not dist.is_initialized():
+        return unsharded(module, ctx, options)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(ctx.device.type, (dist.get_world_size(),))
+    return shard(module, ctx, options, mesh)
+
+
+def shard_like(model: nn.Module, shadow: nn.Module) -> nn.Module:
+    """``shadow`` (wrapped on meta the way ``model`` was) given storage on the model's
+    device and the model's values, shard by shard: no communication, no full copy."""
+    from torch.distributed.tensor import DTensor
+
+    params = dict(model.named_parameters())
+    first = next(iter(params.values()), None)
+    local = first.to_local() if isinstance(first, DTensor) else first
+    shadow.to_empty(device=local.device if local is not None else torch.device("cpu"))
+    theirs = [*shadow.named_parameters(), *shadow.named_buffers()]
+    mine = [*params.items(), *model.named_buffers()]
+    if [n for n, _ in theirs] != [n for n, _ in mine]:
+        raise RuntimeError("the copy of the FSDP model does not have the model's parameters "
+                           f"({len(theirs)} vs {len(mine)} tensors); was it changed after "
+                           "run.model?")
+    with torch.no_grad():
+        for (_, dst), (_, src) in zip(theirs, mine, strict=True):
+            d = dst.to_local() if isinstance(dst, DTensor) else dst
+            d.copy_(src.to_local() if isinstance(src, DTensor) else src)
+    # FSDP2 keeps the root's parameters gathered after forward, for the backward that a
+    # copy never runs: reshard, so the next forward gathers the values updated since.
+    shadow.register_forward_hook(_reshard)
+    return shadow.requires_grad_(False)
+
+
+def _reshard(module: nn.Module, args: Any, output: Any) -> None:
+    module.reshard()
 
 
 def _is_fsdp(model: nn.Module) -> bool:
