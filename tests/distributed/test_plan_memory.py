@@ -43,3 +43,38 @@ def test_plan_memory_matches_what_ranks_hold() -> None:
                 want, got = getattr(p, key), real[key]
                 assert abs(want - got) <= tol * got, f"{name} {p.strategy} {key}: " \
                     f"predicted {want}, held {got}"
+
+
+def hsdp_rank(rank: int, world: int) -> dict:
+    """HSDP, 2 replicas x 2 shards: what a rank holds, and an EMA sharded like the model."""
+    import splitsync as ss
+    from splitsync.bench.memmodels import mlp
+    from splitsync.tools.plan.held import held_bytes
+
+    with ss.init(seed=0, strategy="hsdp") as run:
+        model = run.model(mlp(), replicate=2)
+        ema = run.ema(model, decay=0.5)
+        start = [p.to_local().clone() for p in ema.parameters()]
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        held = held_bytes(run, model, opt, sample("mlp", BATCH, rank))
+        pairs = list(zip(ema.parameters(), model.parameters(), strict=True))
+        worst = max(float((e.to_local() - (0.5 * s + 0.5 * w.to_local())).abs().max())
+                    for (e, w), s in zip(pairs, start, strict=True))
+        same_layout = all(e.placements == w.placements and e.device_mesh == w.device_mesh
+                          and e.to_local().shape == w.to_local().shape for e, w in pairs)
+    return {"held": held, "ema_worst": worst, "same_layout": same_layout}
+
+
+@pytest.mark.slow
+def test_plan_memory_and_ema_under_hsdp_at_4_ranks() -> None:
+    results = spawn(hsdp_rank, 4, timeout=200)
+    for r in results:
+        assert r["same_layout"] and r["ema_worst"] <= 1e-6
+    factory, shape, dtype = MODELS["mlp"]
+    (p,) = plan(model_facts(factory, shape, BATCH, input_dtype=dtype), [Variant("hsdp")], [4],
+                per_node=2)
+    assert p.shard == 2
+    real = results[0]["held"]
+    for key, tol in (("params_bytes", 0.05), ("grads_bytes", 0.05), ("optimizer_bytes", 0.05),
+                     ("activations_bytes", 0.25)):
+        assert abs(getattr(p, key) - real[key]) <= tol * real[key], (key, getattr(p, key), real)
