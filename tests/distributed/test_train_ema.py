@@ -73,6 +73,9 @@ def _train(run, strategy: str, accumulate: int, tmp: str) -> dict:
                 if start[k].is_floating_point())
     out = Path(tmp) / f"{strategy}-{accumulate}.safetensors"
     run.export(out, model=ema)
+    if strategy == "fsdp":  # a sharded (DCP) checkpoint holds the EMA with no extra argument
+        run.resume(Path(tmp) / "ck", model=model, optimizer=opt)
+        run.save(step=3)
     shards = [p for p in ema.parameters() if isinstance(p, DTensor)]
     return {
         "worst": worst, "updates": updates, "moved": moved, "first": all(first.values()),
@@ -103,6 +106,13 @@ def ema_rank(rank: int, world: int, tmp: str) -> list:
         for strategy, accumulate in (("ddp", 1), ("ddp", 2), ("fsdp", 2)):
             with ss.init(seed=0, strategy=strategy, accumulate=accumulate) as run:
                 results.append((strategy, accumulate, _train(run, strategy, accumulate, tmp)))
+        with ss.init(seed=0, strategy="fsdp") as run:  # a restart: fresh weights, then resume
+            model = run.model(_net())
+            ema = run.ema(model, decay=DECAY)
+            opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+            fresh = _full(ema)
+            state = run.resume(Path(tmp) / "ck", model=model, optimizer=opt)
+            results.append(("resumed", state.step, {"fresh": fresh, "ema": _full(ema)}))
     finally:
         holder.close()
     return results
@@ -113,7 +123,16 @@ def test_ema_follows_the_formula_on_real_steps_under_ddp_and_fsdp(tmp_path: Path
     from safetensors.torch import load_file
 
     per_rank = spawn(ema_rank, 2, str(tmp_path), timeout=200)
-    for strategy, accumulate, r in per_rank[0]:
+    *trained, (_, step, resumed) = per_rank[0]
+    assert step == 3
+    saved = trained[-1][2]["expected"]  # fsdp, accumulate=2: the EMA that was saved
+    # parameters; BatchNorm's running stats differ by rank under FSDP (the model's too) and
+    # a checkpoint keeps one rank's
+    off = [k for k, v in saved.items() if "running" not in k
+           and not torch.allclose(resumed["ema"][k], v, atol=1e-6)]
+    assert not off, f"the resumed EMA differs from the saved one in {off}"
+    assert not all(torch.equal(resumed["fresh"][k], v) for k, v in saved.items())
+    for strategy, accumulate, r in trained:
         what = f"{strategy}, accumulate={accumulate}"
         assert r["first"], f"{what}: the EMA does not start as a copy of the weights"
         assert r["updates"] == 3 and r["moved"] > 1e-3, what
@@ -128,6 +147,6 @@ def test_ema_follows_the_formula_on_real_steps_under_ddp_and_fsdp(tmp_path: Path
             assert r["n_shards"] == len(list(_net().parameters())) and r["sharded"], what
         else:
             assert r["n_shards"] == 0, what
-    for (_, _, a), (_, _, b) in zip(per_rank[0], per_rank[1], strict=True):
+    for (_, _, a), (_, _, b) in zip(per_rank[0][:-1], per_rank[1][:-1], strict=True):
         params = [k for k in a["expected"] if "running" not in k and "batches" not in k]
         assert all(torch.equal(a["expected"][k], b["expected"][k]) for k in params)
