@@ -82,3 +82,26 @@ def test_step_plan_knows_a_skipped_gradscaler_step() -> None:
     plan.step(opt)
     assert not plan.stepped and torch.equal(w.detach(), before)  # inf: the scaler skipped it
     assert StepPlan(Precision("32", "cpu", None, None, False), accumulate=1).stepped
+
+
+def test_ema_of_an_activation_checkpointed_model() -> None:
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.tanh(self.fc(x))
+
+    with ss.init(seed=0) as run:
+        torch.manual_seed(0)
+        model = run.model(nn.Sequential(Block(), Block(), nn.Linear(4, 1)),
+                          activation_checkpointing=True)
+        ema = run.ema(model, decay=0.0)  # decay 0: the EMA is the weights after each step
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        _step(run, model, opt)
+        x = torch.randn(3, 4)
+        with torch.no_grad():
+            assert torch.allclose(ema(x), model(x), atol=1e-6)  # its own weights, same values
+        assert all(torch.equal(a, b) for a, b in zip(ema.parameters(), model.parameters(),
+                                                     strict=True))

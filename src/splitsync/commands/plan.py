@@ -73,7 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-overlap", action="store_true",
                         help="all-reduce only after backward (no overlap)")
     parser.add_argument("--memory-gb", type=float, default=None,
-                        help="device memory, to say whether FSDP would pay off")
+                        help="device memory in GB: whether FSDP would pay off; with --memory, "
+                        "which strategies fit")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     m = parser.add_argument_group("memory (--memory: per-device bytes of each strategy)")
     m.add_argument("--memory", action="store_true",
