@@ -95,7 +95,7 @@ class Training:
                 obs.on_step_begin(optimizer)
             norm = plan.step(optimizer, clip)
             if end:
-                stepped = plan.stepped(optimizer)
+                stepped = plan.stepped
                 for call in end:
                     call(optimizer, norm, stepped)  # may end the script (SystemExit)
             return norm
