@@ -19,23 +19,26 @@ from splitsync.strategies import (
     get_strategy,
     resolve,
 )
+from splitsync.train.actckpt import apply_activation_checkpointing
 from splitsync.train.stale import RetiredParameters
 from splitsync.train.syncbn import convert_sync_batchnorm
 
 __all__ = ["Models", "MODEL_KEYWORDS"]
 
 # run.model's own keywords: a misspelt one is matched against these and the strategy's options
-MODEL_KEYWORDS = ("strategy", "sync_batchnorm", "compile", "autocast")
+MODEL_KEYWORDS = ("strategy", "sync_batchnorm", "compile", "autocast", "activation_checkpointing")
 
 
 class Models:
     """Wraps the user's modules and remembers which strategy wrapped each."""
 
     def __init__(self, device: torch.device, world_size: int, rank: int, plan: StepPlan,
-                 default_strategy: str, strategy_options: Mapping[str, Any]) -> None:
+                 default_strategy: str, strategy_options: Mapping[str, Any],
+                 local_world_size: int | None = None) -> None:
         self.device = device
         self.world_size = world_size
         self.rank = rank
+        self.local_world_size = local_world_size
         self.plan = plan
         self.default_strategy = default_strategy
         self.strategy_options = dict(strategy_options)
@@ -49,25 +52,30 @@ class Models:
         self._on_wrapped = overriding(observers, "on_wrapped")
 
     def wrap(self, module: nn.Module, strategy: str | None, *, sync_batchnorm: bool,
-             compile: bool | dict[str, Any], autocast: bool, options: Mapping[str, Any]
-             ) -> nn.Module:
+             compile: bool | dict[str, Any], autocast: bool, options: Mapping[str, Any],
+             activation_checkpointing: Any = None) -> nn.Module:
         """See ``Run.model``."""
         requested = strategy or self.default_strategy
         name = resolve(requested, self.world_size)
         # checked against the strategy asked for, so a typo fails at every world size
-        check_options(requested, options, where="run.model()", parameters=MODEL_KEYWORDS)
+        check_options(requested, name, options, where="run.model()", parameters=MODEL_KEYWORDS)
         strat = get_strategy(name)
         options = _ignored_when_single(requested, name, options)
+        options = {**self.strategy_options, **options}
         before = list(module.parameters())  # what an optimizer built already holds
         if sync_batchnorm and self.world_size > 1:
             module = convert_sync_batchnorm(module, self.device)
-        if not strat.places_module:
+        if not strat.places(options):
             module = module.to(self.device)
         for obs in self._on_model:
             obs.on_model(module)
         module = prepare_module(module, self.plan.precision)  # before buckets or shards
-        ctx = WrapContext(self.device, self.world_size, self.rank, self.plan.precision)
-        wrapped = strat.wrap(module, ctx, {**self.strategy_options, **options})
+        # Before wrapping: FSDP's hooks then sit outside the recomputed region.
+        apply_activation_checkpointing(module, activation_checkpointing,
+                                       lambda: strat.blocks(module, options))
+        ctx = WrapContext(self.device, self.world_size, self.rank, self.plan.precision,
+                          self.local_world_size)
+        wrapped = strat.wrap(module, ctx, options)
         if compile:
             wrapped = strat.compile(wrapped, {} if compile is True else dict(compile))
         wrapped = self.plan.install_forward(wrapped, autocast, strat)
