@@ -28,7 +28,7 @@ from splitsync.output.trackers import require_packages
 from splitsync.run.accumulate import accumulate_for
 from splitsync.run.config import DEFAULT_STRAGGLER_THRESHOLD, RunConfig
 from splitsync.run.runtime import Run
-from splitsync.strategies import check_options
+from splitsync.strategies import check_options, resolve
 from splitsync.tools.guards.session import collective_timeout
 from splitsync.tools.guards.session import start as start_guards
 from splitsync.tools.stragglers import StepClock
@@ -74,8 +74,8 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
                        strategy_options=strategy_options, loggers=loggers,  # type: ignore[arg-type]
                        straggler_threshold=straggler_threshold)
     if strategy_options:  # a misspelt keyword fails here, at every world size
-        check_options(strategy, strategy_options, where="splitsync.init()",
-                      parameters=_keywords())
+        check_options(strategy, resolve(strategy, env.world_size), strategy_options,
+                      where="splitsync.init()", parameters=_keywords())
     if config.loggers is not None:
         require_packages(config.loggers)  # a missing package fails now, not mid-run
     dev = choose_device(env, device)

@@ -1,6 +1,6 @@
 """The one builder behind ``run.loader(x)``: it decides what ``x`` gets, and builds it.
 
-A stream (see :func:`splitsync.data.stream.is_stream`) gets a
+A stream (see :func:`is_stream`) gets a
 :class:`~splitsync.data.stream.StreamLoader`, anything indexable a
 :class:`~splitsync.data.loader.DeviceLoader`; a ``DataLoader`` passed in gives its own
 options to either. Both follow one protocol, :class:`ResumableLoader`, which is all the
@@ -51,7 +51,6 @@ class LoaderHooks:
         self.adjust: tuple[Any, ...] = ()  # observers overriding loader_kwargs
         self.collective: Callable[..., Any] = direct
         self.active: Any = None  # the loader whose pass is under way
-
 
 
 @runtime_checkable

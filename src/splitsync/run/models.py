@@ -18,9 +18,7 @@ from splitsync.strategies import (
     check_options,
     for_model,
     get_strategy,
-    known_options,
     resolve,
-    taking,
 )
 from splitsync.train.actckpt import apply_activation_checkpointing
 from splitsync.train.stale import RetiredParameters
@@ -73,16 +71,10 @@ class Models:
         """See ``Run.model``."""
         requested = strategy or self.default_strategy
         name = resolve(requested, self.world_size)
-        strat = get_strategy(name)
-        # an option of another strategy: say which strategy takes it
-        known = known_options(requested)
-        foreign = {k: v for k, v in options.items() if k not in known and taking(k)}
-        if foreign:
-            _check_options(strat, foreign)
         # checked against the strategy asked for, so a typo fails at every world size
-        check_options(requested, options, where="run.model()", parameters=MODEL_KEYWORDS)
+        check_options(requested, name, options, where="run.model()", parameters=MODEL_KEYWORDS)
+        strat = get_strategy(name)
         options = _ignored_when_single(requested, name, options)
-        _check_options(strat, options)
         options = {**self.strategy_options, **options}
         before = list(module.parameters())  # what an optimizer built already holds
         if sync_batchnorm and self.world_size > 1:
@@ -123,26 +115,6 @@ def _template(strat: Strategy, module: nn.Module) -> tuple[nn.Module | None, str
         return strat.template(module), ""
     except Exception as exc:  # only run.ema needs it; it reports this if it is called
         return None, f"{type(exc).__name__}: {exc}"
-
-
-def _check_options(strat: Strategy, options: Mapping[str, Any]) -> None:
-    unknown = sorted(set(options) - set(strat.options))
-    if not unknown:
-        return
-    hints = []
-    for key in unknown:
-        others = taking(key)
-        if others:
-            names = " or ".join(repr(o) for o in others)
-            hints.append(f"{key}= is an option of strategy {names}: pass strategy="
-                         f"{others[-1]!r} (or init(strategy=...)) to use it")
-    if "offload" in unknown and not strat.replaces_parameters:
-        hints.append(f"{strat.name!r} keeps a whole replica on each device, so it has no "
-                     "shards to offload to the host")
-    raise TypeError(
-        f"strategy {strat.name!r} does not take {unknown}; it takes "
-        f"{list(strat.options) or 'no options'}." + "".join(f" {h}." for h in hints)
-    )
 
 
 def _why(strat: Strategy, plan: StepPlan) -> str:
