@@ -76,7 +76,7 @@ def test_batches_carry_their_sample_ids_and_steps_record_them(tmp_path: Path) ->
     assert [len(s.ids) for s in steps] == [6, 4, 6, 4]  # 10 samples: the last batch has 1
     assert steps[0].ids.tolist() == torch.cat(trained[:2]).tolist()
     assert [k for k, _ in f.records][-1] == "C"
-    resumes = [r for k, r in f.records if k == "R"]  # on_resume: a fresh start at step 0
+    resumes = [r for k, r in f.records if k == "R"]  # after_resume: a fresh start at 0
     assert [(r["step"], r["resumed"]) for r in resumes] == [(0, False)]
     rep = audit(tmp_path)
     assert rep.ok and [e.status for e in rep.epochs] == ["exactly once"] * 2
@@ -109,7 +109,7 @@ def test_ledger_needs_a_run_dir_and_costs_nothing_when_off() -> None:
         ss.init(seed=0, ledger=True)
     with ss.init(seed=0, guards=False) as run:
         loader = run.loader(Indexed(), batch_size=3)
-        assert loader.on_batch is None  # no listener: no ids computed
+        assert loader.hooks.on_batch == ()  # no listener: no ids computed
         assert loader.sampler is not None and loader.sampler.tap is None
 
 

@@ -18,6 +18,7 @@ import torch
 from splitsync.ckpt.background import SaveJob
 from splitsync.ckpt.fs import Storage
 from splitsync.ckpt.full import split_extra
+from splitsync.ckpt.kinds import described
 from splitsync.ckpt.sharded import DCP_DIR, async_save_sharded, save_sharded
 from splitsync.ckpt.staging import Stager, live_storages
 from splitsync.ckpt.state import capture_rng, loader_position
@@ -87,12 +88,14 @@ def build_job(ck: Checkpointer, storage: Storage, loaders: Sequence[DeviceLoader
     work = storage.work_name(step)
     collective_ok(ck.rank, lambda: storage.prepare(step), "prepare", only_rank0=True)
     parts: dict[str, Any] = {
-        rank_file(ck.rank): {"rng": capture_rng(), "generators": [g for _, g in positions]}}
+        rank_file(ck.rank): {"rng": capture_rng(ck.generators), "generators": [g for _, g in positions]}}
     if ck.rank == 0:
         state: dict[str, Any] = {
             "objects": {n: o.state_dict() for n, o in ck.others.items()},
             "extra": tensors,
         }
+        if ck.generators is not None:  # the same on every rank: saved once
+            state["generators"] = ck.generators.capture(per_rank=False)
         if not sharded:
             state["model"] = {n: strategies[n].full_state(m, ck.rank)
                               for n, m in ck.models.items()}
@@ -120,7 +123,8 @@ def build_job(ck: Checkpointer, storage: Storage, loaders: Sequence[DeviceLoader
         "step": step, "epoch": epoch, "world_size": ck.world_size,
         "layout": "sharded" if sharded else "full", "models": sorted(ck.models),
         "optimizers": {n: owner for n, (_, owner) in ck.optims.items()},
-        "objects": sorted(ck.others), "loaders": [p for p, _ in positions],
+        "objects": sorted(ck.others), **described(ck.models, ck.optims, ck.others),
+        "loaders": [p for p, _ in positions],
         "extra": plain, "tensor_extra": sorted(tensors), "torch": torch.__version__,
     }
     return SaveJob(storage=storage, work=work, step=step, rank=ck.rank, keep=ck.keep,

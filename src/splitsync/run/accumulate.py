@@ -20,6 +20,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Any
+from weakref import WeakSet
 
 import torch
 from torch import nn
@@ -28,7 +29,21 @@ from splitsync.strategies import Strategy, SyncSetter, for_model
 from splitsync.train.clip import clip_optimizer
 from splitsync.train.precision import Precision, forward_with
 
-__all__ = ["StepPlan", "prepare_module"]
+__all__ = ["StepPlan", "prepare_module", "accumulate_for"]
+
+
+def accumulate_for(accumulate: int | Callable[[int], int], world_size: int) -> int:
+    """``init(accumulate=...)``: the number itself, or what a function of the world size
+    returns for this one (checked: a positive integer)."""
+    if not callable(accumulate):
+        return accumulate  # RunConfig checks it, with the other arguments
+    value = accumulate(world_size)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"init(accumulate=...) returned {value!r} at world size {world_size}: return the "
+            "micro-batches per optimizer step on each process, an integer >= 1 (e.g. "
+            "lambda world_size: max(1, 40 // world_size)).")
+    return value
 
 
 def _plain_backward(loss: torch.Tensor) -> None:
@@ -44,6 +59,10 @@ class StepPlan:
         self.micro = 0  # backward calls so far; a step boundary when divisible by `every`
         self.scaler: Any = precision.make_scaler()
         self._update_due = False  # GradScaler.update() runs before the next backward
+        # Whether the last step really stepped: the plain step always does; the general one
+        # not inside an accumulation window, nor when the GradScaler skipped it.
+        self.stepped = True
+        self._watched: WeakSet[torch.optim.Optimizer] = WeakSet()
         self.backward: Callable[[torch.Tensor], None]
         self.step: Callable[..., torch.Tensor | None]
         self._choose()
@@ -95,6 +114,7 @@ class StepPlan:
     def _step_general(self, optimizer: torch.optim.Optimizer,
                       clip: float | None = None) -> torch.Tensor | None:
         if self.micro % self.every:
+            self.stepped = False
             return None  # inside an accumulation window: keep gradients, do not step
         norm = None
         scaler = self.scaler
@@ -102,7 +122,10 @@ class StepPlan:
             if clip is not None:
                 norm = clip_optimizer(optimizer, clip)
             optimizer.step()
+            self.stepped = True
         else:
+            self._watch(optimizer)
+            self.stepped = False  # set again by the optimizer's post-hook if it steps
             if clip is not None:
                 scaler.unscale_(optimizer)  # clip true gradients, not scaled ones
                 norm = clip_optimizer(optimizer, clip)
@@ -110,6 +133,16 @@ class StepPlan:
             self._update_due = True
         optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def _watch(self, optimizer: torch.optim.Optimizer) -> None:
+        # GradScaler.step calls optimizer.step only when the gradients are finite: a
+        # post-hook is the one public signal of a step it did not skip.
+        if optimizer not in self._watched:
+            self._watched.add(optimizer)
+            optimizer.register_step_post_hook(self._on_real_step)
+
+    def _on_real_step(self, *_: Any) -> None:
+        self.stepped = True
 
     # --- models ------------------------------------------------------------------------
     def install_forward(self, model: nn.Module, autocast: bool = True,

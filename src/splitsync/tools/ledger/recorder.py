@@ -73,7 +73,6 @@ class Ledger(Observer):
         self.launch = launch
         self.rank = rank
         self.step = 0
-        self._sync: Any = None  # () -> bool: did the last run.step step? (bound by init)
         self._loaders: dict[int, int] = {}  # id(loader) -> index, in order of first pass
         self._objs: list[Any] = []  # keeps indexed loaders alive, so ids are never reused
         self._pending: dict[tuple[int, int], list[int]] = {}
@@ -85,11 +84,6 @@ class Ledger(Observer):
                 "restart_count": restart_count, "seed": seed, "host": socket.gethostname(),
                 "pid": os.getpid(), "time": time.time()}
         os.write(self._fd, MAGIC + json_record(b"M", meta))
-
-    def bind(self, sync_gradients: Any) -> None:
-        """``sync_gradients()`` tells a ``run.step`` that stepped from one inside an
-        accumulation window."""
-        self._sync = sync_gradients
 
     def _index(self, loader: Any) -> int:
         idx = self._loaders.get(id(loader))
@@ -124,9 +118,10 @@ class Ledger(Observer):
         else:
             pending.extend(ids)
 
-    def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None) -> None:
-        if self._sync is not None and not self._sync():
-            return  # inside an accumulation window: the samples wait for the real step
+    def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None,
+                    stepped: bool = True) -> None:
+        if not stepped:  # an accumulation micro-step, or a step the GradScaler skipped:
+            return  # the samples wait for the step that updates the model
         self.step += 1
         if not self._pending:
             return
@@ -139,7 +134,7 @@ class Ledger(Observer):
         if len(out) >= FLUSH_STEPS:
             self._flush()
 
-    def on_resume(self, state: Any) -> None:
+    def after_resume(self, state: Any) -> None:
         self.step = int(state.step)
         self._pending.clear()  # delivered before the resume: not trained from its state
         self._padded.clear()
