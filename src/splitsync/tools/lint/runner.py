@@ -17,7 +17,7 @@ from pathlib import Path
 
 from splitsync.tools.lint.facts import Facts, build_facts
 from splitsync.tools.lint.flow import with_rank0_functions
-from splitsync.tools.lint.model import Finding, Rule
+from splitsync.tools.lint.model import SEVERITIES, Finding, Rule
 from splitsync.tools.lint.project import local_imports, project_of, with_project
 from splitsync.tools.lint.registry import META_CODES, all_rules
 
@@ -99,6 +99,13 @@ def _parse(source: str, path: str) -> Facts | Finding:
     return build_facts(tree, path, source)
 
 
+def _weaker(hit: str | None, rule: str) -> str:
+    """A hit may lower its rule's severity, never raise it past the rule's (gated) level."""
+    if hit is None:
+        return rule
+    return max(hit, rule, key=SEVERITIES.index)
+
+
 def _run_rules(facts: Facts, rules: tuple[Rule, ...]) -> list[Finding]:
     facts = with_rank0_functions(facts)  # after the project is known: helpers run per rank too
     path = facts.path
@@ -120,7 +127,7 @@ def _run_rules(facts: Facts, rules: tuple[Rule, ...]) -> list[Finding]:
             if quiet.silences(rule.code, line, end):
                 continue
             found.setdefault((rule.code, line, col), Finding(
-                rule.code, rule.name, hit.severity or rule.severity, hit.message, hit.fix, path,
+                rule.code, rule.name, _weaker(hit.severity, rule.severity), hit.message, hit.fix, path,
                 line, col, end))
     if "SS001" not in quiet.whole_file:
         for line, col, code in quiet.unknown:
