@@ -31,6 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "check_corpus"
 FILES = CORPUS / "files"
+SHOW_FALSE = "--show-false" in sys.argv
 MEASURED = HERE.parent / "src" / "splitsync" / "tools" / "lint" / "measured.py"
 
 
@@ -79,8 +80,14 @@ def measure() -> dict[str, object]:
             unlabelled.append(key)
             continue
         records.append((f.code, split[rel], label["verdict"], label["batch"], f.severity))
+        if label["verdict"] == "false" and SHOW_FALSE:
+            print(f"false: {rel}:{f.line} {f.code} - {label['why']}", file=sys.stderr)
     real = [(rule, split.get(path, "train"), (path, line, rule) in found)
             for (path, line, rule), label in labels.items() if label["verdict"] == "true"]
+    if SHOW_FALSE:
+        for (path, line, rule), label in labels.items():
+            if label["verdict"] == "true" and (path, line, rule) not in found:
+                print(f"missed: {path}:{line} {rule} - {label['why']}", file=sys.stderr)
     return {"records": records, "real": real, "unlabelled": unlabelled, "files": len(scored),
             "repos": len({r["repo"] for r in corpus if r["split"] != "context"}),
             "seconds": seconds, "rules": {r.code: r.severity for r in all_rules(gated=False)}}
@@ -159,6 +166,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true",
                         help="store the measured table in src/splitsync/tools/lint/measured.py")
+    parser.add_argument("--show-false", action="store_true",
+                        help="list the false positives (to stderr)")
     args = parser.parse_args()
     result = measure()
     if args.write:

@@ -108,7 +108,7 @@ def test_non_utf8_file_is_reported_not_crashed(tmp_path: Path) -> None:
 
 
 def test_json_and_text_reports(capsys: pytest.CaptureFixture[str]) -> None:
-    found = check_source(BAD.format(comment="", comment2=""), "t.py")
+    found = check_source(BAD.format(comment="", comment2=""), "t.py", all_rules(gated=False))
     doc = json.loads(render_json(found, 1))
     assert doc["version"] == 1 and doc["files_checked"] == 1
     assert doc["summary"] == {"error": 0, "warning": 2, "info": 0}

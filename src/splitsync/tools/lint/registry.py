@@ -69,9 +69,9 @@ def all_rules(gated: bool = True) -> tuple[Rule, ...]:
     return tuple(sorted(rules, key=lambda r: r.code))
 
 
-def get_rule(code: str) -> Rule:
+def get_rule(code: str, gated: bool = True) -> Rule:
     """The rule with ``code`` (case-insensitive); KeyError naming the known codes otherwise."""
-    for rule in all_rules():
+    for rule in all_rules(gated):
         if rule.code == code.upper():
             return rule
     raise KeyError(f"no rule {code!r}; known codes: {', '.join(r.code for r in all_rules())}")
@@ -90,11 +90,12 @@ def _validate(prefixes: list[str], flag: str) -> None:
 
 
 def select_rules(select: Iterable[str] | None = None,
-                 ignore: Iterable[str] | None = None) -> tuple[Rule, ...]:
-    """Rules whose code starts with one of ``select`` (all if None) and none of ``ignore``."""
+                 ignore: Iterable[str] | None = None, gated: bool = True) -> tuple[Rule, ...]:
+    """Rules whose code starts with one of ``select`` (all if None) and none of ``ignore``
+    (``gated``: severities capped by measured precision, as ``splitsync check`` reports)."""
     chosen = [p.strip().upper() for p in select or [] if p.strip()]
     dropped = [p.strip().upper() for p in ignore or [] if p.strip()]
     _validate(chosen, "--select")
     _validate(dropped, "--ignore")
-    return tuple(r for r in all_rules()
+    return tuple(r for r in all_rules(gated)
                  if (not chosen or _matches(r.code, chosen)) and not _matches(r.code, dropped))
