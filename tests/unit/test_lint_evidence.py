@@ -114,6 +114,8 @@ MISTAKES = [
     ("fabric_print.py", "SS501", 'print(f"Saving adapter weights'),
     ("unwrapped_cpu_path.py", "SS205", "DistributedDataParallel(model, device_ids=[gpu])"),
     ("device_ids_cpu.py", "SS206", "model = DDP(model, device_ids=[rank])"),
+    ("copy_and_truncate.py", "SS505", "shutil.copytree("),
+    ("copy_and_truncate.py", "SS505", 'log = open(os.path.join(args.out_dir, "log.txt"), "w")'),
 ]
 
 

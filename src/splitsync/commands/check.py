@@ -53,8 +53,8 @@ def _codes(text: str) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     """Run the checker; the exit status follows ``--fail-on``."""
     from splitsync.tools.lint import check_paths, get_rule, select_rules
-    from splitsync.tools.lint.registry import gate, measured_text
     from splitsync.tools.lint.model import SEVERITIES
+    from splitsync.tools.lint.registry import gate, measured_text
     from splitsync.tools.lint.report import render_json, render_rules, render_text, rules_json
 
     if hasattr(sys.stdout, "reconfigure"):  # quoted source may not fit an ASCII console

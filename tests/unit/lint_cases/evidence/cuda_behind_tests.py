@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """CUDA used only behind `backend == "nccl"` (lingua's distributed set-up) or after an
 `is_available()` early return (a GPU-only evaluation helper)."""
 import os

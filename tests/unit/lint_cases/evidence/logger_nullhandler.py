@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """DiT's train.py idiom: rank 0 gets a real logger, every other rank a logger whose only
 handler is a NullHandler, so `logger.info` in the loop prints once."""
 import logging

@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """I-JEPA's src/train.py idiom: every rank logs at INFO until the group is up, then ranks
 above 0 raise their level to ERROR."""
 import logging

@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """Accelerate's fp8 DDP benchmark idiom, with the loaders handed to `accelerator.prepare`,
 which replaces their sampler by a sharding one."""
 import torch

@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """imagen-pytorch's Trainer idiom: a flag computed from the main-process tests guards the
 checkpoint writes (`self.can_checkpoint = self.is_local_main if local else self.is_main`)."""
 import torch

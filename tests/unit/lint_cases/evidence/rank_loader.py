@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """modded-nanogpt's idiom: a token loader told its rank reads its own slice of every batch
 (`self.current_position = process_rank * B * T`), so no DistributedSampler is needed."""
 import os

@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """The `else:` of `if args.distributed:` and YOLO's `--evolve` branch (asserted to run as one
 process): code that only ever runs at world size 1."""
 import torch

@@ -266,6 +266,37 @@ def unguarded_logging(facts: Facts) -> Iterator[Hit]:
                   f"log under {_guard(facts)}, or put the rank in the format{alt}.")
 
 
+_TREE_WRITES = frozenset({"shutil.copytree", "shutil.copyfile", "shutil.copy", "shutil.copy2",
+                          "shutil.rmtree", "shutil.move", "os.remove", "os.replace"})
+
+
+def _write_mode(call: ast.Call) -> bool:
+    mode = call.args[1] if len(call.args) > 1 else next(
+        (k.value for k in call.keywords if k.arg == "mode"), None)
+    return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and "w" in mode.value
+
+
+def shared_file_writes(facts: Facts) -> Iterator[Hit]:
+    """SS505: every rank copies a tree or truncates a file (``open(path, "w")``)."""
+    if not facts.in_distributed_run:
+        return
+    for call, full in facts.calls:
+        tree = full in _TREE_WRITES
+        if not tree and not (full == "open" and _write_mode(call)):
+            continue
+        target = call.args[-1] if tree and call.args else (call.args[0] if call.args else None)
+        if target is None or mentions_rank([target]) or not _every_rank(facts, call):
+            continue
+        if _names_rank(facts, call, {}):
+            continue  # the path is built from the rank: one file per process
+        what = "copies or removes files" if tree else "truncates and writes"
+        yield Hit(call, f"`{facts.text(call)}` {facts.scope_name(call)} runs on every rank and "
+                  f"{what} `{facts.text(target, 80)}`: N processes race on the same path, so "
+                  "the file can end up truncated, interleaved or half-copied.",
+                  f"do it once, under {_guard(facts)}, then `dist.barrier()` before any rank "
+                  "reads it; or put the rank in the path if every process needs its own.")
+
+
 RULES = (
     Rule("SS501", "unguarded-print", "warning",
          "print in a distributed script not guarded by a rank-0 check",
@@ -294,4 +325,11 @@ RULES = (
          "which a shared filesystem interleaves or truncates. Guard writes by the global "
          "rank. Known false positives: single-node jobs (local and global rank agree) and "
          "paths on node-local disks where one copy per machine is intended.", save_per_node),
+    Rule("SS505", "every-rank-writes-file", "warning",
+         "a file truncated (open(path, 'w')) or a tree copied on every rank of a distributed run",
+         "Writing one path from every process races: `open(path, 'w')` truncates what another "
+         "rank is writing, `shutil.copytree` copies over another rank's half-done copy. Do it "
+         "once on rank 0 and barrier, or name the file after the rank. Known false positives: "
+         "paths on node-local or per-process scratch space the checker cannot tell apart.",
+         shared_file_writes),
 )

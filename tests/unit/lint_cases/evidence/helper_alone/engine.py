@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """A helper module like MAE's engine_pretrain.py: the training step, imported by the script
 beside it, which sets up the process group and the rank-0 print override."""
 import torch

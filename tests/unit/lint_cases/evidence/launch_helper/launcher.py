@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """A detectron2-style `launch(main_func, num_gpus, ...)` helper: it spawns the workers and
 creates the process group in each before calling the main function."""
 import torch.distributed as dist

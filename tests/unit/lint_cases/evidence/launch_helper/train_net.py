@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """The training script of a project with a `launch(main, ...)` helper: `main` wraps the model
 in DDP and never creates the group itself."""
 import torch

@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """MAE/DeiT's util/misc.py idiom: `init_distributed_mode` pins the backend through an
 attribute, then passes the attribute to init_process_group."""
 import os

@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """A set-up helper seen in tutorials: the CPU fallback keeps `device_ids=[rank]`, which DDP
 refuses for a CPU module."""
 import torch

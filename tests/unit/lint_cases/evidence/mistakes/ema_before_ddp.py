@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """DeiT's main.py idiom: seeds differ per rank (`seed = args.seed + utils.get_rank()`), the
 EMA copies the model, and only then does DDP broadcast rank 0's weights."""
 import torch

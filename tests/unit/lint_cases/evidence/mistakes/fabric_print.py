@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """lit-llama's finetune/adapter.py idiom: `fabric.print` for most messages, a plain `print`
 for a few; Fabric runs the function in every process."""
 import lightning as L

@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """PyTorch's ImageNet example idiom: the checkpoint is written when `args.rank %
 ngpus_per_node == 0`, which is the first process of every node."""
 import shutil

@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """PyTorch's ImageNet example idiom: `main()` seeds, then starts the workers with mp.spawn;
 the spawned `main_worker` never seeds, so every rank draws its own weights."""
 import random

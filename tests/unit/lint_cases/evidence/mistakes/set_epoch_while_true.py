@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """rosinality's stylegan2 idiom: an endless `sample_data` generator loops over the loader
 forever, and nothing ever calls `sampler.set_epoch`."""
 import torch

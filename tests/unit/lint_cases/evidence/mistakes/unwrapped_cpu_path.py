@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """PyTorch's ImageNet example idiom: on a machine without an accelerator the model is left
 as it is, although the process group is set up and the run is distributed."""
 import torch

@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """YOLO's utils/general.py idiom: the log level is chosen from the rank once."""
 import logging
 

@@ -1,3 +1,4 @@
+# ruff: noqa  (a fixture written in the idiom of a public training script, style included)
 """YOLO's train.py idiom: `set_logging(opt.global_rank)` in a helper module, then plain
 `logger.info` calls in the training function."""
 import logging
