@@ -175,3 +175,14 @@ def test_collective_wait_plus_grace_fit_in_the_timeout() -> None:
     off = RunConfig(timeout=timedelta(seconds=60), guards=False)
     assert collective_timeout(off, 2, {}) == timedelta(seconds=60)
     assert collective_timeout(off, 2, {"SPLITSYNC_DEBUG": "1"}) == timedelta(seconds=54)
+
+
+def test_every_splitsync_module_is_library_code_for_the_call_site() -> None:
+    """The user's call site skips splitsync's own frames, from any folder of the package."""
+    import splitsync.dist.comm
+    import splitsync.run.runtime
+    from splitsync.tools.guards.site import is_library_file
+
+    assert is_library_file(splitsync.dist.comm.__file__)
+    assert is_library_file(splitsync.run.runtime.__file__)
+    assert not is_library_file(__file__)

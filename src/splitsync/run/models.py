@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -11,25 +12,48 @@ from torch import nn
 
 from splitsync.observe import Observer, overriding
 from splitsync.run.accumulate import StepPlan, prepare_module
-from splitsync.strategies import Strategy, WrapContext, for_model, get_strategy, resolve
+from splitsync.strategies import (
+    Strategy,
+    WrapContext,
+    for_model,
+    get_strategy,
+    resolve,
+    taking,
+)
+from splitsync.train.actckpt import apply_activation_checkpointing
 from splitsync.train.stale import RetiredParameters
 from splitsync.train.syncbn import convert_sync_batchnorm
 
-__all__ = ["Models"]
+__all__ = ["Models", "Wrapped"]
+
+
+@dataclass(frozen=True)
+class Wrapped:
+    """How ``run.model`` made one model: what a copy laid out like it (run.ema) needs."""
+
+    strategy: Strategy
+    ctx: WrapContext
+    options: Mapping[str, Any]
+    template: nn.Module | None  # the strategy's template, taken just before wrapping
+    autocast: bool
+    template_error: str = ""  # why no template could be taken (raised when one is needed)
 
 
 class Models:
     """Wraps the user's modules and remembers which strategy wrapped each."""
 
     def __init__(self, device: torch.device, world_size: int, rank: int, plan: StepPlan,
-                 default_strategy: str, strategy_options: Mapping[str, Any]) -> None:
+                 default_strategy: str, strategy_options: Mapping[str, Any],
+                 local_world_size: int | None = None) -> None:
         self.device = device
         self.world_size = world_size
         self.rank = rank
+        self.local_world_size = local_world_size
         self.plan = plan
         self.default_strategy = default_strategy
         self.strategy_options = dict(strategy_options)
         self._strategies: WeakKeyDictionary[nn.Module, Strategy] = WeakKeyDictionary()
+        self._made: WeakKeyDictionary[nn.Module, Wrapped] = WeakKeyDictionary()
         self._on_model: tuple[Observer, ...] = ()
         self._on_wrapped: tuple[Observer, ...] = ()
         self.retired = RetiredParameters()  # what run.step checks each optimizer against
@@ -39,40 +63,73 @@ class Models:
         self._on_wrapped = overriding(observers, "on_wrapped")
 
     def wrap(self, module: nn.Module, strategy: str | None, *, sync_batchnorm: bool,
-             compile: bool | dict[str, Any], autocast: bool, options: Mapping[str, Any]
-             ) -> nn.Module:
+             compile: bool | dict[str, Any], autocast: bool, options: Mapping[str, Any],
+             activation_checkpointing: Any = None) -> nn.Module:
         """See ``Run.model``."""
         name = resolve(strategy or self.default_strategy, self.world_size)
         strat = get_strategy(name)
         options = _ignored_when_single(strategy or self.default_strategy, name, options)
-        unknown = set(options) - set(strat.options)
-        if unknown:
-            raise TypeError(
-                f"strategy {name!r} does not take {sorted(unknown)}; it takes "
-                f"{list(strat.options) or 'no options'}."
-            )
+        _check_options(strat, options)
+        options = {**self.strategy_options, **options}
         before = list(module.parameters())  # what an optimizer built already holds
         if sync_batchnorm and self.world_size > 1:
             module = convert_sync_batchnorm(module, self.device)
-        if not strat.places_module:
+        if not strat.places(options):
             module = module.to(self.device)
         for obs in self._on_model:
             obs.on_model(module)
         module = prepare_module(module, self.plan.precision)  # before buckets or shards
-        ctx = WrapContext(self.device, self.world_size, self.rank, self.plan.precision)
-        wrapped = strat.wrap(module, ctx, {**self.strategy_options, **options})
+        # Before wrapping: FSDP's hooks then sit outside the recomputed region.
+        apply_activation_checkpointing(module, activation_checkpointing,
+                                       lambda: strat.blocks(module, options))
+        ctx = WrapContext(self.device, self.world_size, self.rank, self.plan.precision,
+                          self.local_world_size)
+        template, error = _template(strat, module)  # FSDP2 modules cannot be copied later
+        wrapped = strat.wrap(module, ctx, options)
         if compile:
             wrapped = strat.compile(wrapped, {} if compile is True else dict(compile))
         wrapped = self.plan.install_forward(wrapped, autocast, strat)
         for obs in self._on_wrapped:
             wrapped = obs.on_wrapped(wrapped)
         self._strategies[wrapped] = strat
+        self._made[wrapped] = Wrapped(strat, ctx, options, template, autocast, error)
         self.retired.record(before, wrapped, _why(strat, self.plan))
         return wrapped
+
+    def made(self, model: nn.Module) -> Wrapped | None:
+        """How ``run.model`` made ``model``; None if it did not return it."""
+        return self._made.get(model)
 
     def strategy_of(self, model: nn.Module) -> Strategy:
         """The strategy that wrapped ``model`` (found by its type if run.model did not)."""
         return self._strategies.get(model) or for_model(model)
+
+
+def _template(strat: Strategy, module: nn.Module) -> tuple[nn.Module | None, str]:
+    try:
+        return strat.template(module), ""
+    except Exception as exc:  # only run.ema needs it; it reports this if it is called
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _check_options(strat: Strategy, options: Mapping[str, Any]) -> None:
+    unknown = sorted(set(options) - set(strat.options))
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        others = taking(key)
+        if others:
+            names = " or ".join(repr(o) for o in others)
+            hints.append(f"{key}= is an option of strategy {names}: pass strategy="
+                         f"{others[-1]!r} (or init(strategy=...)) to use it")
+    if "offload" in unknown and not strat.replaces_parameters:
+        hints.append(f"{strat.name!r} keeps a whole replica on each device, so it has no "
+                     "shards to offload to the host")
+    raise TypeError(
+        f"strategy {strat.name!r} does not take {unknown}; it takes "
+        f"{list(strat.options) or 'no options'}." + "".join(f" {h}." for h in hints)
+    )
 
 
 def _why(strat: Strategy, plan: StepPlan) -> str:
