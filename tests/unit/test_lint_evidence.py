@@ -115,6 +115,7 @@ MISTAKES = [
     ("unwrapped_cpu_path.py", "SS205", "DistributedDataParallel(model, device_ids=[gpu])"),
     ("device_ids_cpu.py", "SS206", "model = DDP(model, device_ids=[rank])"),
     ("copy_and_truncate.py", "SS505", "shutil.copytree("),
+    ("no_sync_one_branch.py", "SS602", "scaler.scale(loss).backward()"),
     ("copy_and_truncate.py", "SS505", 'log = open(os.path.join(args.out_dir, "log.txt"), "w")'),
 ]
 
@@ -127,3 +128,20 @@ def test_real_mistakes_are_found_where_they_are(name: str, code: str, where: str
     found = [f for f in check_file(path, UNGATED) if f.code == code]
     assert [f.line for f in found if f.line == line] == [line], [
         (f.line, f.message) for f in found]
+
+
+def test_the_synchronising_last_micro_step_is_not_a_branch_without_no_sync() -> None:
+    # modded-nanogpt: `if i < steps: with model.no_sync(): loss.backward()` / `else:
+    # loss.backward()`; the unsynchronised-looking backward is the last micro-step
+    source = (CASES / "mistakes" / "no_sync_one_branch.py").read_text()
+    loop = source[source.index("        if args.fp16:"):source.index("        if last:")]
+    fixed = source.replace(loop, (
+        "        loss = (model(x) - y).pow(2).mean() / args.accum\n"
+        "        if not last:\n"
+        "            with model.no_sync():\n"
+        "                loss.backward()\n"
+        "        else:\n"
+        "            loss.backward()\n"))
+    rules = [r for r in UNGATED if r.code == "SS602"]
+    assert check_source(fixed, "loop.py", rules) == []
+    assert [f.code for f in check_source(source, "loop.py", rules)] == ["SS602"]
