@@ -88,12 +88,14 @@ def build_job(ck: Checkpointer, storage: Storage, loaders: Sequence[DeviceLoader
     work = storage.work_name(step)
     collective_ok(ck.rank, lambda: storage.prepare(step), "prepare", only_rank0=True)
     parts: dict[str, Any] = {
-        rank_file(ck.rank): {"rng": capture_rng(), "generators": [g for _, g in positions]}}
+        rank_file(ck.rank): {"rng": capture_rng(ck.generators), "generators": [g for _, g in positions]}}
     if ck.rank == 0:
         state: dict[str, Any] = {
             "objects": {n: o.state_dict() for n, o in ck.others.items()},
             "extra": tensors,
         }
+        if ck.generators is not None:  # the same on every rank: saved once
+            state["generators"] = ck.generators.capture(per_rank=False)
         if not sharded:
             state["model"] = {n: strategies[n].full_state(m, ck.rank)
                               for n, m in ck.models.items()}

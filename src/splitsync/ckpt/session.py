@@ -21,6 +21,7 @@ from splitsync.ckpt.staging import Stager
 from splitsync.ckpt.state import owner_of, restore_loader, restore_rng
 from splitsync.ckpt.store import CheckpointError
 from splitsync.data.loader import DeviceLoader
+from splitsync.dist.seeding import Generators
 
 __all__ = ["ResumeState", "Checkpointer", "CheckpointWarning", "STATE_FILE", "rank_file"]
 
@@ -46,7 +47,7 @@ class Checkpointer:
     """The objects registered by ``run.resume`` and the step counter they advance."""
 
     def __init__(self, root: str | os.PathLike[str], objects: Mapping[str, Any], *, keep: int,
-                 rank: int, world_size: int) -> None:
+                 rank: int, world_size: int, generators: Generators | None = None) -> None:
         if not isinstance(keep, int) or keep < 2:
             raise ValueError(f"keep={keep!r}: keep at least 2 checkpoints, so one complete "
                              "checkpoint always survives a crash during the next save.")
@@ -54,6 +55,7 @@ class Checkpointer:
         if bad:
             raise TypeError(f"run.resume(...) cannot register objects named {bad}; rename them.")
         self.where = root
+        self.generators = generators  # the run's run.generator streams, part of its RNG state
         self.storage = open_storage(root)
         self.root = self.storage.root
         self.inflight: SaveHandle | None = None
@@ -154,8 +156,10 @@ class Checkpointer:
         finally:
             self._counting = True
         generators: list[torch.Tensor | None] = []
+        if self.generators is not None:  # shared streams: one state for every rank
+            self.generators.restore(state.get("generators", {}))
         if per_rank is not None:  # ranks beyond the saved world size keep their fresh seeds
-            restore_rng(per_rank["rng"])
+            restore_rng(per_rank["rng"], self.generators)
             generators = list(per_rank["generators"])
         self._pending = [(pos, generators[i] if i < len(generators) else None)
                          for i, pos in enumerate(body["loaders"])]

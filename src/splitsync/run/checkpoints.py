@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from splitsync.dist.seeding import Generators
 from splitsync.observe import Observer, overriding, redirect
 from splitsync.run.config import RunConfig
 from splitsync.run.data import Loaders
@@ -32,7 +33,8 @@ class _SaveWatch(Observer):
     def __init__(self, part: Checkpoints) -> None:
         self.part = part
 
-    def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None) -> None:
+    def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None,
+                    stepped: bool = True) -> None:
         # After the step, not before: each rank learns of the failure at its own step, and a
         # rank that raised before stepping would have skipped a step the others took.
         self.part.settle(wait=False)
@@ -44,14 +46,17 @@ class Checkpoints:
     def __init__(self, rank: int, world_size: int, loaders: Loaders,
                  config: RunConfig | None = None,
                  attach: Callable[[Observer], Any] | None = None,
-                 detach: Callable[[Observer], None] | None = None) -> None:
+                 detach: Callable[[Observer], None] | None = None,
+                 generators: Generators | None = None) -> None:
         self.rank = rank
+        self.generators = generators
         self.world_size = world_size
         self.loaders = loaders
         self.config = config if config is not None else RunConfig()
         self.checkpointer: Checkpointer | None = None
         self.blocking = self.config.save_blocking
         self._on_save: tuple[Observer, ...] = ()
+        self._on_resume: tuple[Observer, ...] = ()
         self._attach, self._detach = attach, detach
         self._watch: _SaveWatch | None = None
         self._group: Any = None  # gloo group for background saves: made once, on first use
@@ -60,6 +65,7 @@ class Checkpoints:
 
     def set_observers(self, observers: Sequence[Observer]) -> None:
         self._on_save = overriding(observers, "on_save")
+        self._on_resume = overriding(observers, "on_resume")
         self._redirect = overriding(observers, "redirect_path")
 
     def _path(self, path: str | os.PathLike[str]) -> Any:
@@ -77,8 +83,12 @@ class Checkpoints:
             self.checkpointer.close()
         self.blocking = self.config.save_blocking if save_blocking is None else save_blocking
         self.checkpointer = Checkpointer(self._path(dir), objects, keep=keep, rank=self.rank,
-                                         world_size=self.world_size)
-        return self.checkpointer.load(self.loaders.all)
+                                         world_size=self.world_size, generators=self.generators)
+        state = self.checkpointer.load(self.loaders.all)
+        if state.resumed:
+            for obs in self._on_resume:
+                obs.on_resume(state.path, state.step)
+        return state
 
     def attach_loader(self, loader: Any) -> None:
         """A loader made after ``resume`` continues where the checkpoint left it."""

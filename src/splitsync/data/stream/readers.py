@@ -70,10 +70,10 @@ def window_shuffled(source: Source, shard: int, start: int, window: int, seed: i
     Windows are permuted independently, so resuming re-reads at most one window.
     """
     if window <= 1:
-        yield from source.open(shard, start)
+        yield from source.open_epoch(shard, start, seed, epoch)
         return
     first = start // window
-    raw = source.open(shard, first * window)
+    raw = source.open_epoch(shard, first * window, seed, epoch)
     block = first
     drop = start - first * window
     while True:
