@@ -98,7 +98,8 @@ def _run_main(script: Path, args: tuple[str, ...], cwd: Path | None) -> str:
             runpy.run_path(str(script), run_name="__main__")
         except SystemExit as exc:
             if exc.code not in (0, None):
-                raise AssertionError(f"{script.name} exited {exc.code!r}:\n{out.getvalue()}")
+                raise AssertionError(
+                    f"{script.name} exited {exc.code!r}:\n{out.getvalue()}") from exc
     return out.getvalue()
 
 
