@@ -18,6 +18,7 @@ import torch
 from splitsync.ckpt.background import SaveJob
 from splitsync.ckpt.fs import Storage
 from splitsync.ckpt.full import split_extra
+from splitsync.ckpt.kinds import described
 from splitsync.ckpt.sharded import DCP_DIR, async_save_sharded, save_sharded
 from splitsync.ckpt.staging import Stager, live_storages
 from splitsync.ckpt.state import capture_rng, loader_position
@@ -120,7 +121,8 @@ def build_job(ck: Checkpointer, storage: Storage, loaders: Sequence[DeviceLoader
         "step": step, "epoch": epoch, "world_size": ck.world_size,
         "layout": "sharded" if sharded else "full", "models": sorted(ck.models),
         "optimizers": {n: owner for n, (_, owner) in ck.optims.items()},
-        "objects": sorted(ck.others), "loaders": [p for p, _ in positions],
+        "objects": sorted(ck.others), **described(ck.models, ck.optims, ck.others),
+        "loaders": [p for p, _ in positions],
         "extra": plain, "tensor_extra": sorted(tensors), "torch": torch.__version__,
     }
     return SaveJob(storage=storage, work=work, step=step, rank=ck.rank, keep=ck.keep,
