@@ -52,8 +52,7 @@ def clean_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _child(fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple[Any, ...],
-           env: dict[str, str], out: Any) -> None:
+def _child(call: bytes, rank: int, world: int, port: int, env: dict[str, str], out: Any) -> None:
     os.environ.clear()
     os.environ.update(env)
     os.environ.update(launched_env(rank, world, port))
@@ -64,6 +63,10 @@ def _child(fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple
         import torch
 
         torch.set_num_threads(1)
+        # Unpickled only now, with the rank's environment in place: importing fn's module
+        # (and what it imports, which may read the environment once) sees ``env``, not the
+        # environment the fork server started with.
+        fn, args = pickle.loads(call)  # our own parent's bytes
         # Plain pickle copies tensor data; torch's queue reducers would share memory that
         # vanishes when this process exits.
         out.put((rank, True, pickle.dumps(fn(rank, world, *args))))
@@ -108,8 +111,9 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 
     out = ctx.Queue()
     port = free_port()
     child_env = clean_env(env)
+    call = pickle.dumps((fn, args))
     procs = [
-        ctx.Process(target=_child, args=(fn, r, world_size, port, args, child_env, out),
+        ctx.Process(target=_child, args=(call, r, world_size, port, child_env, out),
                     daemon=False)  # ranks may start DataLoader workers
         for r in range(world_size)
     ]
