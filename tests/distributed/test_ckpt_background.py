@@ -175,7 +175,7 @@ def one_group(rank: int, world: int, root: str) -> dict[str, Any]:
                 run.resume(f"{root}/g", model=model, optimizer=opt, save_blocking=False)
                 _step(run, model, opt, k)
                 h = run.save()
-                groups.append(run._checkpoints._group)
+                groups.append(run._checkpoints.checkpointer._group)
                 watched.append(len(run.observers))  # the step-boundary watch is attached
                 h.wait()
                 _step(run, model, opt, k)  # ...and removed at the next step once done
