@@ -5,6 +5,7 @@ fit), blocking and in the background. Prints one JSON line per strategy (rank 0'
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -77,6 +78,7 @@ def scenario(rank: int, world: int, root: str, strategy: str) -> dict[str, Any]:
         for blocking in (True, False):
             d = Path(root) / f"{strategy}-{'blocking' if blocking else 'background'}"
             res["blocking" if blocking else "background"] = _one(d, strategy, blocking)
+            gc.collect()  # resumed optimizer state may still map the files (torch.load mmap)
             dist.barrier()
             if rank == 0:
                 shutil.rmtree(d)  # room for the next case

@@ -15,6 +15,7 @@ __all__ = ["DISK_FULL", "causes", "is_disk_full", "describe_failure"]
 
 DISK_FULL = "the disk is full"
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_NEARLY_FULL = 1 << 20
 
 
 def causes(exc: BaseException) -> Iterator[BaseException]:
@@ -64,8 +65,12 @@ def _root(exc: BaseException) -> BaseException:
 
 def describe_failure(exc: BaseException, who: str, where: str, nbytes: int,
                      free: int | None) -> str:
-    """One line for the error every rank raises: who failed where, and why in plain words."""
-    if is_disk_full(exc):
+    """One line for the error every rank raises: who failed where, and why in plain words.
+
+    ``free``: bytes free on the target filesystem when the write failed. Errors that cross
+    ranks inside DCP's ``CheckpointException`` are pickled, which drops ``__context__`` and
+    with it the ``ENOSPC``; a write that failed with less than 1 MiB free is a full disk."""
+    if is_disk_full(exc) or (free is not None and free < _NEARLY_FULL):
         need = f"; this rank had {_mb(nbytes)} to write" if nbytes else ""
         left = f", {_mb(free)} free there" if free is not None else ""
         return (f"{who} {where}: {DISK_FULL} (No space left on device){need}{left}. Free "

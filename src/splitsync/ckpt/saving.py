@@ -41,7 +41,8 @@ def rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
 
 
-def collective_ok(rank: int, fn: Callable[[], None], what: str, only_rank0: bool = False) -> None:
+def collective_ok(rank: int, fn: Callable[[], None], what: str, only_rank0: bool = False,
+                  call: Callable[..., Any] = direct) -> None:
     """Run ``fn`` (on rank 0 only, or everywhere) and raise on every rank if any rank failed."""
     err = None
     if rank == 0 or not only_rank0:
@@ -49,7 +50,7 @@ def collective_ok(rank: int, fn: Callable[[], None], what: str, only_rank0: bool
             fn()
         except Exception as e:  # reported to every rank below, then re-raised
             err = f"rank {rank}: {type(e).__name__}: {e}"
-    errors = [e for e in comm.gather_object(err) if e]
+    errors = [e for e in call("all_gather_object", comm.gather_object, err) if e]
     if errors:
         raise CheckpointError(f"checkpoint {what} failed on {errors[0]}")
 
@@ -127,7 +128,8 @@ def build_job(reg: Registered, storage: Storage, loaders: Sequence[DeviceLoader]
             "with torch.distributed.checkpoint to a filesystem path every rank can reach; "
             "object storage holds unsharded checkpoints only.")
     work = storage.work_name(step)
-    collective_ok(reg.rank, lambda: storage.prepare(step), "prepare", only_rank0=True)
+    collective_ok(reg.rank, lambda: storage.prepare(step), "prepare", only_rank0=True,
+                  call=call or direct)
     parts: dict[str, Any] = {
         rank_file(reg.rank): {"rng": capture_rng(), "generators": [g for _, g in positions]},
         **collect(reg, offload=blocking)}
