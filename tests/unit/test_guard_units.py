@@ -193,3 +193,14 @@ def test_a_peer_that_closed_its_connection_is_not_called_a_timeout() -> None:
     slow = RuntimeError("Timed out waiting 540000ms for recv operation to complete")
     msg = str(explain_failure(slow, me, 2, timedelta(seconds=600), None, elapsed=540.2))
     assert "did not complete within the 600s timeout (after 540.2s)" in msg
+
+
+def test_every_splitsync_module_is_library_code_for_the_call_site() -> None:
+    """The user's call site skips splitsync's own frames, from any folder of the package."""
+    import splitsync.dist.comm
+    import splitsync.run.runtime
+    from splitsync.tools.guards.site import is_library_file
+
+    assert is_library_file(splitsync.dist.comm.__file__)
+    assert is_library_file(splitsync.run.runtime.__file__)
+    assert not is_library_file(__file__)

@@ -11,7 +11,15 @@ from torch import nn
 
 from splitsync.observe import Observer, overriding
 from splitsync.run.accumulate import StepPlan, prepare_module
-from splitsync.strategies import Strategy, WrapContext, for_model, get_strategy, resolve
+from splitsync.strategies import (
+    Strategy,
+    WrapContext,
+    for_model,
+    get_strategy,
+    resolve,
+    taking,
+)
+from splitsync.train.actckpt import apply_activation_checkpointing
 from splitsync.train.stale import RetiredParameters
 from splitsync.train.syncbn import convert_sync_batchnorm
 
@@ -22,10 +30,12 @@ class Models:
     """Wraps the user's modules and remembers which strategy wrapped each."""
 
     def __init__(self, device: torch.device, world_size: int, rank: int, plan: StepPlan,
-                 default_strategy: str, strategy_options: Mapping[str, Any]) -> None:
+                 default_strategy: str, strategy_options: Mapping[str, Any],
+                 local_world_size: int | None = None) -> None:
         self.device = device
         self.world_size = world_size
         self.rank = rank
+        self.local_world_size = local_world_size
         self.plan = plan
         self.default_strategy = default_strategy
         self.strategy_options = dict(strategy_options)
@@ -39,28 +49,28 @@ class Models:
         self._on_wrapped = overriding(observers, "on_wrapped")
 
     def wrap(self, module: nn.Module, strategy: str | None, *, sync_batchnorm: bool,
-             compile: bool | dict[str, Any], autocast: bool, options: Mapping[str, Any]
-             ) -> nn.Module:
+             compile: bool | dict[str, Any], autocast: bool, options: Mapping[str, Any],
+             activation_checkpointing: Any = None) -> nn.Module:
         """See ``Run.model``."""
         name = resolve(strategy or self.default_strategy, self.world_size)
         strat = get_strategy(name)
         options = _ignored_when_single(strategy or self.default_strategy, name, options)
-        unknown = set(options) - set(strat.options)
-        if unknown:
-            raise TypeError(
-                f"strategy {name!r} does not take {sorted(unknown)}; it takes "
-                f"{list(strat.options) or 'no options'}."
-            )
+        _check_options(strat, options)
+        options = {**self.strategy_options, **options}
         before = list(module.parameters())  # what an optimizer built already holds
         if sync_batchnorm and self.world_size > 1:
             module = convert_sync_batchnorm(module, self.device)
-        if not strat.places_module:
+        if not strat.places(options):
             module = module.to(self.device)
         for obs in self._on_model:
             obs.on_model(module)
         module = prepare_module(module, self.plan.precision)  # before buckets or shards
-        ctx = WrapContext(self.device, self.world_size, self.rank, self.plan.precision)
-        wrapped = strat.wrap(module, ctx, {**self.strategy_options, **options})
+        # Before wrapping: FSDP's hooks then sit outside the recomputed region.
+        apply_activation_checkpointing(module, activation_checkpointing,
+                                       lambda: strat.blocks(module, options))
+        ctx = WrapContext(self.device, self.world_size, self.rank, self.plan.precision,
+                          self.local_world_size)
+        wrapped = strat.wrap(module, ctx, options)
         if compile:
             wrapped = strat.compile(wrapped, {} if compile is True else dict(compile))
         wrapped = self.plan.install_forward(wrapped, autocast, strat)
@@ -73,6 +83,26 @@ class Models:
     def strategy_of(self, model: nn.Module) -> Strategy:
         """The strategy that wrapped ``model`` (found by its type if run.model did not)."""
         return self._strategies.get(model) or for_model(model)
+
+
+def _check_options(strat: Strategy, options: Mapping[str, Any]) -> None:
+    unknown = sorted(set(options) - set(strat.options))
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        others = taking(key)
+        if others:
+            names = " or ".join(repr(o) for o in others)
+            hints.append(f"{key}= is an option of strategy {names}: pass strategy="
+                         f"{others[-1]!r} (or init(strategy=...)) to use it")
+    if "offload" in unknown and not strat.replaces_parameters:
+        hints.append(f"{strat.name!r} keeps a whole replica on each device, so it has no "
+                     "shards to offload to the host")
+    raise TypeError(
+        f"strategy {strat.name!r} does not take {unknown}; it takes "
+        f"{list(strat.options) or 'no options'}." + "".join(f" {h}." for h in hints)
+    )
 
 
 def _why(strat: Strategy, plan: StepPlan) -> str:

@@ -70,7 +70,7 @@ class Run:
         self._plan = StepPlan(precision, config.accumulate)
         self._data = Loaders(self.rank, self.world_size, seed, device)
         self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
-                              config.strategy_options)
+                              config.strategy_options, env.local_world_size)
         self._training = Training(self._plan, self._data, self.world_size,
                                   self._models.retired.check)
         self._collectives = Collectives(device, self._data)
@@ -107,13 +107,19 @@ class Run:
     # --- model -------------------------------------------------------------------------
     def model(self, module: nn.Module, *, strategy: str | None = None,
               sync_batchnorm: bool = False, compile: bool | dict[str, Any] = False,
-              autocast: bool = True, **options: Any) -> nn.Module:
+              autocast: bool = True, activation_checkpointing: Any = None,
+              **options: Any) -> nn.Module:
         """Move ``module`` to the device and wrap it for the strategy, under the run's
         precision (``autocast=False``: yours) and accumulation; ``compile=True`` (or options)
-        compiles it after wrapping. ``options`` go to the strategy (DDP's are ignored when
-        "auto" runs one process). Build the optimizer on the returned model's parameters."""
+        compiles it after wrapping. ``activation_checkpointing``: True (the repeated blocks),
+        a module class or tuple of classes, or a predicate ``fn(module) -> bool``; those
+        submodules recompute their activations in backward. ``options`` go to the strategy
+        (``fsdp``/``hsdp``: ``blocks``, ``reshard_after_forward``, ``offload``; ``hsdp``:
+        ``replicate`` or ``shard``; DDP's are ignored when "auto" runs one process). Build
+        the optimizer on the returned model's parameters."""
         return self._models.wrap(module, strategy, sync_batchnorm=sync_batchnorm,
-                                 compile=compile, autocast=autocast, options=options)
+                                 compile=compile, autocast=autocast, options=options,
+                                 activation_checkpointing=activation_checkpointing)
 
     def strategy_of(self, model: nn.Module) -> Strategy:
         """The strategy that wrapped ``model`` (found by its type if run.model did not)."""

@@ -2,8 +2,8 @@
 
 Each strategy lives in its own small module that exposes ``STRATEGY``, an instance of
 :class:`Strategy` (see :mod:`splitsync.strategies.base` for what a strategy decides).
-Modules are imported only when their strategy is used or looked for. Adding one (HSDP, say)
-is a new module here plus its line in ``_MODULES``.
+Modules are imported only when their strategy is used or looked for. Adding one is a new
+module here plus its line in ``_MODULES``.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from splitsync.strategies.base import Strategy, SyncSetter, WrapContext
 from splitsync.strategies.modules import unwrap
 
 __all__ = ["Strategy", "SyncSetter", "WrapContext", "STRATEGY_NAMES", "resolve",
-           "get_strategy", "for_model", "unwrap"]
+           "get_strategy", "for_model", "unwrap", "taking"]
 
 # Name -> module. The order is also the order in which for_model() asks "is this yours?":
 # a more specific wrapper (HSDP is an FSDP module too) goes before the general one.
 _MODULES: Mapping[str, str] = {
     "single": "splitsync.strategies.single",
     "ddp": "splitsync.strategies.ddp",
+    "hsdp": "splitsync.strategies.hsdp",
     "fsdp": "splitsync.strategies.fsdp",
     "dp": "splitsync.strategies.dp",
 }
@@ -49,6 +50,11 @@ def get_strategy(name: str) -> Strategy:
         )
     strategy: Strategy = importlib.import_module(_MODULES[name]).STRATEGY
     return strategy
+
+
+def taking(option: str) -> list[str]:
+    """Names of the strategies whose ``run.model`` options include ``option``."""
+    return [name for name in _MODULES if option in get_strategy(name).options]
 
 
 def for_model(model: nn.Module) -> Strategy:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from splitsync.strategies.blocks import default_blocks
 from splitsync.strategies.modules import unwrap
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ class WrapContext:
     world_size: int
     rank: int = 0
     precision: Precision | None = None  # the run's policy object; None: plain fp32
+    local_world_size: int | None = None  # processes on this node (HSDP's default shard size)
 
 
 @contextmanager
@@ -66,9 +68,19 @@ class Strategy:
         """Whether ``model`` is a wrapper this strategy makes."""
         return False
 
+    def places(self, options: Mapping[str, Any]) -> bool:
+        """Whether :meth:`wrap` places the module itself under ``options`` (else the Run
+        moves it to the device first)."""
+        return self.places_module
+
+    def blocks(self, module: nn.Module, options: Mapping[str, Any]) -> list[nn.Module]:
+        """The module's repeated blocks (what ``activation_checkpointing=True`` recomputes;
+        FSDP's units of sharding)."""
+        return default_blocks(module)
+
     def wrap(self, module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
         """The module, wrapped for this strategy (already on ``ctx.device`` unless
-        ``places_module``)."""
+        :meth:`places`)."""
         return module
 
     # --- gradient sync for accumulation ------------------------------------------------

@@ -19,6 +19,7 @@ from torch.nn.parallel import DataParallel
 
 from splitsync.dist.device import visible_device_count
 from splitsync.strategies.base import Strategy, WrapContext
+from splitsync.train.actckpt import has_bound_forwards, rebind_forwards
 
 OPTIONS = ("device_ids",)
 
@@ -52,7 +53,19 @@ def check_batch(inputs: Any, n_devices: int, where: str = "input") -> None:
 
 
 class CheckedDataParallel(DataParallel):
-    """DataParallel that checks the batch can be split before scattering it."""
+    """DataParallel that checks the batch can be split before scattering it, and whose
+    replicas run their own checkpointed forwards."""
+
+    def __init__(self, module: nn.Module, **kwargs: Any) -> None:
+        super().__init__(module, **kwargs)
+        self._rebind = has_bound_forwards(module)  # activation checkpointing, say
+
+    def replicate(self, module: nn.Module, device_ids: Any) -> Any:
+        replicas = super().replicate(module, device_ids)
+        if self._rebind:
+            for replica in replicas:
+                rebind_forwards(module, replica)
+        return replicas
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         check_batch(inputs, len(self.device_ids), "input")

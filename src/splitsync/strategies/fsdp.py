@@ -2,15 +2,16 @@
 
 Parameters, gradients and optimizer state are sharded across ranks; each block's
 parameters are all-gathered just before its forward/backward and freed after. The
-mixed-precision policy follows the run's precision; state is read and written through
-``torch.distributed.checkpoint.state_dict`` (sharded, or gathered whole).
+mixed-precision policy follows the run's precision; ``offload=True`` keeps the shards,
+their gradients and the optimizer state on the host (``CPUOffloadPolicy``). State is read
+and written through ``torch.distributed.checkpoint.state_dict`` (sharded, or gathered
+whole). HSDP (``strategies/hsdp.py``) is this strategy over a 2-D mesh.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,11 +20,15 @@ from torch import nn
 
 from splitsync.strategies import state as _state
 from splitsync.strategies.base import Strategy, SyncSetter, WrapContext
+from splitsync.strategies.blocks import default_blocks, given_blocks
 
 if TYPE_CHECKING:
     from splitsync.train.precision import Precision
 
-OPTIONS = ("blocks", "reshard_after_forward")
+OPTIONS = ("blocks", "reshard_after_forward", "offload")
+
+__all__ = ["FSDP", "STRATEGY", "OPTIONS", "mixed_precision_policy", "offload_policy",
+           "compile_blocks", "default_blocks"]
 
 _log = logging.getLogger("splitsync")
 
@@ -39,65 +44,6 @@ def mixed_precision_policy(precision: Precision | None) -> Any:
     if dtype is None:
         return MixedPrecisionPolicy()
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-
-
-def default_blocks(module: nn.Module) -> list[nn.Module]:
-    """Instances of the repeated submodule type holding the most parameters.
-
-    Repeated composite types (transformer blocks) win over repeated layers (the Linear
-    layers inside them); a plain MLP yields its Linear layers. Only the outermost
-    instances of the chosen type are returned.
-    """
-    counts: Counter[type[nn.Module]] = Counter()
-    sizes: Counter[type[nn.Module]] = Counter()
-    composite: set[type[nn.Module]] = set()
-    for sub in module.modules():
-        if sub is module or isinstance(sub, (nn.ModuleList, nn.ModuleDict, nn.Sequential)):
-            continue
-        n = sum(p.numel() for p in sub.parameters())
-        if n:
-            counts[type(sub)] += 1
-            sizes[type(sub)] += n
-            if any(True for _ in sub.children()):
-                composite.add(type(sub))
-    repeated = [t for t, c in counts.items() if c >= 2]
-    if not repeated:
-        return []
-    chosen = max(repeated, key=lambda t: (t in composite, sizes[t]))
-    return list(_outermost(module, chosen))
-
-
-def _outermost(module: nn.Module, kind: type[nn.Module]) -> Iterator[nn.Module]:
-    for child in module.children():
-        if isinstance(child, kind):
-            yield child
-        else:
-            yield from _outermost(child, kind)
-
-
-def _blocks(module: nn.Module, given: Any) -> list[nn.Module]:
-    if given is None:
-        return default_blocks(module)
-    if isinstance(given, type) or isinstance(given, nn.Module):
-        given = [given]
-    types = tuple(g for g in given if isinstance(g, type))
-    mods = [g for g in given if isinstance(g, nn.Module)]
-    bad = [g for g in given if not isinstance(g, (type, nn.Module))]
-    if bad or (types and not all(issubclass(t, nn.Module) for t in types)):
-        raise TypeError(
-            f"fsdp blocks={given!r}: give module types (e.g. [Block]) or module instances."
-        )
-    inside = {id(m) for m in module.modules()}
-    stray = [type(m).__name__ for m in mods if id(m) not in inside or m is module]
-    if stray:
-        raise ValueError(f"fsdp blocks: {stray} are not submodules of the model.")
-    found = list(_outermost(module, types)) if types else []
-    if types and not found:
-        raise ValueError(
-            f"fsdp blocks: the model has no submodule of type "
-            f"{[t.__name__ for t in types]}."
-        )
-    return found + [m for m in mods if all(m is not f for f in found)]
 
 
 def compile_blocks(model: nn.Module, kwargs: Mapping[str, Any]) -> int:
@@ -117,28 +63,75 @@ def compile_blocks(model: nn.Module, kwargs: Mapping[str, Any]) -> int:
     return n
 
 
-def _wrap(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
-    if not dist.is_initialized():
-        if ctx.world_size == 1:
-            # One process holds everything anyway; sharding over one rank would only add
-            # the DTensor machinery. Say so rather than pretend.
-            _log.warning("strategy='fsdp' in a single process without a process group: "
-                         "the model runs unsharded. Launch with `splitsync run -n N` to shard.")
-            return module
-        raise RuntimeError(
-            "strategy='fsdp' needs a process group. Launch with `splitsync run -n N script.py` "
-            "(or torchrun)."
-        )
-    from torch.distributed.device_mesh import init_device_mesh
+def check_offload(offload: Any, name: str = "fsdp") -> bool:
+    """``offload=`` checked: a bool."""
+    if not isinstance(offload, bool):
+        raise TypeError(f"strategy={name!r} offload={offload!r}: give True (keep parameters, "
+                        "gradients and optimizer state on the host) or False.")
+    return offload
+
+
+def offload_policy(offload: Any, device: torch.device, name: str = "fsdp", rank: int = 0) -> Any:
+    """FSDP2's offload policy for ``offload=`` on ``device`` (the run's device); ``rank``
+    0 says so when there is nothing to offload."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+    if not check_offload(offload, name):
+        return OffloadPolicy()
+    if device.type == "cpu":
+        # Still applied, so that a CPU run takes the same path as a GPU run; it copies nothing.
+        if rank == 0:
+            _log.info("offload=True: the device is the CPU already, so there is nothing to "
+                      "offload; the shards stay where they are and training is unchanged.")
+        return CPUOffloadPolicy(pin_memory=False)
+    # Pinned host memory makes the host<->device copies asynchronous (CUDA only).
+    return CPUOffloadPolicy(pin_memory=device.type == "cuda")
+
+
+def _blocks(module: nn.Module, given: Any, name: str = "fsdp") -> list[nn.Module]:
+    return given_blocks(module, given, f"{name} blocks")
+
+
+def shard(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any], mesh: Any,
+          name: str = "fsdp") -> nn.Module:
+    """``fully_shard`` each block, then the root, over ``mesh`` (1-D: FSDP, 2-D: HSDP)."""
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(ctx.device.type, (dist.get_world_size(),))
-    kwargs: dict[str, Any] = {"mesh": mesh, "mp_policy": mixed_precision_policy(ctx.precision)}
+    kwargs: dict[str, Any] = {"mesh": mesh, "mp_policy": mixed_precision_policy(ctx.precision),
+                              "offload_policy": offload_policy(options.get("offload", False),
+                                                               ctx.device, name, ctx.rank)}
     if "reshard_after_forward" in options:
         kwargs["reshard_after_forward"] = options["reshard_after_forward"]
-    for block in _blocks(module, options.get("blocks")):
+    for block in _blocks(module, options.get("blocks"), name):
         fully_shard(block, **kwargs)
     return fully_shard(module, **kwargs)
+
+
+def unsharded(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any],
+              name: str = "fsdp") -> nn.Module:
+    """The module as it is when there is no process group: one process, no sharding."""
+    check_offload(options.get("offload", False), name)
+    if ctx.world_size != 1:
+        raise RuntimeError(
+            f"strategy={name!r} needs a process group. Launch with `splitsync run -n N "
+            "script.py` (or torchrun)."
+        )
+    # One process holds everything anyway; sharding over one rank would only add the
+    # DTensor machinery. Say so rather than pretend, and name the options left unused.
+    unused = sorted(k for k in ("offload", "replicate", "shard") if options.get(k))
+    note = f" ({', '.join(unused)} not applied)" if unused else ""
+    _log.warning(f"strategy={name!r} in a single process without a process group: the model "
+                 f"runs unsharded{note}. Launch with `splitsync run -n N` to shard.")
+    return module.to(ctx.device)
+
+
+def _wrap(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
+    if not dist.is_initialized():
+        return unsharded(module, ctx, options)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(ctx.device.type, (dist.get_world_size(),))
+    return shard(module, ctx, options, mesh)
 
 
 def _is_fsdp(model: nn.Module) -> bool:
@@ -156,6 +149,14 @@ class FSDP(Strategy):
 
     def owns(self, model: nn.Module) -> bool:
         return _is_fsdp(model)
+
+    def places(self, options: Mapping[str, Any]) -> bool:
+        # With offload, fully_shard moves one block at a time to the device and its shard
+        # back to the host: moving the whole model first could not fit where offload is needed.
+        return options.get("offload") is True
+
+    def blocks(self, module: nn.Module, options: Mapping[str, Any]) -> list[nn.Module]:
+        return _blocks(module, options.get("blocks"), self.name)
 
     def wrap(self, module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
         return _wrap(module, ctx, options)

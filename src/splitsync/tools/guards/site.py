@@ -8,7 +8,8 @@ from types import FrameType
 
 __all__ = ["user_site", "is_library_file"]
 
-_SPLITSYNC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# this file is splitsync/tools/guards/site.py: three levels up is the package itself
+_SPLITSYNC_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _library_dirs() -> tuple[str, ...]:
