@@ -119,13 +119,13 @@ def _first_saves(root: str, rank: int, mode: str, res: dict[str, list[float]]) -
             shutil.rmtree(ck)
 
 
-def bench(rank: int, world: int, root: str, rounds: int) -> dict[str, Any]:
+def bench(rank: int, world: int, root: str, rounds: int, first: bool = True) -> dict[str, Any]:
     res: dict[str, list[float]] = {k: [] for k in (
         "copy_s", "blocking_s", "stall_s", "bg_write_Bps", "disk_write_Bps", "resume_Bps",
         "disk_read_Bps", "rss_extra_B", "first_reserved_s", "second_reserved_s",
         "first_unreserved_s", "second_unreserved_s", "staging_B")}
     holder = ss.init(seed=0)  # keeps the group across the runs below
-    for r in range(rounds):
+    for r in range(rounds if first else 0):
         for mode in (("reserved", "unreserved") if r % 2 else ("unreserved", "reserved")):
             _first_saves(root, rank, mode, res)
     try:
@@ -275,6 +275,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dir", default=None, help="directory on the disk to measure")
+    ap.add_argument("--no-first", action="store_true",
+                    help="skip the first-save rounds (fresh runs): only the other rows")
     ap.add_argument("--stagers", action="store_true",
                     help="only compare splitsync's Stager with torch's stagers (one process)")
     a = ap.parse_args()
@@ -282,8 +284,9 @@ def main() -> None:
         stagers(a.rounds)
         return
     with tempfile.TemporaryDirectory(dir=a.dir) as d:
-        res = spawn(bench, 2, d, a.rounds, timeout=3600)[0]
-    med = {k: statistics.median(v) for k, v in res.items() if isinstance(v, list)}
+        res = spawn(bench, 2, d, a.rounds, not a.no_first, timeout=3600)[0]
+    med = {k: statistics.median(v) if v else float("nan") for k, v in res.items()
+           if isinstance(v, list)}
     gb = res["state_bytes"] / 1e9
     print(f"state: {gb:.2f} GB (model + AdamW), 2 ranks, {a.rounds} rounds, medians (rank 0)")
     rows = [
