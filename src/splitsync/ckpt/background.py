@@ -112,14 +112,17 @@ def run_job(job: SaveJob) -> str:
             merged: dict[str, dict[str, Any]] = {}
             for f, _ in reports:
                 merged.update(f)
+            committed = False
             try:
                 job.storage.put_manifest(job.work, manifest_text(job.body, merged))
                 name = job.storage.commit(job.work, job.step)
+                committed = True
                 job.storage.prune(job.keep, name)
             except Exception as e:
                 outcome = describe_failure(e, "rank 0 committing", job.storage.where(job.work),
                                            0, job.storage.free_bytes())
-                job.storage.discard(job.work)
+                if not committed:  # a committed one is complete: never removed here
+                    job.storage.discard(job.work)
     outcome = broadcast(outcome, job.group, job.call)
     if outcome is not None:
         raise CheckpointError(f"checkpoint save of step {job.step} failed on {outcome}. "
