@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "verify": "Self-test the installation, or check that a script is data-parallel-correct.",
     "bench": "Measure splitsync's overhead, communication and scaling.",
     "plan": "Predict step time and scaling efficiency at N devices.",
+    "ckpt": "Inspect, convert (to safetensors / Hugging Face) and verify checkpoints offline.",
 }
 
 
@@ -34,7 +35,8 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
         description="Data-parallel PyTorch training on one or many devices and machines.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  splitsync run -n 2 train.py --lr 3e-4\n  splitsync env\n"
-        "  splitsync check train.py\n  splitsync verify -n 2",
+        "  splitsync check train.py\n  splitsync verify -n 2\n"
+        "  splitsync ckpt inspect ckpt/",
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -1,4 +1,5 @@
-"""Training script for the crash test: resumes at start, saves every 3 steps, exports at the end.
+"""Training script for the crash test: resumes at start, saves every 3 steps, exports the model and
+its EMA at the end.
 
 With ``--crash``, rank 1 kills itself with SIGKILL at step 7 on the first attempt only.
 """
@@ -26,9 +27,10 @@ class Data(Dataset):
 def main(ckpt: str, out: str, crash: bool) -> None:
     with ss.init(seed=0, deterministic=True) as run:
         model = run.model(net())
+        ema = run.ema(model, decay=0.9)  # saved and restored by run.save/run.resume
         opt = torch.optim.AdamW(model.parameters(), lr=0.01)
         loader = run.loader(Data(), batch_size=4, shuffle=True)
-        train(run, model, opt, loader, ckpt, out, crash_at=7 if crash else None)
+        train(run, model, opt, loader, ckpt, out, crash_at=7 if crash else None, ema=ema)
 
 
 def spawn_entry(rank: int, world: int, ckpt: str, out: str) -> None:

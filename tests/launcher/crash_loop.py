@@ -1,6 +1,6 @@
 """The training loop the crash scripts share: resume, save every 3 steps, export at the end.
 
-With ``crash_at``, rank 1 kills itself with SIGKILL at that step on the first attempt only.
+With ``ema``, the EMA is exported too (to ``out + ".ema"``). With ``crash_at``, rank 1 kills itself with SIGKILL at that step on the first attempt only.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ def net() -> nn.Module:
 
 
 def train(run: Any, model: nn.Module, opt: Any, loader: Any, ckpt: str, out: str,
-          crash_at: int | None) -> None:
+          crash_at: int | None, ema: nn.Module | None = None) -> None:
+    # run.resume registers the EMA (made by run.ema before it) with no argument of its own
     state = run.resume(ckpt, model=model, optimizer=opt)
     step = state.step
     for _ in run.epochs(3, start=state.epoch):
@@ -31,4 +32,6 @@ def train(run: Any, model: nn.Module, opt: Any, loader: Any, ckpt: str, out: str
             if step % 3 == 0:
                 run.save(ckpt)
     run.export(out)
+    if ema is not None:
+        run.export(f"{out}.ema", model=ema)
     run.print(f"restart {run.env.restart_count}: resumed at step {state.step}, ended at {step}")

@@ -37,3 +37,8 @@ def test_killed_rank_restarts_and_resumes_exactly(tmp_path: Path) -> None:
     a, b = load_file(crashed), load_file(clean)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # the EMA (run.ema, checkpointed by run.save with no extra argument) resumes bit-equal
+    ea, eb = load_file(f"{crashed}.ema"), load_file(f"{clean}.ema")
+    assert ea.keys() == a.keys()
+    assert all(torch.equal(ea[k], eb[k]) for k in ea)
+    assert not all(torch.equal(ea[k], a[k]) for k in ea)  # an average, not the weights

@@ -21,6 +21,7 @@ from torch import nn
 from splitsync.ckpt.background import SaveJob, direct
 from splitsync.ckpt.fs import Storage
 from splitsync.ckpt.full import split_extra
+from splitsync.ckpt.kinds import described
 from splitsync.ckpt.model_state import is_sharded, model_state, optimizer_state
 from splitsync.ckpt.sharded import DCP_DIR, sharded_state, write_sharded
 from splitsync.ckpt.staging import Stager, live_storages, local_tensor
@@ -152,7 +153,8 @@ def build_job(reg: Registered, storage: Storage, loaders: Sequence[DeviceLoader]
         "step": step, "epoch": epoch, "world_size": reg.world_size,
         "layout": "sharded" if sharded else "full", "models": sorted(reg.models),
         "optimizers": {n: owner for n, (_, owner) in reg.optims.items()},
-        "objects": sorted(reg.others), "loaders": [p for p, _ in positions],
+        "objects": sorted(reg.others), **described(reg.models, reg.optims, reg.others),
+        "loaders": [p for p, _ in positions],
         "extra": plain, "tensor_extra": sorted(tensors), "torch": torch.__version__,
     }
     return SaveJob(storage=storage, work=work, step=step, rank=reg.rank, keep=reg.keep,

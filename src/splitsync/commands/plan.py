@@ -26,7 +26,10 @@ examples:
   splitsync plan --params 7B --dtype bf16 --step-ms 900 --network eth-100g --memory-gb 80
   splitsync plan --model torchvision.models:resnet50 --input-shape 3,224,224 \\
                  --batch-size 32 --measure --network measured
-  splitsync plan --params 25M --step-ms 40 --bandwidth 10 --latency 20"""
+  splitsync plan --params 25M --step-ms 40 --bandwidth 10 --latency 20
+  splitsync plan --memory --model mypkg.nets:gpt_1b --input-shape 2048 --input-dtype long \
+                 --batch-size 4 --precision bf16-mixed --memory-gb 80 --sizes 8,64 \
+                 --strategies ddp,fsdp,fsdp+act-ckpt,hsdp+offload"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,8 +73,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-overlap", action="store_true",
                         help="all-reduce only after backward (no overlap)")
     parser.add_argument("--memory-gb", type=float, default=None,
-                        help="device memory, to say whether FSDP would pay off")
+                        help="device memory in GB: whether FSDP would pay off; with --memory, "
+                        "which strategies fit")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    m = parser.add_argument_group("memory (--memory: per-device bytes of each strategy)")
+    m.add_argument("--memory", action="store_true",
+                   help="predict parameter, gradient, optimizer-state and activation bytes "
+                   "per device (needs --model, --input-shape, --batch-size)")
+    m.add_argument("--strategies", default="ddp,fsdp,fsdp+act-ckpt,fsdp+offload",
+                   help="comma-separated: ddp, fsdp or hsdp, each with optional +offload "
+                   "and +act-ckpt (default: %(default)s)")
+    m.add_argument("--optimizer", default="AdamW",
+                   help="torch.optim name or MODULE:CLASS (default: AdamW)")
+    m.add_argument("--optimizer-args", default="{}", metavar="JSON",
+                   help='keyword arguments of the optimizer, e.g. \'{"momentum": 0.9}\'')
+    m.add_argument("--precision", default="32", help="32, bf16-mixed, 16-mixed or bf16-true")
+    m.add_argument("--input-dtype", default="float32",
+                   help="dtype of the input: float32 (default), long for token ids")
+    m.add_argument("--gpus-per-node", type=int, default=8,
+                   help="hsdp shards over this many devices (one node) (default: 8)")
 
 
 def _fail(msg: str) -> SystemExit:
@@ -149,9 +169,79 @@ def measure_network(world: int = 2, gap_s: float = 1e-3) -> Any:
                        name=f"measured (gloo, {world} local processes, between compute)")
 
 
+def _factory(path: str) -> Any:
+    mod_name, _, attr = path.partition(":")
+    if not attr:
+        raise _fail(f"--model {path!r}: write MODULE:FACTORY, e.g. mypkg.nets:Net.")
+    try:
+        return getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise _fail(f"--model {path!r}: cannot import it ({exc}).") from exc
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def memory_main(args: argparse.Namespace) -> int:
+    """``plan --memory``: the per-device bytes table (or JSON) of each strategy and size."""
+    import torch
+
+    from splitsync.bench.harness import markdown_table
+    from splitsync.tools.plan import memory
+
+    if args.model is None or args.input_shape is None or args.batch_size is None:
+        raise _fail("--memory needs --model MODULE:FACTORY, --input-shape D,... and "
+                    "--batch-size (per device).")
+    try:
+        shape = tuple(int(d) for d in args.input_shape.split(",") if d.strip())
+        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+        kwargs = json.loads(args.optimizer_args)
+        variants = memory.parse_strategies(args.strategies)
+        opt = memory.optimizer_class(args.optimizer)
+        dtype = getattr(torch, args.input_dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"--input-dtype {args.input_dtype!r}: give a torch dtype name "
+                             "such as float32 or long.")
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"--optimizer-args {args.optimizer_args!r}: give a JSON object.")
+        facts = memory.model_facts(_factory(args.model), shape, args.batch_size,
+                                   input_dtype=dtype, precision=args.precision,
+                                   optimizer=opt, optimizer_kwargs=kwargs)
+        plans = memory.plan(facts, variants, sizes, memory_gb=args.memory_gb,
+                            per_node=args.gpus_per_node)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if args.json:
+        print(json.dumps([p.as_dict() for p in plans], indent=2))
+        return 0
+    rows = [[p.strategy, p.devices, *(_size(b) for b in (
+             p.params_bytes, p.grads_bytes, p.optimizer_bytes, p.activations_bytes,
+             p.peak_bytes, p.host_bytes)),
+             "" if p.fits is None else ("yes" if p.fits else "no")] for p in plans]
+    print(f"{facts.numel:,} parameters; batch {args.batch_size} x {shape} per device, "
+          f"precision {args.precision}, {opt.__name__}; bytes per device (the most loaded one)")
+    print()
+    print(markdown_table(["strategy", "N", "params", "grads", "optimizer", "activations",
+                          "peak", "host", f"fits {args.memory_gb:g} GB" if args.memory_gb
+                          else "fits"], rows))
+    if args.memory_gb:
+        fit = [f"{p.strategy} at {p.devices}" for p in plans if p.fits]
+        print()
+        print(f"- fit in {args.memory_gb:g} GB: " + (", ".join(fit) if fit else "none; add "
+              "devices, +act-ckpt, +offload or a smaller per-device batch"))
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     from splitsync.bench.harness import markdown_table
     from splitsync.tools.plan import costmodel
+
+    if args.memory:
+        return memory_main(args)
 
     if (args.params is None) == (args.model is None):
         raise _fail("give the gradient size as --params COUNT or --model MODULE:FACTORY.")

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Any
+from weakref import WeakSet
 
 import torch
 from torch import nn
@@ -44,6 +45,10 @@ class StepPlan:
         self.micro = 0  # backward calls so far; a step boundary when divisible by `every`
         self.scaler: Any = precision.make_scaler()
         self._update_due = False  # GradScaler.update() runs before the next backward
+        # Whether the last step really stepped: the plain step always does; the general one
+        # not inside an accumulation window, nor when the GradScaler skipped it.
+        self.stepped = True
+        self._watched: WeakSet[torch.optim.Optimizer] = WeakSet()
         self.backward: Callable[[torch.Tensor], None]
         self.step: Callable[..., torch.Tensor | None]
         self._choose()
@@ -95,6 +100,7 @@ class StepPlan:
     def _step_general(self, optimizer: torch.optim.Optimizer,
                       clip: float | None = None) -> torch.Tensor | None:
         if self.micro % self.every:
+            self.stepped = False
             return None  # inside an accumulation window: keep gradients, do not step
         norm = None
         scaler = self.scaler
@@ -102,7 +108,10 @@ class StepPlan:
             if clip is not None:
                 norm = clip_optimizer(optimizer, clip)
             optimizer.step()
+            self.stepped = True
         else:
+            self._watch(optimizer)
+            self.stepped = False  # set again by the optimizer's post-hook if it steps
             if clip is not None:
                 scaler.unscale_(optimizer)  # clip true gradients, not scaled ones
                 norm = clip_optimizer(optimizer, clip)
@@ -110,6 +119,16 @@ class StepPlan:
             self._update_due = True
         optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def _watch(self, optimizer: torch.optim.Optimizer) -> None:
+        # GradScaler.step calls optimizer.step only when the gradients are finite: a
+        # post-hook is the one public signal of a step it did not skip.
+        if optimizer not in self._watched:
+            self._watched.add(optimizer)
+            optimizer.register_step_post_hook(self._on_real_step)
+
+    def _on_real_step(self, *_: Any) -> None:
+        self.stepped = True
 
     # --- models ------------------------------------------------------------------------
     def install_forward(self, model: nn.Module, autocast: bool = True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -23,7 +24,19 @@ from splitsync.train.actckpt import apply_activation_checkpointing
 from splitsync.train.stale import RetiredParameters
 from splitsync.train.syncbn import convert_sync_batchnorm
 
-__all__ = ["Models"]
+__all__ = ["Models", "Wrapped"]
+
+
+@dataclass(frozen=True)
+class Wrapped:
+    """How ``run.model`` made one model: what a copy laid out like it (run.ema) needs."""
+
+    strategy: Strategy
+    ctx: WrapContext
+    options: Mapping[str, Any]
+    template: nn.Module | None  # the strategy's template, taken just before wrapping
+    autocast: bool
+    template_error: str = ""  # why no template could be taken (raised when one is needed)
 
 
 class Models:
@@ -40,6 +53,7 @@ class Models:
         self.default_strategy = default_strategy
         self.strategy_options = dict(strategy_options)
         self._strategies: WeakKeyDictionary[nn.Module, Strategy] = WeakKeyDictionary()
+        self._made: WeakKeyDictionary[nn.Module, Wrapped] = WeakKeyDictionary()
         self._on_model: tuple[Observer, ...] = ()
         self._on_wrapped: tuple[Observer, ...] = ()
         self.retired = RetiredParameters()  # what run.step checks each optimizer against
@@ -70,6 +84,7 @@ class Models:
                                        lambda: strat.blocks(module, options))
         ctx = WrapContext(self.device, self.world_size, self.rank, self.plan.precision,
                           self.local_world_size)
+        template, error = _template(strat, module)  # FSDP2 modules cannot be copied later
         wrapped = strat.wrap(module, ctx, options)
         if compile:
             wrapped = strat.compile(wrapped, {} if compile is True else dict(compile))
@@ -77,12 +92,24 @@ class Models:
         for obs in self._on_wrapped:
             wrapped = obs.on_wrapped(wrapped)
         self._strategies[wrapped] = strat
+        self._made[wrapped] = Wrapped(strat, ctx, options, template, autocast, error)
         self.retired.record(before, wrapped, _why(strat, self.plan))
         return wrapped
+
+    def made(self, model: nn.Module) -> Wrapped | None:
+        """How ``run.model`` made ``model``; None if it did not return it."""
+        return self._made.get(model)
 
     def strategy_of(self, model: nn.Module) -> Strategy:
         """The strategy that wrapped ``model`` (found by its type if run.model did not)."""
         return self._strategies.get(model) or for_model(model)
+
+
+def _template(strat: Strategy, module: nn.Module) -> tuple[nn.Module | None, str]:
+    try:
+        return strat.template(module), ""
+    except Exception as exc:  # only run.ema needs it; it reports this if it is called
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def _check_options(strat: Strategy, options: Mapping[str, Any]) -> None:

@@ -31,6 +31,7 @@ from splitsync.run.checkpoints import Checkpoints
 from splitsync.run.collectives import Collectives
 from splitsync.run.config import RunConfig
 from splitsync.run.data import Loaders
+from splitsync.run.ema import Emas
 from splitsync.run.logging import Logging, run_settings
 from splitsync.run.models import Models
 from splitsync.run.training import Training
@@ -79,6 +80,7 @@ class Run:
         self._logging = Logging(config, device, self.is_main,
                                 run_settings(config, self.world_size, seed, device, backend))
         self._observers: tuple[Observer, ...] = ()
+        self._emas = Emas(self._plan, self._models, self.add_observer)
         for obs in observers:
             self.add_observer(obs)
 
@@ -120,6 +122,15 @@ class Run:
         return self._models.wrap(module, strategy, sync_batchnorm=sync_batchnorm,
                                  compile=compile, autocast=autocast, options=options,
                                  activation_checkpointing=activation_checkpointing)
+
+    def ema(self, model: nn.Module, decay: float = 0.999) -> nn.Module:
+        """A frozen copy of ``model``'s weights and floating-point buffers that becomes
+        ``decay * ema + (1 - decay) * weights`` after each optimizer step that really steps
+        (not an accumulation micro-step, not one the GradScaler skipped). Laid out like the
+        model (FSDP: sharded the same way, updated locally). :meth:`resume` registers it,
+        so checkpoints hold it; ``run.export(path, model=ema)`` writes it. Call it before
+        :meth:`resume`, on the model :meth:`model` returned."""
+        return self._emas.make(model, decay, resumed=self._checkpoints.checkpointer is not None)
 
     def strategy_of(self, model: nn.Module) -> Strategy:
         """The strategy that wrapped ``model`` (found by its type if run.model did not)."""
@@ -223,10 +234,12 @@ class Run:
     # --- checkpoints -------------------------------------------------------------------
     def resume(self, dir: str | os.PathLike[str], *, keep: int = 3,
                save_blocking: bool | None = None, **objects: Any) -> ResumeState:
-        """Register ``objects`` (model=, optimizer=, ...) for :meth:`save` and load the
+        """Register ``objects`` (model=, optimizer=, ...) and every :meth:`ema` (as "ema",
+        "ema_1", ...) for :meth:`save` and load the
         newest complete checkpoint under ``dir`` (a path or an fsspec URL), RNG states and
         loader positions included. ``save_blocking``: :meth:`save`'s default. Collective."""
-        return self._checkpoints.resume(dir, keep=keep, save_blocking=save_blocking, **objects)
+        return self._checkpoints.resume(dir, keep=keep, save_blocking=save_blocking,
+                                        **self._emas.with_emas(objects))
 
     def save(self, dir: str | os.PathLike[str] | None = None, *, step: int | None = None,
              epoch: int | None = None, blocking: bool | None = None,
@@ -240,7 +253,9 @@ class Run:
     def export(self, path: str | os.PathLike[str],
                model: nn.Module | None = None) -> Path | str:
         """Write the model's final weights to ``path`` (a path or an fsspec URL) as one
-        unsharded safetensors file."""
+        unsharded safetensors file (``model=ema``: an EMA's)."""
+        if model is None:  # the EMAs run.resume registered are not "the model"
+            model = self._emas.trained_model(self._checkpoints.checkpointer)
         return self._checkpoints.export(path, model)
 
     # --- output ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ to join, and state that is not sharded.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
     from splitsync.train.precision import Precision
 
-__all__ = ["Strategy", "WrapContext", "SyncSetter", "unwrap"]
+__all__ = ["Strategy", "WrapContext", "SyncSetter", "unwrap", "frozen_copy", "meta_copy"]
 
 SyncSetter = Callable[[bool], None]
 
@@ -39,6 +40,29 @@ class WrapContext:
     rank: int = 0
     precision: Precision | None = None  # the run's policy object; None: plain fp32
     local_world_size: int | None = None  # processes on this node (HSDP's default shard size)
+
+
+def frozen_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` with its own storage, ``requires_grad`` off, and the class's
+    own forward: a forward set on the instance (autocast, accumulation sync, a guard) or a
+    ``module.compile()`` still points at the original module, so the copy drops them."""
+    out = copy.deepcopy(module)
+    for sub in out.modules():
+        sub.__dict__.pop("forward", None)
+        sub.__dict__.pop("_compiled_call_impl", None)
+    return out.requires_grad_(False)
+
+
+def meta_copy(module: nn.Module) -> nn.Module:
+    """The structure of ``module`` with every parameter and buffer on the meta device
+    (no storage is copied); shared tensors stay shared."""
+    memo: dict[int, Any] = {}
+    for t in (*module.parameters(), *module.buffers()):
+        if id(t) not in memo:
+            meta = torch.empty_like(t, device="meta")
+            memo[id(t)] = (nn.Parameter(meta, requires_grad=t.requires_grad)
+                           if isinstance(t, nn.Parameter) else meta)
+    return copy.deepcopy(module, memo)
 
 
 @contextmanager
@@ -120,3 +144,15 @@ class Strategy:
         """The module whose state ``torch.distributed.checkpoint.state_dict`` reads and
         writes (it looks through DDP, FSDP2 and compile itself)."""
         return model
+
+    # --- copies (run.ema) ----------------------------------------------------------------
+    def template(self, module: nn.Module) -> nn.Module | None:
+        """What :meth:`replica` needs to rebuild the wrapped model, taken just before
+        :meth:`wrap` (None here: the wrapped model can be copied directly)."""
+        return None
+
+    def replica(self, model: nn.Module, template: nn.Module | None, ctx: WrapContext,
+                options: Mapping[str, Any]) -> nn.Module:
+        """A frozen copy of the wrapped ``model``'s weights, laid out as the model holds
+        them (here: the user's module, whole); no gradient sync, never trained."""
+        return frozen_copy(unwrap(model))

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from splitsync.strategies import state as _state
-from splitsync.strategies.base import Strategy, SyncSetter, WrapContext
+from splitsync.strategies.base import Strategy, SyncSetter, WrapContext, meta_copy
 from splitsync.strategies.blocks import default_blocks, given_blocks
 
 if TYPE_CHECKING:
@@ -134,6 +134,35 @@ def _wrap(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn
     return shard(module, ctx, options, mesh)
 
 
+def shard_like(model: nn.Module, shadow: nn.Module) -> nn.Module:
+    """``shadow`` (wrapped on meta the way ``model`` was) given storage on the model's
+    device and the model's values, shard by shard: no communication, no full copy."""
+    from torch.distributed.tensor import DTensor
+
+    params = dict(model.named_parameters())
+    first = next(iter(params.values()), None)
+    local = first.to_local() if isinstance(first, DTensor) else first
+    shadow.to_empty(device=local.device if local is not None else torch.device("cpu"))
+    theirs = [*shadow.named_parameters(), *shadow.named_buffers()]
+    mine = [*params.items(), *model.named_buffers()]
+    if [n for n, _ in theirs] != [n for n, _ in mine]:
+        raise RuntimeError("the copy of the FSDP model does not have the model's parameters "
+                           f"({len(theirs)} vs {len(mine)} tensors); was it changed after "
+                           "run.model?")
+    with torch.no_grad():
+        for (_, dst), (_, src) in zip(theirs, mine, strict=True):
+            d = dst.to_local() if isinstance(dst, DTensor) else dst
+            d.copy_(src.to_local() if isinstance(src, DTensor) else src)
+    # FSDP2 keeps the root's parameters gathered after forward, for the backward that a
+    # copy never runs: reshard, so the next forward gathers the values updated since.
+    shadow.register_forward_hook(_reshard)
+    return shadow.requires_grad_(False)
+
+
+def _reshard(module: nn.Module, args: Any, output: Any) -> None:
+    module.reshard()
+
+
 def _is_fsdp(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
@@ -195,6 +224,20 @@ class FSDP(Strategy):
     # --- state: DTensor shards, read and written through torch.distributed.checkpoint ----
     def is_sharded(self, model: nn.Module) -> bool:
         return _state.has_dtensor_params(model)
+
+    # --- copies (run.ema) ----------------------------------------------------------------
+    def template(self, module: nn.Module) -> nn.Module | None:
+        # FSDP2 modules refuse deepcopy, so the copy is rebuilt from the structure.
+        return meta_copy(module)
+
+    def replica(self, model: nn.Module, template: nn.Module | None, ctx: WrapContext,
+                options: Mapping[str, Any]) -> nn.Module:
+        if not _is_fsdp(model):
+            return super().replica(model, template, ctx, options)  # ran unsharded
+        if template is None:
+            raise TypeError("an FSDP model can be copied only from the template run.model "
+                            "took before wrapping it; pass the model run.model returned.")
+        return shard_like(model, self.wrap(meta_copy(template), ctx, options))
 
 
 STRATEGY = FSDP()

@@ -1,0 +1,167 @@
+"""``run.ema``: an exponential moving average of a model's weights, kept next to it.
+
+The EMA is a frozen copy laid out like the model (the user's module under DDP, FSDP2 shards
+under FSDP: the strategy's ``replica``). After each optimizer step that really steps
+(``StepPlan.stepped``: not inside an accumulation window, not skipped by the GradScaler) it
+becomes ``decay * ema + (1 - decay) * weights``, shard by shard, with no communication.
+Floating-point buffers are averaged the same way; other buffers (counters) are copied.
+``run.resume`` registers every EMA, so checkpoints hold it with no extra argument.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from splitsync.observe import Observer
+from splitsync.run.accumulate import StepPlan
+from splitsync.run.models import Models
+from splitsync.train.precision import forward_with
+
+__all__ = ["Emas", "Ema", "EMA_NAME"]
+
+EMA_NAME = "ema"  # checkpoint names: "ema", "ema_1", ... in the order run.ema made them
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    # A DTensor's local shard is re-read every time: FSDP2 may swap the tensor behind a
+    # parameter (its lazy init re-pads the shards), so a cached one could go stale.
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None else t
+
+
+class Ema:
+    """One EMA: the module returned by ``run.ema`` and the tensors it follows."""
+
+    def __init__(self, module: nn.Module, model: nn.Module, decay: float) -> None:
+        self.module = module
+        self.decay = decay
+        self._owned = {id(p) for p in model.parameters()}
+        mine = dict(module.named_parameters())
+        theirs = dict(model.named_parameters())
+        names = _aligned(list(mine), list(theirs))
+        self._pairs = [(mine[m], theirs[t]) for m, t in names]
+        mb, tb = dict(module.named_buffers()), dict(model.named_buffers())
+        buffers = [(mb[m], tb[t]) for m, t in _aligned(list(mb), list(tb))]
+        self._pairs += [(e, w) for e, w in buffers if e.is_floating_point()]
+        self._copied = [(e, w) for e, w in buffers if not e.is_floating_point()]
+        self._driver: weakref.ReferenceType[torch.optim.Optimizer] | None = None
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Average after a real step of the optimizer that trains the model.
+
+        The first optimizer seen stepping the model's parameters drives the EMA, so two
+        optimizers over one model still give one update per training step."""
+        driver = None if self._driver is None else self._driver()
+        if driver is None:
+            if not any(id(p) in self._owned for g in optimizer.param_groups
+                       for p in g["params"]):
+                return
+            self._driver = weakref.ref(optimizer)
+        elif driver is not optimizer:
+            return
+        self.update()
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """``ema = decay * ema + (1 - decay) * weights`` on this rank's tensors."""
+        if self._pairs:
+            ema = [_local(e) for e, _ in self._pairs]
+            torch._foreach_mul_(ema, self.decay)
+            torch._foreach_add_(ema, [_local(w) for _, w in self._pairs], alpha=1 - self.decay)
+        for e, w in self._copied:
+            _local(e).copy_(_local(w))
+
+
+def _aligned(mine: list[str], theirs: list[str]) -> list[tuple[str, str]]:
+    # The copy has the user's names; the model may carry a wrapper's prefix ("module.").
+    if len(mine) != len(theirs) or not all(t == m or t.endswith(f".{m}")
+                                           for m, t in zip(mine, theirs, strict=True)):
+        raise RuntimeError(f"run.ema: the copy's tensors {mine[:3]}... do not match the "
+                           f"model's {theirs[:3]}... ({len(mine)} vs {len(theirs)}).")
+    return list(zip(mine, theirs, strict=True))
+
+
+class _EmaObserver(Observer):
+    """Attached with the first EMA: updates every EMA after a ``run.step`` that stepped."""
+
+    def __init__(self, plan: StepPlan, emas: list[Ema]) -> None:
+        self.plan = plan
+        self.emas = emas
+
+    def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None) -> None:
+        if self.plan.stepped:
+            for ema in self.emas:
+                ema.after_step(optimizer)
+
+
+class Emas:
+    """The run's EMAs: made by ``run.ema``, registered with ``run.resume``."""
+
+    def __init__(self, plan: StepPlan, models: Models,
+                 attach: Callable[[Observer], Any]) -> None:
+        self.plan = plan
+        self.models = models
+        self.attach = attach
+        self.made: list[Ema] = []
+
+    def make(self, model: nn.Module, decay: float, *, resumed: bool) -> nn.Module:
+        """See ``Run.ema``."""
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not (
+                0.0 <= decay <= 1.0):
+            raise ValueError(f"run.ema(model, decay={decay!r}): decay is the weight of the "
+                             "old average, a number in [0, 1] such as 0.999.")
+        how = self.models.made(model)
+        if how is None:
+            raise TypeError(
+                f"run.ema(model): this {type(model).__name__} was not returned by "
+                "run.model(); pass the model run.model returned, e.g. "
+                "model = run.model(net); ema = run.ema(model).")
+        if resumed:
+            raise RuntimeError(
+                "run.ema(model) after run.resume(...): the EMA would not be restored from "
+                "the checkpoint. Call ema = run.ema(model) before run.resume(...), which "
+                "then saves and restores it with the model.")
+        if how.template is None and how.template_error:
+            raise RuntimeError(f"run.ema: the model could not be copied when run.model "
+                               f"wrapped it ({how.template_error}).")
+        copy = how.strategy.replica(model, how.template, how.ctx, how.options)
+        if how.autocast:
+            forward = copy.forward
+            wrapped = forward_with(forward, self.plan.precision)
+            if wrapped is not forward:
+                copy.forward = wrapped  # evaluates under the run's precision like the model
+        ema = Ema(copy, model, float(decay))
+        if not self.made:
+            self.attach(_EmaObserver(self.plan, self.made))
+        self.made.append(ema)
+        return copy
+
+    def with_emas(self, objects: Mapping[str, Any]) -> dict[str, Any]:
+        """``objects`` plus every EMA not already among them, under free names."""
+        out = dict(objects)
+        given = {id(o) for o in objects.values()}
+        n = 0
+        for ema in self.made:
+            if id(ema.module) in given:
+                continue
+            while (name := EMA_NAME if n == 0 else f"{EMA_NAME}_{n}") in out:
+                n += 1
+            out[name] = ema.module
+        return out
+
+    def trained_model(self, checkpointer: Any) -> nn.Module | None:
+        """The one registered model that is not an EMA (``run.export``'s default); None
+        when there is no EMA (``run.export`` then decides by itself)."""
+        if checkpointer is None or not self.made:
+            return None
+        emas = {id(e.module) for e in self.made}
+        models = [m for m in checkpointer.models.values() if id(m) not in emas]
+        if len(models) != 1:
+            raise TypeError("run.export(path) exports the model registered by run.resume; "
+                            f"{len(models)} are registered besides the EMAs, so pass model=...")
+        return models[0]

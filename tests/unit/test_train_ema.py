@@ -1,0 +1,107 @@
+"""run.ema in one process: the formula, skipped GradScaler steps, registration, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import splitsync as ss
+from splitsync.run.accumulate import StepPlan
+from splitsync.train.precision import Precision
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+
+
+def _step(run: ss.Run, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    run.backward(model(torch.randn(6, 4)).pow(2).mean())
+    run.step(opt)
+
+
+def test_ema_formula_registration_and_export(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    with ss.init(seed=0) as run:
+        model = run.model(_net())
+        ema = run.ema(model, decay=0.5)
+        slow = run.ema(model, decay=0.9)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        assert ema is not model and all(not p.requires_grad for p in ema.parameters())
+        expected = {k: v.clone() for k, v in model.state_dict().items()}
+        for _ in range(3):
+            _step(run, model, opt)
+            for k, w in model.state_dict().items():
+                expected[k] = 0.5 * expected[k] + 0.5 * w if w.is_floating_point() else w
+        for k, v in ema.state_dict().items():
+            assert torch.allclose(v, expected[k], atol=1e-6), k
+        assert ema.state_dict()["1.num_batches_tracked"] == 3  # counters are copied
+        # run.resume registers both EMAs under free names, next to the user's own "ema"
+        other = nn.Linear(1, 1)
+        state = run.resume(tmp_path / "ck", model=model, optimizer=opt, ema=other)
+        assert not state.resumed
+        ck = run._checkpoints.checkpointer
+        assert ck.models == {"model": model, "ema": other, "ema_1": ema, "ema_2": slow}
+        with pytest.raises(RuntimeError, match=r"before run\.resume"):
+            run.ema(model)
+        # run.export(path) still means the user's models (here two: model and their "ema")
+        with pytest.raises(TypeError, match="2 are registered"):
+            run.export(tmp_path / "w.safetensors")
+        run.export(tmp_path / "e.safetensors", model=ema)
+        assert torch.equal(load_file(tmp_path / "e.safetensors")["0.weight"], ema[0].weight)
+
+
+def test_ema_bad_input_names_the_fix() -> None:
+    with ss.init(seed=0) as run:
+        with pytest.raises(TypeError, match=r"not returned by run\.model\(\).*run\.ema\(model\)"):
+            run.ema(_net())
+        model = run.model(_net())
+        for bad in (1.5, -0.1, "0.9", True):
+            with pytest.raises(ValueError, match="decay"):
+                run.ema(model, decay=bad)  # type: ignore[arg-type]
+
+
+def test_step_plan_knows_a_skipped_gradscaler_step() -> None:
+    scaled = Precision("16-mixed", "cpu", None, None, True)  # a CPU GradScaler, as on CUDA
+    plan = StepPlan(scaled, accumulate=2)
+    w = nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+    plan.backward((w * 2).sum())
+    plan.step(opt)
+    assert not plan.stepped  # an accumulation micro-step
+    plan.backward((w * 2).sum())
+    plan.step(opt)
+    assert plan.stepped and not torch.equal(w.detach(), torch.ones(2))
+    before = w.detach().clone()
+    plan.backward((w * float("inf")).sum())
+    plan.backward((w * 2).sum())
+    plan.step(opt)
+    assert not plan.stepped and torch.equal(w.detach(), before)  # inf: the scaler skipped it
+    assert StepPlan(Precision("32", "cpu", None, None, False), accumulate=1).stepped
+
+
+def test_ema_of_an_activation_checkpointed_model() -> None:
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.tanh(self.fc(x))
+
+    with ss.init(seed=0) as run:
+        torch.manual_seed(0)
+        model = run.model(nn.Sequential(Block(), Block(), nn.Linear(4, 1)),
+                          activation_checkpointing=True)
+        ema = run.ema(model, decay=0.0)  # decay 0: the EMA is the weights after each step
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        _step(run, model, opt)
+        x = torch.randn(3, 4)
+        with torch.no_grad():
+            assert torch.allclose(ema(x), model(x), atol=1e-6)  # its own weights, same values
+        assert all(torch.equal(a, b) for a, b in zip(ema.parameters(), model.parameters(),
+                                                     strict=True))
