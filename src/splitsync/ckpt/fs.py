@@ -56,13 +56,7 @@ def open_storage(where: str | os.PathLike[str]) -> Storage:
     """The storage for ``where``: a URL goes through fsspec (optional extra), a path is local."""
     if is_url(where):
         return ObjectStorage(str(where))
-    path = Path(where)
-    if path.exists() and not path.is_dir():
-        raise CheckpointError(
-            f"checkpoint directory {str(path)!r} is a regular file, not a directory: pass the "
-            "directory that holds (or will hold) the step-* checkpoints, e.g. "
-            f"{str(path.parent / 'ckpt')!r}.")
-    return LocalStorage(path)
+    return LocalStorage(Path(where))
 
 
 class LocalStorage:

@@ -19,7 +19,7 @@ from splitsync.ckpt.background import (
     side_group,
     start,
 )
-from splitsync.ckpt.fs import open_storage
+from splitsync.ckpt.fs import Storage, open_storage
 from splitsync.ckpt.full import load_full
 from splitsync.ckpt.reading import CheckpointWarning, find_checkpoint
 from splitsync.ckpt.saving import STATE_FILE, Registered, build_job, collect, rank_file
@@ -49,6 +49,18 @@ class ResumeState:
         return self.path is not None
 
 
+def _open(where: str | os.PathLike[str]) -> Storage:
+    """The storage of a run's checkpoint directory; a path that is a file is refused at once
+    (not found out at the first save, after training from scratch)."""
+    path = Path(where)
+    if "://" not in str(where) and path.exists() and not path.is_dir():
+        raise CheckpointError(
+            f"checkpoint directory {str(path)!r} is a regular file, not a directory: pass the "
+            "directory that holds (or will hold) the step-* checkpoints, e.g. "
+            f"{str(path.parent / 'ckpt')!r}.")
+    return open_storage(where)
+
+
 class Checkpointer:
     """The objects registered by ``run.resume``, the step counter they advance, and the save
     lifecycle: the staging buffers, the background group and the save in flight."""
@@ -63,7 +75,7 @@ class Checkpointer:
         if bad:
             raise TypeError(f"run.resume(...) cannot register objects named {bad}; rename them.")
         self.where = root
-        self.storage = open_storage(root)
+        self.storage = _open(root)
         self.root = self.storage.root
         self.inflight: SaveHandle | None = None
         self.keep = keep
@@ -166,7 +178,7 @@ class Checkpointer:
                                 "optimizer; pass step=<number of steps done>.")
             step = self.step
         storage = self.storage if where is None or str(where) == str(self.where) else \
-            open_storage(where)
+            _open(where)
         group = None
         if not blocking:
             if self._group is None:
