@@ -3,8 +3,8 @@
 Plain modules, DDP, compiled modules and FSDP2 (on a 1-D or 2-D mesh) all go through
 ``get_/set_model_state_dict`` and ``get_/set_optimizer_state_dict``: parameter names without
 wrapper prefixes, optimizer state keyed by those names. The strategy says only which module
-holds the state (:meth:`Strategy.state_module`, DataParallel's inner one) and whether it is
-sharded.
+holds the state (:meth:`Strategy.state_module`: the user's module under DDP, DataParallel,
+compile or an EMA's ``AveragedModel``; an FSDP2 module itself) and whether it is sharded.
 """
 
 from __future__ import annotations

@@ -142,8 +142,9 @@ class Strategy:
 
     def state_module(self, model: nn.Module) -> nn.Module:
         """The module whose state ``torch.distributed.checkpoint.state_dict`` reads and
-        writes (it looks through DDP, FSDP2 and compile itself)."""
-        return model
+        writes: the user's module under the wrappers (DDP, DataParallel, compile, and an EMA's
+        ``AveragedModel``), so names and contents match what checkpoints always held."""
+        return unwrap(model)
 
     # --- copies (run.ema) ----------------------------------------------------------------
     def template(self, module: nn.Module) -> nn.Module | None:

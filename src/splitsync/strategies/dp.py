@@ -108,10 +108,6 @@ class DP(Strategy):
     def wrap(self, module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
         return _wrap(module, ctx, options)
 
-    def state_module(self, model: nn.Module) -> nn.Module:
-        # DCP's state_dict helpers look through DDP/FSDP/compile, not DataParallel
-        return model.module if isinstance(model, DataParallel) else model
-
     def compile(self, model: nn.Module, options: Mapping[str, Any]) -> nn.Module:
         raise ValueError(
             "run.model(..., compile=True) does not work with strategy='dp' (DataParallel "

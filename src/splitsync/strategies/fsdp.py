@@ -225,6 +225,10 @@ class FSDP(Strategy):
     def is_sharded(self, model: nn.Module) -> bool:
         return _state.has_dtensor_params(model)
 
+    def state_module(self, model: nn.Module) -> nn.Module:
+        # DCP's helpers read an FSDP2 module as it is (its DTensors, its names)
+        return model if _is_fsdp(model) else super().state_module(model)
+
     # --- copies (run.ema) ----------------------------------------------------------------
     def template(self, module: nn.Module) -> nn.Module | None:
         # FSDP2 modules refuse deepcopy, so the copy is rebuilt from the structure.
