@@ -36,6 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--strategy", choices=STRATEGY_NAMES, default="auto")
     p.add_argument("--val-fraction", type=float, default=0.2)
     p.add_argument("--run-dir", default=None, help="write metrics.jsonl/.csv here")
+    p.add_argument("--ckpt", default=None, help="checkpoint here every epoch; resume from it")
     return p.parse_args(argv)
 
 
@@ -96,8 +97,12 @@ def main(argv: list[str] | None = None) -> float:
         train_loader = run.loader(train_set, batch_size=args.batch_size, shuffle=True)
         val_loader = run.loader(val_set, batch_size=256)
 
+        start_epoch = 0
+        if args.ckpt:
+            start_epoch = run.resume(args.ckpt, model=model, optimizer=opt).epoch
+
         accuracy = 0.0
-        for epoch in run.epochs(args.epochs):
+        for epoch in run.epochs(args.epochs, start_epoch):
             start = time.perf_counter()
             seen = 0
             loss_sum = torch.zeros((), device=run.device)
@@ -116,6 +121,8 @@ def main(argv: list[str] | None = None) -> float:
             accuracy = correct / total
             run.log(epoch=epoch + 1, loss=loss_sum / max(len(train_loader), 1),
                     val_acc=accuracy, samples_per_s=samples_per_s)
+            if args.ckpt:
+                run.save(epoch=epoch + 1)
         run.print(f"validation accuracy: {100 * accuracy:.1f}%")
     return accuracy
 

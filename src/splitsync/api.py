@@ -1,14 +1,15 @@
 """``splitsync.init()``: detect the launcher, form the group, and assemble the :class:`Run`.
 
 This is the one place that knows which tools exist: it attaches the guards (from the
-config), the straggler clock (runs of two or more processes, unless
-``straggler_threshold=None``) and the ``splitsync verify`` recorder (from the environment)
-to the run as observers. The core (``runtime`` and the Run's parts) never names them.
+config), the sample ledger (``ledger=True``), the straggler clock (runs of two or more
+processes, unless ``straggler_threshold=None``) and the ``splitsync verify`` recorder (from
+the environment) to the run as observers. The core (``runtime`` and the Run's parts) never names them.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -24,12 +25,16 @@ from splitsync.dist.logs import attach_rank_handler
 from splitsync.dist.seeding import draw_seed, seed_everything
 from splitsync.observe import Observer, redirect
 from splitsync.output.trackers import require_packages
+from splitsync.run.accumulate import accumulate_for
 from splitsync.run.config import DEFAULT_STRAGGLER_THRESHOLD, RunConfig
 from splitsync.run.runtime import Run
+from splitsync.strategies import check_options, resolve
 from splitsync.tools.guards.session import collective_timeout
 from splitsync.tools.guards.session import start as start_guards
+from splitsync.tools.ledger.recorder import Ledger
 from splitsync.tools.stragglers import StepClock
 from splitsync.tools.verify.record import from_environ as verify_recorder
+from splitsync.tools.verify.record import settings as verify_settings
 from splitsync.train.precision import get_precision
 
 __all__ = ["init"]
@@ -37,21 +42,35 @@ __all__ = ["init"]
 
 def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "32",
          device: str | torch.device | None = None, backend: str | None = None,
-         accumulate: int = 1, timeout: float | timedelta = timedelta(minutes=10),
+         accumulate: int | Callable[[int], int] = 1, timeout: float | timedelta = timedelta(minutes=10),
          debug: bool = False, guards: bool = True, run_dir: str | None = None,
          deterministic: bool = False, loggers: str | list[str] | tuple[str, ...] | None = None,
          straggler_threshold: float | None = DEFAULT_STRAGGLER_THRESHOLD,
-         save_blocking: bool = True, **strategy_options: Any) -> Run:
+         save_blocking: bool = True, ledger: bool = False, **strategy_options: Any) -> Run:
     """Detect the launcher, pick the device, form the process group and seed every RNG.
 
     ``loggers`` picks the trackers ``run.log`` writes to ("jsonl", "csv", "tensorboard",
     "wandb", "mlflow"; None: JSONL, CSV and TensorBoard under ``run_dir``). ``run.log``
     reports the slowest rank when the others wait for it more than ``straggler_threshold``
     of each step (None: no report, and no clock). ``save_blocking=False`` makes ``run.save``
-    write checkpoints in the background.
+    write checkpoints in the background. ``ledger=True`` records which samples every
+    optimizer step trained on every rank under ``run_dir/ledger`` (``splitsync audit``).
+
+    ``accumulate``: micro-batches per optimizer step on each process, or a function of the
+    world size that returns it (``accumulate=lambda world_size: 40 // world_size`` keeps 40
+    micro-batches per step in all, as nanoGPT does), called once the launcher is known.
+    Any other keyword is a strategy option (DDP's ``find_unused_parameters``, ...): one
+    that the strategy does not take is refused here, naming the nearest valid keyword.
     """
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
+    if ledger and run_dir is None:
+        raise ValueError("init(ledger=True) writes the sample ledger under run_dir; pass "
+                         "run_dir=... (the folder splitsync audit reads).")
+    env = detect_env()  # validated before any network call
+    accumulate = accumulate_for(accumulate, env.world_size)
+    # under `splitsync verify --strategies/--accumulate`: the launch's strategy, accumulation
+    strategy, accumulate = verify_settings(os.environ, strategy, accumulate)
     config = RunConfig(seed=seed, strategy=strategy, precision=precision,
                        device=None if device is None else str(device), backend=backend,
                        accumulate=accumulate, timeout=timeout, debug=debug, guards=guards,
@@ -59,9 +78,11 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
                        save_blocking=save_blocking,
                        strategy_options=strategy_options, loggers=loggers,  # type: ignore[arg-type]
                        straggler_threshold=straggler_threshold)
+    if strategy_options:  # a misspelt keyword fails here, at every world size
+        check_options(strategy, resolve(strategy, env.world_size), strategy_options,
+                      where="splitsync.init()", parameters=_keywords())
     if config.loggers is not None:
         require_packages(config.loggers)  # a missing package fails now, not mid-run
-    env = detect_env()  # validated before any network call
     dev = choose_device(env, device)
     policy = get_precision(precision, dev)  # "16-mixed" on a CPU fails here, before the network
     chosen_backend = backend or default_backend(dev)
@@ -86,12 +107,23 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
             observers.append(StepClock(env.rank, env.world_size, config.straggler_threshold))
         if config.run_dir is not None:  # an observer may move it (verify's own folder)
             config = replace(config, run_dir=str(redirect(observers, Path(config.run_dir))))
+        book = None
+        if ledger:
+            book = Ledger(config.run_dir, env.rank, env.world_size, env.restart_count,
+                          final_seed)
+            observers.append(book)
     except BaseException:
         if owns:
             destroy_group()
         raise
     run = Run(config, env, dev, chosen_backend, final_seed, owns, handler, precision=policy,
               observers=observers)
-    if verify is not None:
-        verify.bind(run)  # tells a step that steps from an accumulation micro-step
     return run
+
+
+def _keywords() -> tuple[str, ...]:
+    """init()'s own keywords, for "did you mean" (read from its signature, so never stale)."""
+    import inspect
+
+    return tuple(n for n, p in inspect.signature(init).parameters.items()
+                 if p.kind is p.KEYWORD_ONLY)

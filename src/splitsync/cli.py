@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "bench": "Measure splitsync's overhead, communication and scaling.",
     "plan": "Predict step time and scaling efficiency at N devices.",
     "ckpt": "Inspect, convert (to safetensors / Hugging Face) and verify checkpoints offline.",
+    "audit": "Check from a run's sample ledger that every sample was trained exactly once.",
 }
 
 

@@ -12,6 +12,7 @@ Hooks run in registration order, except :meth:`Observer.on_close`, which runs in
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
     from splitsync.data.loader import DeviceLoader
 
-__all__ = ["Observer", "overriding", "chain_around", "appended", "redirect"]
+__all__ = ["Observer", "overriding", "chain_around", "appended", "redirect", "step_end_calls"]
 
 T = TypeVar("T")
 
@@ -48,6 +49,12 @@ class Observer:
     def on_loader_iter(self, loader: DeviceLoader) -> None:
         """A loader made by ``run.loader`` starts a pass."""
 
+    def on_batch(self, loader: Any, ids: list[int]) -> None:
+        """A loader made by ``run.loader`` yields a batch; ``ids`` (one per sample, in batch
+        order) say which samples it holds: dataset indices for an indexable dataset (padded
+        repeats included), ``shard * 2**40 + position`` in the shard's epoch order for a
+        stream (``splitsync.data.stream.sample_id``)."""
+
     def epochs(self, start: int, stop: int) -> int:
         """``run.epochs(stop, start)``: the epoch to stop before (may be smaller)."""
         return stop
@@ -63,9 +70,12 @@ class Observer:
         """``run.step``, before it (gradients are final here when it steps:
         ``run.sync_gradients``)."""
 
-    def on_step_end(self, optimizer: torch.optim.Optimizer,
-                    norm: torch.Tensor | None) -> None:
-        """``run.step``, after it; ``norm`` is the clipped gradient norm or None."""
+    def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None,
+                    stepped: bool = True) -> None:
+        """``run.step``, after it; ``norm`` is the clipped gradient norm or None. ``stepped``
+        is False when the optimizer did not step: a micro-step inside an accumulation window,
+        or a step the GradScaler skipped for inf/nan gradients. An override that takes only
+        ``(optimizer, norm)`` still works: it is called that way, after every ``run.step``."""
 
     def around_collective(self, op: str, fn: Callable[..., T], *args: Any) -> T:
         """Wrap one collective (``run.mean/sum/max/gather/broadcast/barrier``, and the
@@ -94,8 +104,21 @@ class Observer:
     def on_log(self, record: Mapping[str, int | float]) -> None:
         """``run.log``: the metrics averaged over ranks."""
 
+    def after_resume(self, state: Any) -> None:
+        """``run.resume`` returns ``state`` (a ``ResumeState``): where the run continues,
+        also when no checkpoint was found (``state.resumed`` False: a fresh start at 0)."""
+
+    def before_save(self, step: int | None) -> None:
+        """``run.save`` is about to write a checkpoint (``step``: the one it was given, None
+        for the run's own count): the moment to flush anything the checkpoint must not
+        outrun."""
+
     def on_save(self, path: Path, step: int) -> None:
         """``run.save``: a checkpoint was committed at ``path``."""
+
+    def on_resume(self, path: Path | str, step: int) -> None:
+        """``run.resume``: the checkpoint at ``path`` (``step`` optimizer steps done) was
+        loaded. Not called when there was none to load."""
 
     def on_close(self, clean: bool) -> None:
         """``run.close``; ``clean`` is False when the run ends on an exception."""
@@ -125,6 +148,37 @@ def chain_around(observers: Iterable[Observer]) -> Callable[..., Any] | None:
         return outer(op, fn, *args)
 
     return call
+
+
+def _takes_stepped(hook: Callable[..., Any]) -> bool:
+    """Whether an ``on_step_end`` override accepts ``stepped`` (the signature of today)."""
+    try:
+        params = inspect.signature(hook).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: assume today's signature
+        return True
+    return "stepped" in params or any(
+        p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params.values())
+
+
+def step_end_calls(observers: Iterable[Observer]) -> tuple[Callable[..., Any], ...]:
+    """One ``call(optimizer, norm, stepped)`` per observer overriding ``on_step_end``.
+
+    An override written for the older ``(optimizer, norm)`` signature is called without
+    ``stepped`` (and, as before, after every ``run.step``); checked once, when observers
+    change, never per step.
+    """
+    calls: list[Callable[..., Any]] = []
+    for obs in overriding(observers, "on_step_end"):
+        hook = obs.on_step_end
+        if _takes_stepped(hook):
+            calls.append(hook)
+        else:
+            calls.append(partial(_old_step_end, hook))
+    return tuple(calls)
+
+
+def _old_step_end(hook: Callable[..., Any], optimizer: Any, norm: Any, stepped: bool) -> None:
+    hook(optimizer, norm)
 
 
 def appended(observers: tuple[Observer, ...], observer: Any) -> tuple[Observer, ...]:

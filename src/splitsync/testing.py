@@ -23,6 +23,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from splitsync.dist.env import TORCHRUN, launched_env
 from splitsync.dist.group import free_port
 
 __all__ = ["spawn", "SpawnError", "clean_env", "LAUNCHER_PREFIXES"]
@@ -32,8 +33,8 @@ _PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "splitsync.run.ru
 
 LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "TORCHELASTIC_", "PMIX_")
 LAUNCHER_VARS = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
+    *TORCHRUN.names, "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK",
+    "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
 )
 
 
@@ -55,9 +56,7 @@ def _child(fn: Callable[..., Any], rank: int, world: int, port: int, args: tuple
            env: dict[str, str], out: Any) -> None:
     os.environ.clear()
     os.environ.update(env)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(launched_env(rank, world, port))
     # A spawned child inherits "spawn" as its default start method; ranks started by
     # torchrun have the platform default, so DataLoader workers behave the same here.
     mp.set_start_method(None, force=True)

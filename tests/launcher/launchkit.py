@@ -1,16 +1,26 @@
-"""Run a script the way users do, through ``splitsync run``, with a hard timeout."""
+"""Run a script the way users do, through ``splitsync run``, with a hard timeout.
+
+A test about what a script does, not about the launcher, runs it for less: ``run_here``
+runs a one-process script in this interpreter (no fresh ``import torch``), and
+``run_ranks`` runs it on N ranks forked from ``splitsync.testing.spawn``'s fork server,
+with the variables a launcher exports.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import runpy
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from splitsync.testing import clean_env
+from splitsync.testing import LAUNCHER_PREFIXES, LAUNCHER_VARS, clean_env, spawn
 
 
 def launch_command(script: Path | str, nproc: int, *args: str, max_restarts: int = 0) -> list[str]:
@@ -56,3 +66,64 @@ def launch(script: Path | str, nproc: int, *args: str, cwd: Path | None = None,
             break
     assert proc.returncode == 0, f"{Path(script).name} exited {proc.returncode}:\n{out}\n{err}"
     return out
+
+
+@contextlib.contextmanager
+def _as_main(script: Path, args: tuple[str, ...], cwd: Path | None) -> Iterator[io.StringIO]:
+    """``sys.argv``, ``sys.path[0]`` and the working directory of ``python script args``;
+    standard output captured. Modules imported from the script's folder are forgotten
+    afterwards, so the next script gets its own copy."""
+    folder = str(script.parent)
+    saved = (list(sys.argv), list(sys.path), os.getcwd(), set(sys.modules))
+    sys.argv[:] = [str(script), *args]
+    sys.path.insert(0, folder)
+    if cwd is not None:
+        os.chdir(cwd)
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            yield out
+    finally:
+        sys.argv[:], sys.path[:] = saved[0], saved[1]
+        os.chdir(saved[2])
+        for name in set(sys.modules) - saved[3]:
+            origin = getattr(sys.modules[name], "__file__", None) or ""
+            if os.path.dirname(origin) == folder:
+                del sys.modules[name]
+
+
+def _run_main(script: Path, args: tuple[str, ...], cwd: Path | None) -> str:
+    with _as_main(script, args, cwd) as out:
+        try:
+            runpy.run_path(str(script), run_name="__main__")
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise AssertionError(
+                    f"{script.name} exited {exc.code!r}:\n{out.getvalue()}") from exc
+    return out.getvalue()
+
+
+def run_here(script: Path | str, *args: str, cwd: Path | None = None) -> str:
+    """Run ``python script args`` in this process, outside any launcher; return its output."""
+    saved = dict(os.environ)
+    for key in list(os.environ):  # one process, as when started by hand
+        if key in LAUNCHER_VARS or key.startswith(LAUNCHER_PREFIXES):
+            del os.environ[key]
+    try:
+        return _run_main(Path(script), args, cwd)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _rank(rank: int, world_size: int, script: str, args: tuple[str, ...], cwd: str | None) -> str:
+    return _run_main(Path(script), args, None if cwd is None else Path(cwd))
+
+
+def run_ranks(script: Path | str, nproc: int, *args: str, cwd: Path | None = None,
+              timeout: float = 150) -> str:
+    """Run ``script`` as ``nproc`` ranks forked from the fork server (RANK, WORLD_SIZE,
+    MASTER_ADDR/PORT set as a launcher does); return their outputs in rank order."""
+    outputs = spawn(_rank, nproc, str(script), args, None if cwd is None else str(cwd),
+                    timeout=timeout)
+    return "".join(outputs)

@@ -1,4 +1,9 @@
-"""`splitsync bench` and `splitsync plan` end to end (tiny runs; timings never asserted)."""
+"""`splitsync bench` and `splitsync plan` end to end (tiny runs; timings never asserted).
+
+`plan` without measurements never imports torch, so it runs as a fresh process. The cases
+that import torch call the same command line in this interpreter (``_here``): their ranks
+come from the fork server, which a fresh process would have to start (and import torch) again.
+"""
 
 from __future__ import annotations
 
@@ -20,13 +25,29 @@ def _cli(*args: str, timeout: float = 200) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=timeout, env=env)
 
 
+def _here(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``splitsync ARGS`` in this process; a usage error is exit code 2, as from the shell."""
+    from splitsync.cli import main
+
+    capsys.readouterr()
+    message = ""
+    try:
+        code = main(list(args))
+    except SystemExit as exc:  # argparse, or a message the interpreter would print
+        code = exc.code if isinstance(exc.code, int) else 1
+        message = "" if exc.code is None or isinstance(exc.code, int) else f"{exc.code}\n"
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["splitsync", *args], code, out, err + message)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_bench_tiny_run_writes_tables_json_and_plots(tmp_path: Path) -> None:
+def test_bench_tiny_run_writes_tables_json_and_plots(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "res"
-    p = _cli("bench", "--quick", "--sections", "overhead,naive,comm,scaling", "--workloads", "W1",
-             "--procs", "1,2", "--rounds", "2", "--block", "2", "--no-optional", "--out", str(out),
-             timeout=280)
+    p = _here(capsys, "bench", "--quick", "--sections", "overhead,naive,comm,scaling",
+              "--workloads", "W1", "--procs", "1,2", "--rounds", "2", "--block", "2",
+              "--no-optional", "--out", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "| W1 " in p.stdout and "hand-written DDP" in p.stdout and "bare loop" in p.stdout
     assert "naive all_reduce" in p.stdout and "All-reduce bandwidth" in p.stdout
@@ -54,8 +75,8 @@ def test_bench_tiny_run_writes_tables_json_and_plots(tmp_path: Path) -> None:
         f.name for f in out.iterdir()}
 
 
-def test_bench_rejects_unknown_section(tmp_path: Path) -> None:
-    p = _cli("bench", "--sections", "overhead,speed", "--out", str(tmp_path))
+def test_bench_rejects_unknown_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = _here(capsys, "bench", "--sections", "overhead,speed", "--out", str(tmp_path))
     assert p.returncode != 0 and "unknown section" in p.stderr and "speed" in p.stderr
 
 
@@ -101,17 +122,16 @@ def test_plan_table_and_errors() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_plan_measures_model_step_and_local_network(tmp_path: Path) -> None:
+def test_plan_measures_model_step_and_local_network(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "plan_tinynet.py").write_text(
         "from torch import nn\n"
         "def make():\n"
         "    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))\n")
-    env = clean_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *sys.path])
-    p = subprocess.run([sys.executable, "-m", "splitsync", "plan", "--model",
-                        "plan_tinynet:make", "--measure", "--input-shape", "16",
-                        "--batch-size", "8", "--network", "measured", "--sizes", "1,2",
-                        "--json"], capture_output=True, text=True, timeout=180, env=env)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p = _here(capsys, "plan", "--model", "plan_tinynet:make", "--measure", "--input-shape", "16",
+              "--batch-size", "8", "--network", "measured", "--sizes", "1,2", "--json")
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads(p.stdout)
     assert res["params"] == 16 * 32 + 32 + 32 * 4 + 4 and res["grad_bytes"] == 4 * res["params"]

@@ -22,16 +22,18 @@ def check(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[st
 
 
 def test_lessons_example3_fails_with_located_messages_and_fixes() -> None:
-    out = check(EXAMPLE3)
+    # no rule is proven at `error` on the corpus for this script: fail on warnings
+    assert check(EXAMPLE3).returncode == 0
+    out = check(EXAMPLE3, "--fail-on", "warning")
     assert out.returncode == 1, out.stderr
     text = out.stdout
     for code in ("SS203", "SS204", "SS401"):
         assert code in text
     assert "SS301" not in text  # unseeded per-rank torch.randn input is per-rank data
-    assert f"{EXAMPLE3}:13:1: SS203 error [training-never-run]" in text
+    assert f"{EXAMPLE3}:13:1: SS203 warning [training-never-run]" in text
     assert text.count("  fix: ") == text.count(" error [") + text.count(" warning [") + \
         text.count(" info [")
-    assert "Found 1 error" in text
+    assert "Found 2 warnings" in text
 
 
 def test_corrected_cases_pass_clean() -> None:
@@ -41,10 +43,10 @@ def test_corrected_cases_pass_clean() -> None:
 
 
 def test_json_output_is_parseable_and_complete() -> None:
-    out = check(EXAMPLE3, "--json")
+    out = check(EXAMPLE3, "--json", "--fail-on", "warning")
     assert out.returncode == 1
     doc = json.loads(out.stdout)
-    assert doc["files_checked"] == 1 and doc["summary"]["error"] == 1
+    assert doc["files_checked"] == 1 and doc["summary"]["warning"] == 2
     codes = {f["code"] for f in doc["findings"]}
     assert {"SS203", "SS204", "SS401"} <= codes
     for f in doc["findings"]:
@@ -63,7 +65,7 @@ def test_directory_is_searched_recursively(tmp_path: Path) -> None:
     (tmp_path / "pkg" / "deep" / "bad.py").write_text(EXAMPLE3.read_text(encoding="utf-8"),
                                                      encoding="utf-8")
     (tmp_path / "ok.py").write_text("x = 1\n")
-    out = check(tmp_path)
+    out = check(tmp_path, "--fail-on", "warning")
     assert out.returncode == 1
     assert "(2 files checked)" in out.stdout and "bad.py:13:1: SS203" in out.stdout
 
@@ -83,16 +85,18 @@ def test_list_rules_and_explain() -> None:
     for code in ("SS101", "SS102", "SS103", "SS201", "SS204", "SS301", "SS401", "SS603"):
         assert code in listed.stdout
     rules = json.loads(check("--list-rules", "--json").stdout)
-    assert {r["severity"] for r in rules} == {"error", "warning", "info"}
+    # severities as gated by measured precision: below 95% info, error only when proven
+    assert {"warning", "info"} <= {r["severity"] for r in rules} <= {"error", "warning", "info"}
     explained = check("--explain", "ss301")
     assert explained.returncode == 0 and "DistributedSampler" in explained.stdout
+    assert "Precision: measured on the labelled corpus" in explained.stdout
     assert check("--explain", "SS999").returncode == 2
 
 
 def test_check_never_imports_torch(tmp_path: Path) -> None:
     code = (
         "import sys\nfrom splitsync.cli import main\n"
-        f"rc = main(['check', {str(CASES)!r}, '--json'])\n"
+        f"rc = main(['check', {str(CASES)!r}, '--json', '--fail-on', 'warning'])\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
         "raise SystemExit(0 if rc == 1 else 3)\n"
     )
@@ -112,7 +116,8 @@ def test_ascii_console_gets_escapes_not_a_crash() -> None:
     env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(ROOT / "src"),
            "PYTHONIOENCODING": "ascii"}
     for extra in ([], ["--json"]):
-        out = subprocess.run([sys.executable, "-m", "splitsync", "check", str(EXAMPLE3), *extra],
+        out = subprocess.run([sys.executable, "-m", "splitsync", "check", str(EXAMPLE3),
+                              "--fail-on", "info", *extra],
                              capture_output=True, text=True, timeout=60, env=env)
         assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
         assert "\\u8bf7" in out.stdout  # the lesson's Chinese message, escaped

@@ -1,4 +1,9 @@
-"""The main demo, launched for real: 2 processes reach >= 95% exact validation accuracy."""
+"""The main demo, launched for real: 2 processes reach >= 95% exact validation accuracy.
+
+The DDP run goes through ``splitsync run -n 2`` as the README says; the cases about the
+training features run the same script for less: FSDP on two ranks forked from the fork
+server, the one-process cases in this interpreter.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from launchkit import launch as launch_script
+from launchkit import run_here, run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "digits.py"
@@ -37,19 +43,21 @@ def test_digits_two_processes_reach_95_percent(tmp_path: Path) -> None:
 
 
 def test_digits_one_process_with_flags() -> None:
-    out = launch(DEMO, 1, "--epochs", "2", "--batch-size", "64", "--lr", "5e-3", "--seed", "1")
+    out = run_here(DEMO, "--epochs", "2", "--batch-size", "64", "--lr", "5e-3", "--seed", "1",
+                   cwd=ROOT)
     assert "1 process(es)" in out and "batch 64 per process" in out
     assert _accuracy(out) >= 80.0  # two epochs on one process: well above chance (10%)
 
 
-@pytest.mark.parametrize(
-    ("nproc", "flags"),
-    [
-        (2, ("--strategy", "fsdp")),
-        (1, ("--precision", "bf16-mixed")),
-        (1, ("--accumulate", "2")),
-    ],
-)
-def test_digits_training_features_keep_95_percent(nproc: int, flags: tuple[str, ...]) -> None:
-    out = launch(DEMO, nproc, *flags)
+def test_digits_fsdp_two_processes_keep_95_percent() -> None:
+    out = run_ranks(DEMO, 2, "--strategy", "fsdp", cwd=ROOT)
+    assert "2 process(es)" in out
+    assert _accuracy(out) >= 95.0
+
+
+def test_digits_bf16_mixed_with_accumulation_keeps_95_percent() -> None:
+    # One run for both features: each alone was a run of its own, and neither can hide
+    # the other's failure to train (the assertion is the accuracy either way).
+    out = run_here(DEMO, "--precision", "bf16-mixed", "--accumulate", "2", cwd=ROOT)
+    assert "1 process(es)" in out
     assert _accuracy(out) >= 95.0

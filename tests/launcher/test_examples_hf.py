@@ -1,5 +1,5 @@
-"""examples/hf_causal_lm.py launched for real: DDP with checkpoint/resume, FSDP, export that
-transformers loads back with from_pretrained."""
+"""examples/hf_causal_lm.py launched for real: FSDP, then DDP resuming its checkpoint, each
+with an export that transformers loads back with from_pretrained."""
 
 from __future__ import annotations
 
@@ -42,25 +42,23 @@ def _loaded_eval_loss(folder: Path) -> float:
         return model(**_example().eval_batch(64)).loss.item()
 
 
-def test_ddp_checkpoint_resume_and_export(tmp_path: Path) -> None:
+@pytest.mark.timeout(540)  # above the two launches' 240 s each
+def test_fsdp_checkpoint_resumes_under_ddp_and_both_export(tmp_path: Path) -> None:
+    # Two launches cover what three did: FSDP shards and exports, then DDP resumes from
+    # FSDP's sharded checkpoint (loading reshards), continues, learns and exports.
     pytest.importorskip("transformers")
-    ckpt, export = tmp_path / "ckpt", tmp_path / "export"
-    first = launch(EXAMPLE, 2, "--strategy", "ddp", "--steps", "4", "--save-every", "2",
-                   "--ckpt-dir", str(ckpt), cwd=ROOT, timeout=240)
-    assert "0/2 GPT2Block sharded" in first and "resumed" not in first
+    ckpt, fsdp_export, ddp_export = tmp_path / "ckpt", tmp_path / "fsdp", tmp_path / "ddp"
+    first = launch(EXAMPLE, 2, "--strategy", "fsdp", "--steps", "4", "--save-every", "2",
+                   "--ckpt-dir", str(ckpt), "--export-dir", str(fsdp_export), cwd=ROOT,
+                   timeout=240)
+    assert "2/2 GPT2Block sharded" in first and "resumed" not in first
+    assert _loaded_eval_loss(fsdp_export) == pytest.approx(_eval_loss(first), abs=1e-4)
     second = launch(EXAMPLE, 2, "--strategy", "ddp", "--steps", "8", "--save-every", "2",
-                    "--ckpt-dir", str(ckpt), "--export-dir", str(export), cwd=ROOT, timeout=240)
+                    "--ckpt-dir", str(ckpt), "--export-dir", str(ddp_export), cwd=ROOT,
+                    timeout=240)
+    assert "0/2 GPT2Block sharded" in second
     assert "resumed at step 4" in second
     assert [int(s) for s in re.findall(r"step (\d+) \|", second)] == [6, 8]  # continued
     assert _losses(second)[-1] < _losses(first)[0]  # it learns across the restart
-    assert sorted(p.name for p in export.iterdir()) == ["config.json", "model.safetensors"]
-    assert _loaded_eval_loss(export) == pytest.approx(_eval_loss(second), abs=1e-4)
-
-
-def test_fsdp_shards_each_block_and_exports(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
-    export = tmp_path / "export"
-    out = launch(EXAMPLE, 2, "--strategy", "fsdp", "--steps", "4", "--export-dir", str(export),
-                 cwd=ROOT, timeout=240)
-    assert "2/2 GPT2Block sharded" in out
-    assert _loaded_eval_loss(export) == pytest.approx(_eval_loss(out), abs=1e-4)
+    assert sorted(p.name for p in ddp_export.iterdir()) == ["config.json", "model.safetensors"]
+    assert _loaded_eval_loss(ddp_export) == pytest.approx(_eval_loss(second), abs=1e-4)

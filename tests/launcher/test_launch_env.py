@@ -1,18 +1,41 @@
-"""`splitsync env`: works without a GPU; --json parses and describes this machine."""
+"""`splitsync env`: works without a GPU; --json parses and describes this machine.
+
+One run goes through `python -m splitsync env` in a fresh process; the other cases call
+the same command line in this interpreter (each fresh process would import torch again).
+"""
 
 from __future__ import annotations
 
 import json
+import os
 
+import pytest
 from launch_helpers import splitsync
 
+from splitsync.cli import main
+from splitsync.testing import LAUNCHER_PREFIXES, LAUNCHER_VARS
 
-def test_env_text_without_gpu() -> None:
-    r = splitsync("env", timeout=60, NCCL_DEBUG="INFO")
-    assert r.returncode == 0, r.stderr
+
+def _env_here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str,
+              **extra: str) -> str:
+    """``splitsync env ARGS`` in this process with no launcher variables but ``extra``."""
+    for key in list(os.environ):
+        if key in LAUNCHER_VARS or key.startswith(LAUNCHER_PREFIXES):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    for key, value in extra.items():
+        monkeypatch.setenv(key, value)
+    capsys.readouterr()
+    assert main(["env", *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_env_text_without_gpu(monkeypatch: pytest.MonkeyPatch,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = _env_here(monkeypatch, capsys, NCCL_DEBUG="INFO")
     for heading in ("torch:", "devices", "none (CPU only)", "backends", "gloo: yes",
                     "launcher", "environment variables", "NCCL_DEBUG=INFO"):
-        assert heading in r.stdout
+        assert heading in out
 
 
 def test_env_json_parses_and_reports_launcher() -> None:
@@ -31,8 +54,8 @@ def test_env_json_parses_and_reports_launcher() -> None:
     assert report["versions"]["torch"] and report["versions"]["python"]
 
 
-def test_env_reports_invalid_launcher_variables_without_failing() -> None:
-    r = splitsync("env", "--json", timeout=60, RANK="5", WORLD_SIZE="2")
-    assert r.returncode == 0, r.stderr
-    launcher = json.loads(r.stdout)["launcher"]
+def test_env_reports_invalid_launcher_variables_without_failing(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    out = _env_here(monkeypatch, capsys, "--json", RANK="5", WORLD_SIZE="2")
+    launcher = json.loads(out)["launcher"]
     assert launcher["launcher"] == "invalid" and "RANK=5" in launcher["error"]

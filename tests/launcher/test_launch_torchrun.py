@@ -1,4 +1,8 @@
-"""A script using splitsync.init() runs unchanged under python and under plain torchrun."""
+"""A script using splitsync.init() runs unchanged under python and under plain torchrun.
+
+Under python it runs in this interpreter (``launchkit.run_here``: no launcher variables,
+the script as ``__main__``): a fresh interpreter would only import torch once more.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +13,14 @@ from pathlib import Path
 
 import pytest
 from launch_helpers import SCRIPTS, env, ranks_in
+from launchkit import run_here
 
 pytestmark = pytest.mark.slow
 INIT = str(SCRIPTS / "launch_init.py")
 
 
 def test_under_python(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, INIT, str(tmp_path)], env=env(), capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    run_here(INIT, str(tmp_path))
     assert ranks_in(tmp_path) == {0}
     seen = json.loads((tmp_path / "rank_0").read_text())
     assert seen == {"world_size": 1, "launcher": "none", "local_rank": 0, "sum": 1.0}

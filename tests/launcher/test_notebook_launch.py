@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -73,9 +72,10 @@ except ValueError as exc:
 
 
 def _kernel_spec(tmp_path: Path) -> Path:
+    from ipykernel.kernelspec import install  # what `python -m ipykernel install` runs
+
     prefix = tmp_path / "jupyter"
-    subprocess.run([sys.executable, "-m", "ipykernel", "install", "--prefix", str(prefix),
-                    "--name", "splitsync-test"], check=True, capture_output=True, timeout=120)
+    install(kernel_name="splitsync-test", prefix=str(prefix))
     spec = json.loads((prefix / "share/jupyter/kernels/splitsync-test/kernel.json").read_text())
     assert spec["argv"][0] == sys.executable  # this venv's interpreter, nothing else
     return prefix / "share" / "jupyter"

@@ -1,4 +1,9 @@
-"""`splitsync verify` end to end: the self-test and the script check, in subprocesses."""
+"""`splitsync verify` end to end: the self-test, the script check and its modes.
+
+Launches are shared: one verify call checks every correct pattern at once, one call plants
+the three mode faults (each mode reports its own), and the fault cases of the 1-vs-N check
+call the library in this process (the CLI's printing is covered by the other calls).
+"""
 
 from __future__ import annotations
 
@@ -9,64 +14,30 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+from splitsync.tools.verify.script import verify_script
 
-SCRIPT = Path(__file__).parent / "verify_scripts" / "classify.py"
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+HERE = Path(__file__).parent
+SCRIPT = HERE / "verify_scripts" / "classify.py"
+NANOGPT = HERE / "verify_scripts" / "nanogpt.py"
+PLAIN_DDP = HERE / "verify_scripts" / "plain_ddp.py"
+DIGITS = HERE.parents[1] / "examples" / "digits.py"
 
 
-def _verify(*args: str) -> subprocess.CompletedProcess[str]:
+def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(OMP_NUM_THREADS="1", COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "splitsync", "verify", *args], env=env,
-                          capture_output=True, text=True, timeout=240)
+    env.update(OMP_NUM_THREADS="1", COLUMNS="400")
+    return env
 
 
-def test_selftest_passes_with_two_processes() -> None:
-    out = _verify("-n", "2")
-    assert out.returncode == 0, out.stdout + out.stderr
-    for row in ("collectives on gloo (2 processes)", "train 1 vs 2 processes",
-                "checkpoint round trip (2 processes)"):
-        assert row in out.stdout
-    assert "FAIL" not in out.stdout and "all checks passed" in out.stdout
+def _verify(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "splitsync", "verify", *args], env=_env(),
+                          cwd=cwd, capture_output=True, text=True, timeout=500)
 
 
-def test_selftest_fails_loudly_on_a_bad_backend() -> None:
-    out = _verify("-n", "2", "--backend", "gloo", "--backend", "nosuchbackend")
-    assert out.returncode == 1
-    line = next(x for x in out.stdout.splitlines() if "collectives on nosuchbackend" in x)
-    assert "FAIL" in line and "nosuchbackend" in line
-    assert "verify FAILED" in out.stdout
-
-
-def test_correct_script_passes() -> None:
-    out = _verify("-n", "2", str(SCRIPT))
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "FAIL" not in out.stdout
-
-
-def test_summed_loss_is_reported_with_its_cause() -> None:
-    out = _verify("-n", "2", str(SCRIPT), "--reduction", "sum")
-    assert out.returncode == 1
-    assert "per-step loss" in out.stdout and "first differs at step 0" in out.stdout
-    assert "likely cause: The loss is summed over the batch" in out.stdout
-
-
-def test_unsharded_plain_dataloader_is_reported_with_its_cause() -> None:
-    out = _verify("-n", "2", str(SCRIPT), "--plain-loader")
-    assert out.returncode == 1
-    line = next(x for x in out.stdout.splitlines() if "ranks' samples disjoint" in x)
-    assert "FAIL" in line
-    assert "likely cause: Unsharded data" in out.stdout
-
-
-PLAIN_DDP = Path(__file__).parent / "verify_scripts" / "plain_ddp.py"
-
-
-def _verify_in(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(OMP_NUM_THREADS="1", COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "splitsync", "verify", *args], env=env,
-                          cwd=cwd, capture_output=True, text=True, timeout=240)
+def _row(out: str, name: str) -> str:
+    return next(x for x in out.splitlines() if name in x)
 
 
 def _tree(root: Path) -> list[tuple[str, int]]:
@@ -74,15 +45,76 @@ def _tree(root: Path) -> list[tuple[str, int]]:
                   for p in root.rglob("*"))
 
 
-def _cause(out: subprocess.CompletedProcess[str]) -> str:
+def _tables(stdout: str) -> list[tuple[str, dict[str, tuple[str, str]], str]]:
+    """Each printed table as (title, {check: (result, detail)}, likely cause), with rich's
+    wrapped cells joined back."""
+    tables: list[tuple[str, dict[str, tuple[str, str]], str]] = []
+    title: list[str] = []
+    rows: dict[str, tuple[str, str]] = {}
+    last: list[str] | None = None
+    for line in stdout.splitlines():
+        if line.startswith("│"):
+            cells = [c.strip() for c in line.strip("│").split("│")]
+            if cells[0] or last is None:
+                last = cells
+                rows[cells[0]] = (cells[1], cells[2])
+            else:  # a wrapped continuation of the row above
+                last = [a + (" " + b if b else "") for a, b in zip(last, cells, strict=True)]
+                rows[last[0]] = (last[1].strip(), last[2].strip())
+        elif line.startswith("┏"):
+            rows, last = {}, None
+            tables.append((" ".join(title), rows, ""))
+            title = []
+        elif line.startswith(("┃", "┡", "└")):
+            continue
+        elif line.startswith("likely cause:"):  # one line: the console is wide
+            t, r, _ = tables[-1]
+            tables[-1] = (t, r, line.removeprefix("likely cause:").strip())
+        elif line.strip() and not line.startswith(("all checks", "verify FAILED")):
+            title.append(line.strip())
+    return tables
+
+
+def _mode(stdout: str, flag: str) -> tuple[dict[str, tuple[str, str]], str]:
+    """The rows and the likely cause of the table whose title names ``flag``."""
+    return next((rows, cause) for title, rows, cause in _tables(stdout) if flag in title)
+
+
+def test_selftest_passes_and_fails_loudly_on_a_bad_backend() -> None:
+    out = _verify("-n", "2", "--backend", "gloo", "--backend", "nosuchbackend")
     assert out.returncode == 1, out.stdout + out.stderr
+    for row in ("collectives on gloo (2 processes)", "train 1 vs 2 processes",
+                "checkpoint round trip (2 processes)", "checkpoint round trip (1 process)"):
+        assert "PASS" in _row(out.stdout, row), out.stdout
+    line = _row(out.stdout, "collectives on nosuchbackend")
+    assert "FAIL" in line and "nosuchbackend" in line
     assert "verify FAILED" in out.stdout
-    text = " ".join(out.stdout.split())  # rich wraps long lines
-    return text[text.index("likely cause:"):]
 
 
-# --- one faulty script per cause ----------------------------------------------------------
+def test_correct_patterns_pass_and_leave_the_users_directory_alone(tmp_path: Path) -> None:
+    """Checkpoints, run_dir, a peek, a global batch split by the script and accumulation,
+    together; a real run's old checkpoint in the user's directory is not resumed."""
+    user = tmp_path / "project"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    real = subprocess.run([sys.executable, str(SCRIPT), "--ckpt", "ckpt", "--epochs", "1"],
+                          env=_env(), cwd=user, capture_output=True, text=True, timeout=120)
+    assert real.returncode == 0, real.stderr
+    before = _tree(user)
+    assert any(name.startswith("ckpt/step-") for name, _ in before)
+    out = _verify("-n", "2", "--steps", "2", "--epochs", "2", str(SCRIPT), "--ckpt", "ckpt",
+                  "--run-dir", str(user / "runs"), "--peek", "--world-batch", "32",
+                  "--accumulate", "2", cwd=user)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "FAIL" not in out.stdout and "all checks passed" in out.stdout
+    assert "4 optimizer steps compared" in out.stdout  # only the steps that step
+    assert _tree(user) == before
+
+
+# --- one faulty script per cause (1 vs 2 processes, in this process) ----------------------
 @pytest.mark.parametrize(("flags", "cause", "failed_row"), [
+    (["--reduction", "sum"], "The loss is summed over the batch", "per-step loss"),
+    (["--plain-loader"], "Unsharded data", "ranks' samples disjoint"),
     (["--dropout", "0.5"], "Dropout draws different masks", "per-step loss"),
     (["--batchnorm"], "BatchNorm normalises each rank's B/N samples", "per-step loss"),
     (["--no-set-epoch"], "The sampler's epoch never advances", "set_epoch advanced"),
@@ -90,68 +122,86 @@ def _cause(out: subprocess.CompletedProcess[str]) -> str:
      "initial weights: 1 vs 2 processes"),
     (["--lr-by-world"], "learning rate and batch size do not depend on world_size",
      "per-step gradient norm"),
-])
+], ids=["sum", "plain-loader", "dropout", "batchnorm", "no-set-epoch", "world-seed",
+        "lr-by-world"])
 def test_each_fault_is_reported_with_its_own_cause(flags: list[str], cause: str,
                                                    failed_row: str) -> None:
-    out = _verify("-n", "2", str(SCRIPT), *flags)
-    assert cause in _cause(out), out.stdout
-    line = next(x for x in out.stdout.splitlines() if failed_row in x)
-    assert "FAIL" in line
-
-
-def test_dropout_is_not_blamed_when_only_set_epoch_is_wrong() -> None:
-    out = _verify("-n", "2", str(SCRIPT), "--no-set-epoch", "--dropout", "0")
-    text = _cause(out)
-    assert "epoch never advances" in text and "Dropout" not in text
+    report = verify_script(str(SCRIPT), flags, 2, timeout=240)
+    failed = [r.check for r in report.results if not r.ok]
+    assert failed_row in failed, report.results
+    assert report.cause is not None and cause in report.cause, report.cause
+    if flags == ["--no-set-epoch"]:  # dropout is off: it must not be blamed
+        assert "Dropout" not in report.cause
+    if flags == ["--reduction", "sum"]:
+        row = next(r for r in report.results if r.check == "per-step loss")
+        assert "first differs at step 0" in row.detail
 
 
 def test_a_script_without_splitsync_is_told_so() -> None:
-    out = _verify("-n", "2", str(PLAIN_DDP))
-    text = " ".join(out.stdout.split())
+    report = verify_script(str(PLAIN_DDP), [], 2, timeout=240)
+    assert not all(r.ok for r in report.results)
+    assert report.cause is not None
+    assert "never calls splitsync.init()" in report.cause and "run.step(optimizer)" in report.cause
+    assert "failed before" not in report.cause
+    assert all(r.ok for r in report.results[:2])  # both runs exited 0: not a crash
+
+
+# --- the modes ----------------------------------------------------------------------------
+MODES = ("--strategies", "ddp,fsdp", "--accumulate", "2", "--resume", "--steps", "2",
+         "--epochs", "2")  # the resume: 4 steps straight, 2 then a checkpoint, 2 resumed
+
+
+def test_each_mode_names_its_planted_fault() -> None:
+    """One call, three faults, each caught by its own mode: micro-step losses summed
+    (--accumulate), an optimizer over parameters FSDP replaced (--strategies), a
+    checkpoint without the optimizer (--resume)."""
+    out = _verify("-n", "2", *MODES, str(SCRIPT), "--ckpt", "ckpt", "--sum-micro",
+                  "--params-before", "--ckpt-no-opt")
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "never calls splitsync.init()" in text and "run.step(optimizer)" in text
-    assert "failed before its first step" not in text
+    rows, cause = _mode(out.stdout, "--strategies")
+    assert rows["strategy fsdp runs"][0] == "FAIL" and rows["strategy ddp runs"][0] == "PASS"
+    assert "Under strategy fsdp the optimizer holds parameters that run.model replaced" in cause
+    rows, cause = _mode(out.stdout, "--accumulate")
+    assert rows["per-step loss"][0] == "FAIL", rows
+    assert rows["per-step loss"][1].startswith("first differs at step 0")
+    assert "The loss is summed across micro-steps, not averaged" in cause
+    rows, cause = _mode(out.stdout, "--resume")
+    assert rows["resumed at 2 processes: optimizer state restored"][0] == "FAIL", rows
+    assert "The checkpoint does not restore the optimizer state" in cause
 
 
-# --- correct patterns that must pass ------------------------------------------------------
-def test_checkpointing_script_passes_and_leaves_the_users_directory_alone(
-        tmp_path: Path) -> None:
-    user = tmp_path / "project"
-    (user / "ckpt").mkdir(parents=True)
-    (user / "notes.txt").write_text("mine")
-    before = _tree(user)
-    out = _verify_in(user, "-n", "2", str(SCRIPT), "--ckpt", "ckpt",
-                     "--run-dir", str(user / "runs"))
+def test_digits_example_passes_every_mode() -> None:
+    out = _verify("-n", "2", *MODES, str(DIGITS), "--ckpt", "ckpt")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "FAIL" not in out.stdout and "not checkable" not in out.stdout
+    rows, _ = _mode(out.stdout, "--resume")
+    assert rows["resumed at 2 processes: final parameters"][1].startswith("bit-equal"), rows
+    assert rows["resumed at 1 process: final parameters"][1].startswith("equal within"), rows
+    rows, _ = _mode(out.stdout, "--accumulate")
+    assert rows["per-step loss"] == ("PASS", "equal within rtol 0.0001"), rows
+
+
+def test_nanogpt_style_script_passes_at_equal_global_batch_and_every_mode() -> None:
+    """Random-offset batches per rank, accumulation 4 // world, clip, AdamW, checkpoints."""
+    out = _verify("-n", "2", str(NANOGPT))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "FAIL" not in out.stdout
-    assert _tree(user) == before
-
-
-def test_a_users_old_checkpoint_is_not_resumed(tmp_path: Path) -> None:
-    """A real run's checkpoint in the user's directory is not seen by either side."""
-    user = tmp_path / "project"
-    user.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(OMP_NUM_THREADS="1")
-    real = subprocess.run([sys.executable, str(SCRIPT), "--ckpt", "ckpt", "--epochs", "1"],
-                          env=env, cwd=user, capture_output=True, text=True, timeout=120)
-    assert real.returncode == 0, real.stderr
-    before = _tree(user)
-    assert any(name.startswith("ckpt/step-") for name, _ in before)
-    out = _verify_in(user, "-n", "2", str(SCRIPT), "--ckpt", "ckpt")
+    rows, _ = _mode(out.stdout, "(1 vs 2 processes)")
+    assert rows["equal global batch"] == (
+        "PASS", "1 process: 4 micro-batch(es), 16 samples per step; 2 processes: 2 "
+        "micro-batch(es) each, 16 samples"), rows
+    assert rows["per-step loss"][0] == "not checkable"
+    assert rows["per-step loss"][1].startswith("the script draws its own batches")
+    assert rows["ranks' samples disjoint"][0] == "PASS"
+    assert rows["initial weights: 1 vs 2 processes"][0] == "PASS"
+    out = _verify("-n", "2", *MODES, str(NANOGPT))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert _tree(user) == before
-
-
-@pytest.mark.parametrize("flags", [["--accumulate", "2"], ["--peek"], ["--world-batch", "32"]],
-                         ids=["accumulate2", "peek", "world-batch"])
-def test_correct_pattern_passes(flags: list[str]) -> None:
-    out = _verify("-n", "2", str(SCRIPT), *flags)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "FAIL" not in out.stdout and "all checks passed" in out.stdout
-
-
-def test_accumulate_records_only_the_steps_that_step() -> None:
-    out = _verify("-n", "2", "--steps", "2", "--epochs", "2", str(SCRIPT), "--accumulate", "2")
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "4 optimizer steps compared" in out.stdout
+    assert "FAIL" not in out.stdout
+    rows, _ = _mode(out.stdout, "--strategies")
+    assert rows["strategy fsdp vs strategy ddp: per-step loss"][0] == "PASS", rows
+    assert rows["strategy fsdp vs strategy ddp: final parameters"][0] == "PASS", rows
+    rows, _ = _mode(out.stdout, "--accumulate")
+    assert rows["per-step loss"][0] == "not checkable", rows
+    rows, _ = _mode(out.stdout, "--resume")
+    assert rows["resumed at 2 processes: final parameters"] == ("PASS", "bit-equal (17 tensors)")
+    assert rows["resumed at 1 process: per-step loss"][0] == "not checkable", rows

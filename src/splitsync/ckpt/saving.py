@@ -32,6 +32,7 @@ from splitsync.tree import iter_tensors
 
 if TYPE_CHECKING:
     from splitsync.data.loader import DeviceLoader
+    from splitsync.dist.seeding import Generators
 
 __all__ = ["STATE_FILE", "rank_file", "Registered", "collect", "build_job", "collective_ok"]
 
@@ -80,6 +81,7 @@ class Registered:
     rank: int
     world_size: int
     keep: int
+    generators: Generators | None = None  # the run's run.generator streams
 
     @property
     def sharded(self) -> bool:
@@ -132,11 +134,14 @@ def build_job(reg: Registered, storage: Storage, loaders: Sequence[DeviceLoader]
     collective_ok(reg.rank, lambda: storage.prepare(step), "prepare", only_rank0=True,
                   call=call or direct)
     parts: dict[str, Any] = {
-        rank_file(reg.rank): {"rng": capture_rng(), "generators": [g for _, g in positions]},
+        rank_file(reg.rank): {"rng": capture_rng(reg.generators),
+                              "generators": [g for _, g in positions]},
         **collect(reg, offload=blocking)}
     if reg.rank == 0:
         parts.setdefault(STATE_FILE, {}).update(
             objects={n: o.state_dict() for n, o in reg.others.items()}, extra=tensors)
+        if reg.generators is not None:  # the same on every rank: saved once
+            parts[STATE_FILE]["generators"] = reg.generators.capture(per_rank=False)
     if not blocking:
         parts = (stager or Stager()).stage(parts, reg.live())
     nbytes = _nbytes(parts)

@@ -28,6 +28,7 @@ from splitsync.ckpt.staging import Stager
 from splitsync.ckpt.state import owner_of, restore_loader, restore_rng
 from splitsync.ckpt.store import CheckpointError
 from splitsync.data.loader import DeviceLoader
+from splitsync.dist.seeding import Generators
 
 __all__ = ["ResumeState", "Checkpointer", "CheckpointWarning", "STATE_FILE", "rank_file"]
 
@@ -66,8 +67,9 @@ class Checkpointer:
     lifecycle: the staging buffers, the background group and the save in flight."""
 
     def __init__(self, root: str | os.PathLike[str], objects: Mapping[str, Any], *, keep: int,
-                 rank: int, world_size: int, timeout: Any = None,
-                 call: Callable[..., Any] | None = None, background: bool = False) -> None:
+                 rank: int, world_size: int, generators: Generators | None = None,
+                 timeout: Any = None, call: Callable[..., Any] | None = None,
+                 background: bool = False) -> None:
         if not isinstance(keep, int) or keep < 2:
             raise ValueError(f"keep={keep!r}: keep at least 2 checkpoints, so one complete "
                              "checkpoint always survives a crash during the next save.")
@@ -75,6 +77,7 @@ class Checkpointer:
         if bad:
             raise TypeError(f"run.resume(...) cannot register objects named {bad}; rename them.")
         self.where = root
+        self.generators = generators  # the run's run.generator streams, part of its RNG state
         self.storage = _open(root)
         self.root = self.storage.root
         self.inflight: SaveHandle | None = None
@@ -104,7 +107,7 @@ class Checkpointer:
                                 "extra instead.")
         self.registered = Registered(models=self.models, optims=self.optims,
                                      others=self.others, rank=rank, world_size=world_size,
-                                     keep=keep)
+                                     keep=keep, generators=generators)
         self.step = 0
         self._counting = True
         self._hook: Any = None
@@ -224,8 +227,10 @@ class Checkpointer:
         finally:
             self._counting = True
         generators: list[torch.Tensor | None] = []
+        if self.generators is not None:  # shared streams: one state for every rank
+            self.generators.restore(state.get("generators", {}))
         if per_rank is not None:  # ranks beyond the saved world size keep their fresh seeds
-            restore_rng(per_rank["rng"])
+            restore_rng(per_rank["rng"], self.generators)
             generators = list(per_rank["generators"])
         self._pending = [(pos, generators[i] if i < len(generators) else None)
                          for i, pos in enumerate(body["loaders"])]

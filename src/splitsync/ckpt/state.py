@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from splitsync.ckpt.store import CheckpointError
-from splitsync.data.loader import DeviceLoader
-from splitsync.data.stream.loader import StreamLoader
+from splitsync.data.build import ResumableLoader
+from splitsync.dist.seeding import Generators
 
 __all__ = [
     "capture_rng", "restore_rng", "loader_position", "restore_loader", "check_shapes",
@@ -20,9 +20,12 @@ __all__ = [
 
 
 # --- RNG ---------------------------------------------------------------------------------
-def capture_rng() -> dict[str, Any]:
-    """This process's python, numpy, torch and CUDA generator states (plain containers)."""
+def capture_rng(generators: Generators | None = None) -> dict[str, Any]:
+    """This process's python, numpy, torch and CUDA generator states (plain containers), and
+    the run's per-rank ``run.generator`` streams."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if generators is not None:
+        state["generators"] = generators.capture(per_rank=True)
     try:
         import numpy as np
     except ImportError:
@@ -36,8 +39,10 @@ def capture_rng() -> dict[str, Any]:
     return state
 
 
-def restore_rng(state: Mapping[str, Any]) -> None:
+def restore_rng(state: Mapping[str, Any], generators: Generators | None = None) -> None:
     """Inverse of :func:`capture_rng`."""
+    if generators is not None:
+        generators.restore(state.get("generators", {}))
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"])
@@ -51,47 +56,20 @@ def restore_rng(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states[: torch.cuda.device_count()])
 
 
-# --- loaders -----------------------------------------------------------------------------
-def loader_position(loader: DeviceLoader | StreamLoader
-                    ) -> tuple[dict[str, Any], torch.Tensor | None]:
-    """(epoch, global positions consumed) to continue from, and the generator state to restore.
-
-    Mid-pass the generator is restored to its state *before* the pass began, so the resumed
-    iterator draws the same worker base seed as the interrupted one did.
-    """
-    if isinstance(loader, StreamLoader):  # a stream: per-shard positions (collective)
-        return loader.position(), None
-    s = loader.sampler
-    epoch = s.epoch if s is not None else 0
-    gen = loader.loader.generator
-    now = gen.get_state() if gen is not None else None
-    if loader.pass_epoch != epoch or loader.batches_seen == 0:  # this epoch not begun yet
-        return {"epoch": epoch, "consumed": s.start if s is not None else 0}, now
-    if loader.batches_seen >= len(loader):  # epoch finished: continue at the next one
-        return {"epoch": epoch + 1, "consumed": 0}, now
-    return {"epoch": epoch, "consumed": loader.consumed()}, loader.pass_generator_state
+# --- loaders (through the protocol both kinds share: splitsync.data.build.ResumableLoader) ---
+def loader_position(loader: ResumableLoader) -> tuple[dict[str, Any], torch.Tensor | None]:
+    """Where ``loader`` continues from (collective for streams), and this rank's generator
+    state that goes with it."""
+    return loader.position(), loader.rng_state()
 
 
-def restore_loader(loader: DeviceLoader | StreamLoader, pos: Mapping[str, Any],
+def restore_loader(loader: ResumableLoader, pos: Mapping[str, Any],
                    generator_state: torch.Tensor | None) -> None:
-    """Make ``loader`` continue at ``pos``: positions already consumed are skipped by index."""
-    if isinstance(loader, StreamLoader):
-        if "offsets" not in pos:
-            raise CheckpointError("the checkpoint holds an indexed loader's position where "
-                                  "this run made a stream loader; make loaders in the same order.")
-        loader.resume_at(dict(pos))
-        return
-    if "offsets" in pos:
-        raise CheckpointError("the checkpoint holds a stream loader's position where this run "
-                              "made an indexed loader; make loaders in the same order.")
-    s = loader.sampler
-    if s is None:
-        raise CheckpointError(
-            "cannot resume a loader without splitsync's ShardSampler; build it with run.loader().")
-    s.resume_at(int(pos["epoch"]), int(pos["consumed"]))
-    gen = loader.loader.generator
-    if gen is not None and generator_state is not None:
-        gen.set_state(generator_state)
+    """Make ``loader`` continue at ``pos``; a position of the other kind is refused."""
+    try:
+        loader.restore(pos, generator_state)
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 # --- models and optimizers ----------------------------------------------------------------

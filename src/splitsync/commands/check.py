@@ -54,6 +54,7 @@ def main(args: argparse.Namespace) -> int:
     """Run the checker; the exit status follows ``--fail-on``."""
     from splitsync.tools.lint import check_paths, get_rule, select_rules
     from splitsync.tools.lint.model import SEVERITIES
+    from splitsync.tools.lint.registry import gate, measured_text
     from splitsync.tools.lint.report import render_json, render_rules, render_text, rules_json
 
     if hasattr(sys.stdout, "reconfigure"):  # quoted source may not fit an ASCII console
@@ -75,7 +76,13 @@ def main(args: argparse.Namespace) -> int:
         except KeyError as err:
             print(f"splitsync check: {err.args[0]}", file=sys.stderr)
             return 2
-        print(f"{rule.code} {rule.name} ({rule.severity}): {rule.summary}\n\n{rule.explain}")
+        declared = get_rule(rule.code, gated=False).severity
+        _, why = gate(rule.code, declared)
+        capped = f" (declared {declared}; {why})" if rule.severity != declared else ""
+        print(f"{rule.code} {rule.name} ({rule.severity}): {rule.summary}\n\n{rule.explain}\n\n"
+              f"Precision: {measured_text(rule.code)}\nSeverity: {rule.severity}{capped}. "
+              "Below 95% measured precision a rule reports at most `info`; `error` needs "
+              "findings on the corpus and no false positive.")
         return 0
     if not args.paths:
         print("splitsync check: give at least one script or directory, e.g. "

@@ -1,4 +1,4 @@
-"""One rank of the self-test (``python -m splitsync.commands.verify_worker``, usually under torchrun)."""
+"""One rank of the self-test (``python -m splitsync.commands.verify_worker``, started by verify)."""
 
 from __future__ import annotations
 

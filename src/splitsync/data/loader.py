@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sized
-from typing import Any
+from collections.abc import Iterator, Mapping, Sized
+from itertools import chain, islice
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import (
@@ -18,9 +19,11 @@ from torch.utils.data import (
 
 from splitsync.data.permute import Permutation
 from splitsync.dist.device import move_to
-from splitsync.dist.seeding import worker_init_fn
 
-__all__ = ["ShardSampler", "DeviceLoader", "build_loader", "loader_kwargs_from", "ORDERS"]
+if TYPE_CHECKING:
+    from splitsync.data.build import LoaderHooks
+
+__all__ = ["ShardSampler", "DeviceLoader", "loader_kwargs_from", "ORDERS"]
 
 # "bijection": a seeded permutation computed per index (memory and epoch start flat in n);
 # "randperm": torch.randperm's order, identical to torch's DistributedSampler (O(n) memory).
@@ -61,6 +64,9 @@ class ShardSampler(DistributedSampler):
         self.order = order
         self.start = 0  # global positions of this epoch already consumed
         self._resume_epoch: int | None = None
+        # When set, every index handed out is also kept here (in the main process, where
+        # the DataLoader draws indices), so a loader can say which samples a batch holds.
+        self.tap: IndexTap | None = None
         self._set_sizes()
 
     def _set_sizes(self) -> None:
@@ -81,6 +87,11 @@ class ShardSampler(DistributedSampler):
         return torch.randperm(n, generator=g).tolist()
 
     def __iter__(self) -> Iterator[int]:
+        if self.tap is not None:  # to the tap a chunk at a time: no per-index Python of ours
+            return chain.from_iterable(self.tap.feed(self._iter_indices()))
+        return self._iter_indices()
+
+    def _iter_indices(self) -> Iterator[int]:
         if self.order == "bijection":
             return self._iter_bijection()
         rest = self.global_order()[self.start :]
@@ -98,9 +109,10 @@ class ShardSampler(DistributedSampler):
         remaining = n - self.start
         if remaining <= 0 or self.total_size == 0:
             return
-        perm = Permutation(n, self.seed, self.epoch) if self.shuffle else None
         real_stop = min(self.total_size, remaining)
-        for lo, hi in ((self.rank, real_stop), (self._first_pad(real_stop), self.total_size)):
+        spans = ((self.rank, real_stop), (self._first_pad(real_stop), self.total_size))
+        perm = Permutation(n, self.seed, self.epoch) if self.shuffle else None
+        for lo, hi in spans:
             if lo >= hi:
                 continue
             if perm is None:
@@ -144,13 +156,38 @@ class ShardSampler(DistributedSampler):
         self._set_sizes()
 
 
+class IndexTap:
+    """The indices a sampler handed out, in order, taken back a batch at a time."""
+
+    def __init__(self) -> None:
+        self.items: list[int] = []
+        self.at = 0  # the next index to take
+
+    def feed(self, indices: Iterator[int], chunk: int = 4096) -> Iterator[list[int]]:
+        """``indices`` in lists of ``chunk``, each kept here as it is handed out."""
+        while True:
+            values = list(islice(indices, chunk))
+            if not values:
+                return
+            if self.at > 65536:  # drop what was taken, now and then (C-speed)
+                del self.items[: self.at]
+                self.at = 0
+            self.items.extend(values)
+            yield values
+
+    def take(self, k: int) -> list[int]:
+        out = self.items[self.at : self.at + k]
+        self.at += k
+        return out
+
+
 class DeviceLoader:
     """A DataLoader whose batches arrive on the run's device and whose position is known."""
 
     def __init__(self, loader: DataLoader, device: torch.device, world_size: int,
-                 on_iter: Callable[[DeviceLoader], None] | None = None) -> None:
+                 hooks: LoaderHooks | None = None) -> None:
         self.loader = loader
-        self.on_iter = on_iter
+        self.hooks = hooks
         self.device = device
         self.world_size = world_size
         self.batches_seen = 0  # in the current pass
@@ -177,6 +214,10 @@ class DeviceLoader:
     def __len__(self) -> int:
         return len(self.loader)
 
+    @property
+    def length(self) -> int | None:
+        return len(self.loader)
+
     def set_epoch(self, epoch: int) -> None:
         if self.sampler is not None:
             self.sampler.set_epoch(epoch)
@@ -194,13 +235,44 @@ class DeviceLoader:
         gen = self.loader.generator
         self.pass_epoch = self.sampler.epoch if self.sampler is not None else 0
         self.pass_generator_state = gen.get_state() if gen is not None else None
-        if self.on_iter is not None:
-            self.on_iter(self)
+        hooks = self.hooks
+        if hooks is not None:  # the active loader, and observers told: no call back up
+            hooks.active = self
+            for obs in hooks.on_iter:
+                obs.on_loader_iter(self)
         total = len(self.loader)
+        if hooks is not None and hooks.on_batch and self.sampler is not None:
+            yield from self._iter_with_ids(total, hooks.on_batch)
+            return
         for batch in self.loader:
             self.batches_seen += 1
             self.last_batch = self.batches_seen == total
             yield batch if self._cpu else move_to(batch, self.device)
+
+    def _iter_with_ids(self, total: int, observers: tuple[Any, ...]) -> Iterator[Any]:
+        """The pass, telling ``observers`` each batch's indices (``on_batch``). The
+        DataLoader draws indices in order (ahead, with workers) and returns batches in that
+        order, so batch k holds the k-th ``batch_size`` indices drawn."""
+        sampler = self.sampler
+        assert sampler is not None
+        if self.loader.num_workers and not getattr(self.loader, "in_order", True):
+            raise ValueError("run.loader(..., in_order=False) returns batches out of order, so "
+                             "their sample indices are unknown; drop in_order=False to record "
+                             "them.")
+        tap = sampler.tap = IndexTap()
+        size = self.loader.batch_size or 1
+        last = len(sampler) - (total - 1) * size if not self.loader.drop_last else size
+        take = tap.take
+        try:
+            for batch in self.loader:
+                self.batches_seen += 1
+                self.last_batch = self.batches_seen == total
+                ids = take(last if self.last_batch else size)
+                for obs in observers:
+                    obs.on_batch(self, ids)
+                yield batch if self._cpu else move_to(batch, self.device)
+        finally:
+            sampler.tap = None
 
     def trim_padding(self, x: torch.Tensor) -> torch.Tensor:
         """Drop this rank's padded duplicates from the current batch's results."""
@@ -209,44 +281,44 @@ class DeviceLoader:
             return x
         return x[: x.shape[0] - s.padding]
 
+    # --- position (the protocol shared with the stream loader) ----------------------------
+    def _mid_pass(self) -> bool:
+        s = self.sampler
+        epoch = s.epoch if s is not None else 0
+        return self.pass_epoch == epoch and 0 < self.batches_seen < len(self)
 
-def build_loader(
-    dataset: Dataset,
-    *,
-    batch_size: int,
-    shuffle: bool,
-    drop_last: bool,
-    num_workers: int,
-    collate_fn: Callable[[list[Any]], Any] | None,
-    rank: int,
-    world_size: int,
-    seed: int,
-    device: torch.device,
-    on_iter: Callable[[DeviceLoader], None] | None = None,
-    order: str = "bijection",
-    **extra: Any,
-) -> DeviceLoader:
-    """A DataLoader over this rank's shard; ``batch_size`` is per process, never rescaled.
+    def position(self) -> dict[str, Any]:
+        """(epoch, global positions consumed) to continue from: the next epoch once this
+        one is done, the sampler's start before it has begun."""
+        s = self.sampler
+        epoch = s.epoch if s is not None else 0
+        if self.pass_epoch != epoch or self.batches_seen == 0:  # this epoch not begun yet
+            return {"epoch": epoch, "consumed": s.start if s is not None else 0}
+        if self.batches_seen >= len(self):  # epoch finished: continue at the next one
+            return {"epoch": epoch + 1, "consumed": 0}
+        return {"epoch": epoch, "consumed": self.consumed()}
 
-    ``order`` is the shuffle order (see :class:`ShardSampler`): "bijection" by default, flat
-    in the dataset's size; "randperm" for DistributedSampler's exact order.
-    """
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r}: give a positive per-process batch size.")
-    sampler = ShardSampler(
-        dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,  # type: ignore[arg-type]
-        drop_last=drop_last, order=order,
-    )
-    # Distinct, reproducible worker seeds per rank: the generator seeds the workers' base.
-    generator = torch.Generator()
-    generator.manual_seed(seed * 1000003 + rank)
-    extra.setdefault("pin_memory", device.type == "cuda")
-    extra.setdefault("worker_init_fn", worker_init_fn)
-    loader = DataLoader(
-        dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
-        num_workers=num_workers, collate_fn=collate_fn, generator=generator, **extra,
-    )
-    return DeviceLoader(loader, device, world_size, on_iter)
+    def rng_state(self) -> torch.Tensor | None:
+        """Mid-pass: the generator's state *before* the pass began, so the resumed iterator
+        draws the same worker base seed as the interrupted one did; else its state now."""
+        if self._mid_pass():
+            return self.pass_generator_state
+        gen = self.loader.generator
+        return gen.get_state() if gen is not None else None
+
+    def restore(self, pos: Mapping[str, Any], rng_state: torch.Tensor | None = None) -> None:
+        """Continue at ``pos``: positions already consumed are skipped by index."""
+        if "offsets" in pos:
+            raise ValueError("the checkpoint holds a stream loader's position where this run "
+                             "made an indexed loader; make loaders in the same order.")
+        s = self.sampler
+        if s is None:
+            raise ValueError("cannot resume a loader without splitsync's ShardSampler; build "
+                             "it with run.loader().")
+        s.resume_at(int(pos["epoch"]), int(pos["consumed"]))
+        gen = self.loader.generator
+        if gen is not None and rng_state is not None:
+            gen.set_state(rng_state)
 
 
 _PASSTHROUGH = (

@@ -12,10 +12,51 @@ from dataclasses import dataclass
 
 from splitsync.dist.parsing import EnvError, env_int, first_host, slurm_nodelist
 
-__all__ = ["DistEnv", "EnvError", "detect_env", "slurm_master_addr", "first_host"]
+__all__ = ["DistEnv", "EnvError", "detect_env", "slurm_master_addr", "first_host",
+           "LauncherVars", "LAUNCHER_VARS", "TORCHRUN", "launched_env"]
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class LauncherVars:
+    """The names of the variables in which one launcher says who a process is."""
+
+    rank: str
+    world_size: str
+    local_rank: str
+    local_world_size: str
+    node_rank: str = ""  # "": the launcher gives none
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n in (self.rank, self.world_size, self.local_rank,
+                                 self.local_world_size, self.node_rank) if n)
+
+
+# Each launcher's variable names: the one place they are written (read, validated, set).
+TORCHRUN = LauncherVars("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+LAUNCHER_VARS: Mapping[str, LauncherVars] = {
+    "torchrun": TORCHRUN,
+    "env": TORCHRUN,
+    "kubernetes": TORCHRUN,
+    "slurm": LauncherVars("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                          "SLURM_NTASKS_PER_NODE", "SLURM_NODEID"),
+    "openmpi": LauncherVars("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                            "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                            "OMPI_COMM_WORLD_NODE_RANK"),
+    "mpich": LauncherVars("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+}
+
+
+def launched_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """The variables torchrun would give rank ``rank`` of ``world`` on this machine, with a
+    loopback rendezvous on ``port`` (what splitsync.launch and testing.spawn set)."""
+    v = TORCHRUN
+    return {v.rank: str(rank), v.world_size: str(world), v.local_rank: str(rank),
+            v.local_world_size: str(world), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port)}
 
 
 @dataclass(frozen=True)
@@ -82,15 +123,16 @@ def _kubernetes(env: Mapping[str, str], rank: int, world: int) -> DistEnv:
 
 def _read(env: Mapping[str, str]) -> DistEnv:
     fix_torchrun = "Launch with `splitsync run -n N script.py` or torchrun, which set it for you."
-    if "RANK" in env or "WORLD_SIZE" in env or "TORCHELASTIC_RUN_ID" in env:
-        launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env or "GROUP_RANK" in env else "env"
-        world = env_int(env, "WORLD_SIZE", fix_torchrun)
-        rank = env_int(env, "RANK", fix_torchrun)
-        if launcher == "env" and "LOCAL_RANK" not in env and env.get("KUBERNETES_SERVICE_HOST"):
+    t = TORCHRUN
+    if t.rank in env or t.world_size in env or "TORCHELASTIC_RUN_ID" in env:
+        launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env or t.node_rank in env else "env"
+        world = env_int(env, t.world_size, fix_torchrun)
+        rank = env_int(env, t.rank, fix_torchrun)
+        if launcher == "env" and t.local_rank not in env and env.get("KUBERNETES_SERVICE_HOST"):
             return _kubernetes(env, rank, world)
-        local_world = env_int(env, "LOCAL_WORLD_SIZE", fix_torchrun, default=world)
-        local_rank = env_int(env, "LOCAL_RANK", fix_torchrun, default=rank % max(local_world, 1))
-        node_rank = env_int(env, "GROUP_RANK", fix_torchrun, default=rank // max(local_world, 1))
+        local_world = env_int(env, t.local_world_size, fix_torchrun, default=world)
+        local_rank = env_int(env, t.local_rank, fix_torchrun, default=rank % max(local_world, 1))
+        node_rank = env_int(env, t.node_rank, fix_torchrun, default=rank // max(local_world, 1))
         return DistEnv(
             launcher=launcher,
             rank=rank,
@@ -102,10 +144,11 @@ def _read(env: Mapping[str, str]) -> DistEnv:
             master_port=_port(env, DEFAULT_MASTER_PORT),
             restart_count=env_int(env, "TORCHELASTIC_RESTART_COUNT", fix_torchrun, default=0),
         )
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+    v = LAUNCHER_VARS["slurm"]
+    if v.rank in env and v.world_size in env:
         fix = "Run inside an sbatch/srun allocation, or unset the SLURM_* variables."
-        world = env_int(env, "SLURM_NTASKS", fix)
-        local_world = env_int(env, "SLURM_NTASKS_PER_NODE", fix, default=0) or env_int(
+        world = env_int(env, v.world_size, fix)
+        local_world = env_int(env, v.local_world_size, fix, default=0) or env_int(
             env, "SLURM_STEP_TASKS_PER_NODE_INT", fix, default=0
         )
         if not local_world:
@@ -113,38 +156,40 @@ def _read(env: Mapping[str, str]) -> DistEnv:
             local_world = max(1, world // nodes)
         return DistEnv(
             launcher="slurm",
-            rank=env_int(env, "SLURM_PROCID", fix),
-            local_rank=env_int(env, "SLURM_LOCALID", fix, default=0),
+            rank=env_int(env, v.rank, fix),
+            local_rank=env_int(env, v.local_rank, fix, default=0),
             world_size=world,
             local_world_size=local_world,
-            node_rank=env_int(env, "SLURM_NODEID", fix, default=0),
+            node_rank=env_int(env, v.node_rank, fix, default=0),
             master_addr=slurm_master_addr(env),
             master_port=_slurm_port(env),
         )
-    if "OMPI_COMM_WORLD_RANK" in env:
+    v = LAUNCHER_VARS["openmpi"]
+    if v.rank in env:
         fix = "Launch with mpirun, or unset the OMPI_COMM_WORLD_* variables."
-        world = env_int(env, "OMPI_COMM_WORLD_SIZE", fix)
-        local_world = env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", fix, default=world)
-        rank = env_int(env, "OMPI_COMM_WORLD_RANK", fix)
+        world = env_int(env, v.world_size, fix)
+        local_world = env_int(env, v.local_world_size, fix, default=world)
+        rank = env_int(env, v.rank, fix)
         return DistEnv(
             launcher="openmpi",
             rank=rank,
-            local_rank=env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", fix, default=0),
+            local_rank=env_int(env, v.local_rank, fix, default=0),
             world_size=world,
             local_world_size=local_world,
-            node_rank=env_int(env, "OMPI_COMM_WORLD_NODE_RANK", fix, default=rank // max(local_world, 1)),
+            node_rank=env_int(env, v.node_rank, fix, default=rank // max(local_world, 1)),
             master_addr=env.get("MASTER_ADDR") or DEFAULT_MASTER_ADDR,
             master_port=_port(env, DEFAULT_MASTER_PORT),
         )
-    if "PMI_RANK" in env and "PMI_SIZE" in env:
+    v = LAUNCHER_VARS["mpich"]
+    if v.rank in env and v.world_size in env:
         fix = "Launch with mpiexec (MPICH/Intel MPI), or unset the PMI_* variables."
-        world = env_int(env, "PMI_SIZE", fix)
-        local_world = env_int(env, "MPI_LOCALNRANKS", fix, default=world)
-        rank = env_int(env, "PMI_RANK", fix)
+        world = env_int(env, v.world_size, fix)
+        local_world = env_int(env, v.local_world_size, fix, default=world)
+        rank = env_int(env, v.rank, fix)
         return DistEnv(
             launcher="mpich",
             rank=rank,
-            local_rank=env_int(env, "MPI_LOCALRANKID", fix, default=rank % max(local_world, 1)),
+            local_rank=env_int(env, v.local_rank, fix, default=rank % max(local_world, 1)),
             world_size=world,
             local_world_size=local_world,
             node_rank=rank // max(local_world, 1),
@@ -155,22 +200,10 @@ def _read(env: Mapping[str, str]) -> DistEnv:
 
 
 def _validate(e: DistEnv) -> DistEnv:
-    names = {
-        "torchrun": ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-        "env": ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-        "kubernetes": ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-        "slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
-        "openmpi": (
-            "OMPI_COMM_WORLD_RANK",
-            "OMPI_COMM_WORLD_SIZE",
-            "OMPI_COMM_WORLD_LOCAL_RANK",
-            "OMPI_COMM_WORLD_LOCAL_SIZE",
-        ),
-        "mpich": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-    }.get(e.launcher)
+    names = LAUNCHER_VARS.get(e.launcher)
     if names is None:
         return e
-    rank_n, world_n, local_n, local_world_n = names
+    rank_n, world_n, local_n, local_world_n = names.names[:4]
     if e.world_size < 1:
         raise EnvError(f"{world_n}={e.world_size}: the world size must be at least 1.")
     if e.rank >= e.world_size:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from splitsync.dist.env import LAUNCHER_VARS
 from splitsync.dist.parsing import EnvError, first_host, optional_int, slurm_nodelist
 
 __all__ = ["ClusterDefaults", "launch_defaults", "DEFAULT_RDZV_PORT"]
@@ -31,6 +32,7 @@ class ClusterDefaults:
 
 
 _FIX = "Fix or unset it."
+SLURM = LAUNCHER_VARS["slurm"]
 
 
 def _number(env: Mapping[str, str], name: str) -> int | None:
@@ -42,9 +44,10 @@ def _slurm(env: Mapping[str, str]) -> ClusterDefaults:
     nnodes = _number(env, "SLURM_STEP_NUM_NODES") or _number(env, "SLURM_NNODES") or _number(
         env, "SLURM_JOB_NUM_NODES")
     job = env.get("SLURM_JOB_ID", "").strip()
-    if (_number(env, "SLURM_LOCALID") or 0) > 0:
+    local_id = SLURM.local_rank
+    if (_number(env, local_id) or 0) > 0:
         raise EnvError(
-            f"SLURM_LOCALID={env['SLURM_LOCALID']}: `splitsync run` was started more than once on "
+            f"{local_id}={env[local_id]}: `splitsync run` was started more than once on "
             "this node. Start one per node (`srun --ntasks-per-node=1 splitsync run -n GPUS ...`) "
             "or let srun start the workers itself (`srun python train.py`)."
         )
@@ -53,7 +56,7 @@ def _slurm(env: Mapping[str, str]) -> ClusterDefaults:
     return ClusterDefaults(
         source="slurm",
         nnodes=str(nnodes) if nnodes else None,
-        node_rank=_number(env, "SLURM_NODEID"),
+        node_rank=_number(env, SLURM.node_rank),
         endpoint=f"{host}:{port}" if host else None,
         rdzv_id=f"slurm-{job}" if job else None,
     )
@@ -81,7 +84,7 @@ def launch_defaults(env: Mapping[str, str]) -> ClusterDefaults:
     one ``splitsync run`` per node. A PyTorchJob pod is recognised by the operator's PET_*
     variables.
     """
-    if env.get("SLURM_JOB_ID") and (env.get("SLURM_NODEID") is not None):
+    if env.get("SLURM_JOB_ID") and (env.get(SLURM.node_rank) is not None):
         return _slurm(env)
     if any(k.startswith("PET_") for k in env) and env.get("KUBERNETES_SERVICE_HOST"):
         return _kubernetes(env)

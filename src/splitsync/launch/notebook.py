@@ -32,13 +32,13 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from splitsync.dist.env import TORCHRUN, launched_env
 from splitsync.dist.ports import free_port
 
 __all__ = ["notebook_launch", "LaunchFailed", "GRACE_S"]
 
 GRACE_S = 10.0  # after a rank fails, how long the others get to fail or finish on their own
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                 "MASTER_PORT", "GROUP_RANK", "TORCHELASTIC_RUN_ID")
+LAUNCHER_VARS = (*TORCHRUN.names, "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 
 
 class LaunchFailed(RuntimeError):
@@ -57,7 +57,8 @@ def _refuse_in_launched_process() -> None:
         if dist.is_available() and dist.is_initialized():
             raise RuntimeError("splitsync.launch(fn, ...) was called inside a process group; "
                                "call it from a notebook or REPL, not from a launched rank.")
-    set_vars = [v for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if v in os.environ]
+    set_vars = [v for v in (TORCHRUN.rank, TORCHRUN.world_size, TORCHRUN.local_rank)
+                if v in os.environ]
     if set_vars:
         raise RuntimeError(f"splitsync.launch(fn, ...): {set_vars} are already set, so this "
                            "process is a rank of a launched job. Call fn directly there, or "
@@ -103,9 +104,7 @@ def _child(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
            world: int, port: int, out: Any) -> None:
     for var in LAUNCHER_VARS:
         os.environ.pop(var, None)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    os.environ.update(launched_env(rank, world, port), OMP_NUM_THREADS="1")
     try:
         if "torch" in sys.modules:  # forked after torch was imported: OMP_NUM_THREADS is late
             sys.modules["torch"].set_num_threads(1)

@@ -29,7 +29,21 @@ from splitsync.strategies import Strategy, SyncSetter, for_model
 from splitsync.train.clip import clip_optimizer
 from splitsync.train.precision import Precision, forward_with
 
-__all__ = ["StepPlan", "prepare_module"]
+__all__ = ["StepPlan", "prepare_module", "accumulate_for"]
+
+
+def accumulate_for(accumulate: int | Callable[[int], int], world_size: int) -> int:
+    """``init(accumulate=...)``: the number itself, or what a function of the world size
+    returns for this one (checked: a positive integer)."""
+    if not callable(accumulate):
+        return accumulate  # RunConfig checks it, with the other arguments
+    value = accumulate(world_size)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"init(accumulate=...) returned {value!r} at world size {world_size}: return the "
+            "micro-batches per optimizer step on each process, an integer >= 1 (e.g. "
+            "lambda world_size: max(1, 40 // world_size)).")
+    return value
 
 
 def _plain_backward(loss: torch.Tensor) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from splitsync.dist.seeding import Generators
 from splitsync.observe import Observer, chain_around, overriding, redirect
 from splitsync.run.config import RunConfig
 from splitsync.run.data import Loaders
@@ -32,7 +33,8 @@ class _SaveWatch(Observer):
     def __init__(self, part: Checkpoints) -> None:
         self.part = part
 
-    def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None) -> None:
+    def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None,
+                    stepped: bool = True) -> None:
         # After the step, not before: each rank learns of the failure at its own step, and a
         # rank that raised before stepping would have skipped a step the others took.
         self.part.settle(wait=False)
@@ -44,14 +46,19 @@ class Checkpoints:
     def __init__(self, rank: int, world_size: int, loaders: Loaders,
                  config: RunConfig | None = None,
                  attach: Callable[[Observer], Any] | None = None,
-                 detach: Callable[[Observer], None] | None = None) -> None:
+                 detach: Callable[[Observer], None] | None = None,
+                 generators: Generators | None = None) -> None:
         self.rank = rank
+        self.generators = generators
         self.world_size = world_size
         self.loaders = loaders
         self.config = config if config is not None else RunConfig()
         self.checkpointer: Checkpointer | None = None
         self.blocking = self.config.save_blocking
         self._on_save: tuple[Observer, ...] = ()
+        self._on_resume: tuple[Observer, ...] = ()
+        self._after_resume: tuple[Observer, ...] = ()
+        self._before_save: tuple[Observer, ...] = ()
         self._attach, self._detach = attach, detach
         self._watch: _SaveWatch | None = None
         self._redirect: tuple[Observer, ...] = ()
@@ -59,6 +66,9 @@ class Checkpoints:
 
     def set_observers(self, observers: Sequence[Observer]) -> None:
         self._on_save = overriding(observers, "on_save")
+        self._on_resume = overriding(observers, "on_resume")
+        self._after_resume = overriding(observers, "after_resume")
+        self._before_save = overriding(observers, "before_save")
         self._redirect = overriding(observers, "redirect_path")
         self._around = chain_around(observers)
 
@@ -81,12 +91,19 @@ class Checkpoints:
             self.settle(wait=True)  # the save in flight commits (or raises) first
         blocking = self.config.save_blocking if save_blocking is None else save_blocking
         new = Checkpointer(self._path(dir), objects, keep=keep, rank=self.rank,
-                           world_size=self.world_size, timeout=self.config.timeout,
-                           call=self._call, background=not blocking)
+                           world_size=self.world_size, generators=self.generators,
+                           timeout=self.config.timeout, call=self._call,
+                           background=not blocking)
         if self.checkpointer is not None:
             self.checkpointer.close(successor=new)  # hands over its group and buffers
         self.blocking, self.checkpointer = blocking, new
-        return new.load(self.loaders.all)
+        state = new.load(self.loaders.all)
+        if state.resumed:
+            for obs in self._on_resume:
+                obs.on_resume(state.path, state.step)
+        for obs in self._after_resume:
+            obs.after_resume(state)
+        return state
 
     def attach_loader(self, loader: Any) -> None:
         """A loader made after ``resume`` continues where the checkpoint left it."""
@@ -101,6 +118,8 @@ class Checkpoints:
             raise RuntimeError("run.save() saves the objects registered by run.resume(dir, "
                                "model=..., optimizer=...); call run.resume first.")
         self.settle(wait=True)  # at most one save in flight; an earlier failure raises here
+        for obs in self._before_save:
+            obs.before_save(step)
         blocking = self.blocking if blocking is None else blocking
         root = None if dir is None else self._path(dir)
         out = ckpt.save(root, self.loaders.all, step=step, epoch=epoch, extra=extra,

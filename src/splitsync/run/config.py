@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from splitsync.output.trackers import check_loggers
-from splitsync.strategies import STRATEGY_NAMES
+from splitsync.strategies import check_name
 from splitsync.train.precision import PRECISIONS, check_precision_name
 
 __all__ = ["RunConfig", "PRECISIONS", "DEFAULT_STRAGGLER_THRESHOLD"]
@@ -37,11 +37,7 @@ class RunConfig:
     straggler_threshold: float | None = DEFAULT_STRAGGLER_THRESHOLD  # None: no report
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGY_NAMES:
-            raise ValueError(
-                f"Unknown strategy {self.strategy!r}. Valid strategies: "
-                f"{', '.join(STRATEGY_NAMES)}."
-            )
+        check_name(self.strategy)  # the one unknown-strategy message
         check_precision_name(self.precision)
         if not isinstance(self.accumulate, int) or self.accumulate < 1:
             raise ValueError(

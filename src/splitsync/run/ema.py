@@ -93,8 +93,9 @@ class _EmaObserver(Observer):
         self.plan = plan
         self.emas = emas
 
-    def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None) -> None:
-        if self.plan.stepped:
+    def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None,
+                    stepped: bool = True) -> None:
+        if stepped:
             for ema in self.emas:
                 ema.after_step(optimizer)
 

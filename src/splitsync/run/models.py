@@ -15,16 +15,19 @@ from splitsync.run.accumulate import StepPlan, prepare_module
 from splitsync.strategies import (
     Strategy,
     WrapContext,
+    check_options,
     for_model,
     get_strategy,
     resolve,
-    taking,
 )
 from splitsync.train.actckpt import apply_activation_checkpointing
 from splitsync.train.stale import RetiredParameters
 from splitsync.train.syncbn import convert_sync_batchnorm
 
-__all__ = ["Models", "Wrapped"]
+__all__ = ["Models", "Wrapped", "MODEL_KEYWORDS"]
+
+# run.model's own keywords: a misspelt one is matched against these and the strategy's options
+MODEL_KEYWORDS = ("strategy", "sync_batchnorm", "compile", "autocast", "activation_checkpointing")
 
 
 @dataclass(frozen=True)
@@ -66,10 +69,12 @@ class Models:
              compile: bool | dict[str, Any], autocast: bool, options: Mapping[str, Any],
              activation_checkpointing: Any = None) -> nn.Module:
         """See ``Run.model``."""
-        name = resolve(strategy or self.default_strategy, self.world_size)
+        requested = strategy or self.default_strategy
+        name = resolve(requested, self.world_size)
+        # checked against the strategy asked for, so a typo fails at every world size
+        check_options(requested, name, options, where="run.model()", parameters=MODEL_KEYWORDS)
         strat = get_strategy(name)
-        options = _ignored_when_single(strategy or self.default_strategy, name, options)
-        _check_options(strat, options)
+        options = _ignored_when_single(requested, name, options)
         options = {**self.strategy_options, **options}
         before = list(module.parameters())  # what an optimizer built already holds
         if sync_batchnorm and self.world_size > 1:
@@ -110,26 +115,6 @@ def _template(strat: Strategy, module: nn.Module) -> tuple[nn.Module | None, str
         return strat.template(module), ""
     except Exception as exc:  # only run.ema needs it; it reports this if it is called
         return None, f"{type(exc).__name__}: {exc}"
-
-
-def _check_options(strat: Strategy, options: Mapping[str, Any]) -> None:
-    unknown = sorted(set(options) - set(strat.options))
-    if not unknown:
-        return
-    hints = []
-    for key in unknown:
-        others = taking(key)
-        if others:
-            names = " or ".join(repr(o) for o in others)
-            hints.append(f"{key}= is an option of strategy {names}: pass strategy="
-                         f"{others[-1]!r} (or init(strategy=...)) to use it")
-    if "offload" in unknown and not strat.replaces_parameters:
-        hints.append(f"{strat.name!r} keeps a whole replica on each device, so it has no "
-                     "shards to offload to the host")
-    raise TypeError(
-        f"strategy {strat.name!r} does not take {unknown}; it takes "
-        f"{list(strat.options) or 'no options'}." + "".join(f" {h}." for h in hints)
-    )
 
 
 def _why(strat: Strategy, plan: StepPlan) -> str:

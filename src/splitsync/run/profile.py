@@ -47,8 +47,8 @@ class ProfileStepper(Observer):
     def __init__(self, prof: Any) -> None:
         self.prof = prof
 
-    def on_step_end(self, optimizer: torch.optim.Optimizer,
-                    norm: torch.Tensor | None) -> None:
+    def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None,
+                    stepped: bool = True) -> None:
         self.prof.step()
 
 

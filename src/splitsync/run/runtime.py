@@ -19,11 +19,14 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from splitsync.data.build import make_loader
 from splitsync.data.loader import DeviceLoader
+from splitsync.data.stream.loader import StreamLoader
 from splitsync.dist.device import move_to
 from splitsync.dist.env import DistEnv
 from splitsync.dist.group import destroy_group
 from splitsync.dist.logs import get_logger
+from splitsync.dist.seeding import Generators
 from splitsync.observe import Observer, appended, overriding
 from splitsync.output.progress import progress as _progress
 from splitsync.run.accumulate import StepPlan
@@ -69,14 +72,16 @@ class Run:
             precision = get_precision(config.precision, device)
         # backward/step functions for this precision and accumulation, chosen once
         self._plan = StepPlan(precision, config.accumulate)
-        self._data = Loaders(self.rank, self.world_size, seed, device)
+        self._data = Loaders()
         self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
                               config.strategy_options, env.local_world_size)
         self._training = Training(self._plan, self._data, self.world_size,
                                   self._models.retired.check)
         self._collectives = Collectives(device, self._data)
+        self._generators = Generators(seed, self.rank)
         self._checkpoints = Checkpoints(self.rank, self.world_size, self._data, config,
-                                        self.add_observer, self.remove_observer)
+                                        self.add_observer, self.remove_observer,
+                                        self._generators)
         self._logging = Logging(config, device, self.is_main,
                                 run_settings(config, self.world_size, seed, device, backend))
         self._observers: tuple[Observer, ...] = ()
@@ -144,17 +149,37 @@ class Run:
     # --- data --------------------------------------------------------------------------
     def loader(self, data: Dataset | DataLoader, batch_size: int | None = None, *,
                shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
-               collate_fn: Any = None, **extra: Any) -> DeviceLoader:
+               collate_fn: Any = None, **extra: Any) -> DeviceLoader | StreamLoader:
         """A loader over this rank's shard; ``batch_size`` is per process. A stream (see
-        docs/streams.md) gets a :class:`~splitsync.data.stream.StreamLoader`."""
-        loader = self._data.build(data, batch_size, shuffle=shuffle, drop_last=drop_last,
-                                  num_workers=num_workers, collate_fn=collate_fn, **extra)
+        docs/streams.md) gets a :class:`~splitsync.data.stream.StreamLoader`, anything
+        indexable a :class:`~splitsync.data.loader.DeviceLoader`; both keep a position
+        (``position()``, ``restore()``) that ``run.save``/``run.resume`` carry."""
+        loader = make_loader(data, batch_size, shuffle=shuffle, drop_last=drop_last,
+                             num_workers=num_workers, collate_fn=collate_fn, rank=self.rank,
+                             world_size=self.world_size, seed=self.seed, device=self.device,
+                             hooks=self._data.hooks, **extra)
+        self._data.all.append(loader)
         self._checkpoints.attach_loader(loader)  # made after run.resume: continue from it
         return loader
 
     def epochs(self, n: int, start: int = 0) -> Iterator[int]:
         """Yield epoch numbers start..n-1, calling set_epoch on every loader first."""
         return self._data.epochs(n, start)
+
+    def generator(self, per_rank: bool = True, *, name: str | None = None,
+                  device: str | torch.device = "cpu") -> torch.Generator:
+        """A ``torch.Generator`` for scripts that draw their own batches (nanoGPT's
+        ``get_batch``: ``torch.randint(n, (b,), generator=run.generator())``).
+
+        ``per_rank=True``: seeded from (seed, rank), a different stream on every rank;
+        ``per_rank=False``: the same stream on every rank. Its state is part of the run's
+        RNG state: :meth:`save` writes it and :meth:`resume` restores it (also when it is
+        made after ``resume``), so a resumed run draws what the interrupted one would have.
+        The same call returns the same generator; ``name`` gives a script more streams (by
+        default one per-rank stream, "rank", and one shared stream, "shared")."""
+        if name is None:
+            name = "rank" if per_rank else "shared"
+        return self._generators.get(name, per_rank, torch.device(device))
 
     def to_device(self, obj: Any) -> Any:
         """Move a (nested) batch to the run's device."""
@@ -167,11 +192,17 @@ class Run:
 
     def step(self, optimizer: torch.optim.Optimizer,
              clip: float | None = None) -> torch.Tensor | None:
-        """Step the optimizer (every ``accumulate``-th call), then zero its gradients.
+        """``run.step(optimizer, clip=None)``: step the optimizer (every ``accumulate``-th
+        call), then zero its gradients.
 
-        ``clip``: clip to that global norm first and return the norm before clipping. The
-        first call per optimizer raises :class:`splitsync.StaleOptimizerError` if it holds
-        parameters ``run.model`` replaced (e.g. built before an FSDP ``run.model``).
+        Parameters, in this order: ``optimizer``, the optimizer to step (first, and the only
+        one required); ``clip``, a maximum global gradient norm (best given by keyword:
+        ``run.step(opt, clip=1.0)``). With ``clip`` the step does, in order: unscale the
+        gradients (under "16-mixed"), clip them to ``clip`` over all ranks and shards, step,
+        zero the gradients; it returns the norm before clipping (None without ``clip``, and
+        on accumulation micro-steps). The first call per optimizer raises
+        :class:`splitsync.StaleOptimizerError` if it holds parameters ``run.model`` replaced
+        (e.g. built before an FSDP ``run.model``).
         """
         training = self._training  # a known optimizer: one dict lookup, then its step
         return training.steps.get(optimizer, training.first_step)(optimizer, clip)
@@ -238,8 +269,13 @@ class Run:
         "ema_1", ...) for :meth:`save` and load the
         newest complete checkpoint under ``dir`` (a path or an fsspec URL), RNG states and
         loader positions included. ``save_blocking``: :meth:`save`'s default. Collective."""
-        return self._checkpoints.resume(dir, keep=keep, save_blocking=save_blocking,
-                                        **self._emas.with_emas(objects))
+        state = self._checkpoints.resume(dir, keep=keep, save_blocking=save_blocking,
+                                         **self._emas.with_emas(objects))
+        if state.resumed and self.is_main:  # one line, so a log shows where a run went on
+            get_logger().info("resumed from %s at epoch %d, step %d (saved by %d process%s)",
+                              state.path, state.epoch, state.step, state.world_size or 0,
+                              "" if state.world_size == 1 else "es")
+        return state
 
     def save(self, dir: str | os.PathLike[str] | None = None, *, step: int | None = None,
              epoch: int | None = None, blocking: bool | None = None,

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from splitsync.observe import Observer, chain_around, overriding
+from splitsync.observe import Observer, chain_around, overriding, step_end_calls
 from splitsync.run.accumulate import StepPlan
 from splitsync.run.data import Loaders
 from splitsync.run.join import join
@@ -44,6 +44,13 @@ class Training:
     def first_step(self, optimizer: torch.optim.Optimizer,
                    clip: float | None = None) -> torch.Tensor | None:
         """The first run.step of ``optimizer``: check it once, then step."""
+        if not isinstance(optimizer, torch.optim.Optimizer):  # e.g. run.step(1.0, opt)
+            raise TypeError(f"run.step(optimizer, clip=None) takes the optimizer first, got a "
+                            f"{type(optimizer).__name__}; write run.step(opt) or "
+                            "run.step(opt, clip=1.0).")
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))):
+            raise TypeError(f"run.step(optimizer, clip=...) takes a maximum gradient norm "
+                            f"(a number) as clip, got a {type(clip).__name__}.")
         if self._check is not None:
             self._check(optimizer)  # raises for an optimizer run.model made stale
         self.steps[optimizer] = self.step
@@ -55,7 +62,7 @@ class Training:
         around = chain_around(observers) if self.world_size > 1 else None
         self.backward = self._observed_backward(before, around)
         self.step = self._observed_step(overriding(observers, "on_step_begin"),
-                                        overriding(observers, "on_step_end"))
+                                        step_end_calls(observers))
         self.steps = dict.fromkeys(self.steps, self.step)
 
     def _observed_backward(self, before: tuple[Observer, ...],
@@ -77,7 +84,7 @@ class Training:
         return backward
 
     def _observed_step(self, begin: tuple[Observer, ...],
-                       end: tuple[Observer, ...]) -> Callable[..., torch.Tensor | None]:
+                       end: tuple[Callable[..., Any], ...]) -> Callable[..., torch.Tensor | None]:
         plan = self.plan
         if not begin and not end:
             return plan.step
@@ -87,8 +94,10 @@ class Training:
             for obs in begin:
                 obs.on_step_begin(optimizer)
             norm = plan.step(optimizer, clip)
-            for obs in end:
-                obs.on_step_end(optimizer, norm)  # may end the script (SystemExit)
+            if end:
+                stepped = plan.stepped
+                for call in end:
+                    call(optimizer, norm, stepped)  # may end the script (SystemExit)
             return norm
 
         return step

@@ -8,8 +8,10 @@ module here plus its line in ``_MODULES``.
 
 from __future__ import annotations
 
+import difflib
 import importlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from torch import nn
 
@@ -17,7 +19,8 @@ from splitsync.strategies.base import Strategy, SyncSetter, WrapContext
 from splitsync.strategies.modules import unwrap
 
 __all__ = ["Strategy", "SyncSetter", "WrapContext", "STRATEGY_NAMES", "resolve",
-           "get_strategy", "for_model", "unwrap", "taking"]
+           "get_strategy", "for_model", "unwrap", "taking", "check_name", "known_options",
+           "check_options", "nearest"]
 
 # Name -> module. The order is also the order in which for_model() asks "is this yours?":
 # a more specific wrapper (HSDP is an FSDP module too) goes before the general one.
@@ -31,13 +34,20 @@ _MODULES: Mapping[str, str] = {
 STRATEGY_NAMES: tuple[str, ...] = ("auto", *_MODULES)
 
 
+def check_name(name: object) -> str:
+    """``name`` if it names a strategy ("auto" included); else the one unknown-strategy error."""
+    if not isinstance(name, str) or name not in STRATEGY_NAMES:
+        close = nearest(name, STRATEGY_NAMES) if isinstance(name, str) else None
+        hint = f" Did you mean {close!r}?" if close else ""
+        raise ValueError(
+            f"Unknown strategy {name!r}. Valid strategies: {', '.join(STRATEGY_NAMES)}.{hint}"
+        )
+    return name
+
+
 def resolve(name: str, world_size: int) -> str:
     """Validate a strategy name and turn "auto" into a concrete one."""
-    if not isinstance(name, str) or name not in STRATEGY_NAMES:
-        raise ValueError(
-            f"Unknown strategy {name!r}. Valid strategies: {', '.join(STRATEGY_NAMES)}."
-        )
-    if name == "auto":
+    if check_name(name) == "auto":
         return "ddp" if world_size > 1 else "single"
     return name
 
@@ -45,9 +55,8 @@ def resolve(name: str, world_size: int) -> str:
 def get_strategy(name: str) -> Strategy:
     """Import and return the strategy called ``name`` (already resolved)."""
     if name not in _MODULES:
-        raise ValueError(
-            f"Unknown strategy {name!r}. Valid strategies: {', '.join(STRATEGY_NAMES)}."
-        )
+        check_name(name)  # raises for an unknown name; "auto" must be resolved first
+        raise ValueError("get_strategy('auto'): resolve the name for the world size first.")
     strategy: Strategy = importlib.import_module(_MODULES[name]).STRATEGY
     return strategy
 
@@ -55,6 +64,54 @@ def get_strategy(name: str) -> Strategy:
 def taking(option: str) -> list[str]:
     """Names of the strategies whose ``run.model`` options include ``option``."""
     return [name for name in _MODULES if option in get_strategy(name).options]
+
+
+def known_options(name: str) -> tuple[str, ...]:
+    """The keyword options strategy ``name`` takes. "auto" takes DDP's: they are ignored
+    at one process (so a script runs unchanged at every world size) but still known, so a
+    misspelt one is refused at every world size."""
+    if check_name(name) == "auto":
+        return tuple(dict.fromkeys((*get_strategy("single").options,
+                                    *get_strategy("ddp").options)))
+    return get_strategy(name).options
+
+
+def nearest(word: str, choices: Iterable[str]) -> str | None:
+    """The valid name closest to a misspelt ``word`` (None when nothing is close)."""
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def check_options(requested: str, resolved: str, options: Mapping[str, Any], *, where: str,
+                  parameters: Iterable[str] = ()) -> None:
+    """Refuse a keyword that is neither one of ``where``'s own ``parameters`` nor an option
+    of the strategy ``requested`` ("auto" knows DDP's at every world size), naming the
+    nearest valid keyword ("did you mean `precision`?") and the strategies that take it."""
+    known = known_options(requested)
+    unknown = [k for k in options if k not in known]
+    if not unknown:
+        return
+    strat = get_strategy(resolved)
+    parameters = tuple(parameters)
+    hints = []
+    close = nearest(unknown[0], (*parameters, *known))
+    if close is not None:
+        hints.append(f"Did you mean `{close}`?")
+    for key in unknown:
+        others = taking(key)
+        if others:
+            names = " or ".join(repr(o) for o in others)
+            hints.append(f"{key}= is an option of strategy {names}: pass strategy="
+                         f"{others[-1]!r} (or init(strategy=...)) to use it.")
+    if "offload" in unknown and not strat.replaces_parameters:
+        hints.append(f"{strat.name!r} keeps a whole replica on each device, so it has no "
+                     "shards to offload to the host.")
+    takes = list(strat.options) or "no options"
+    if requested == "auto" and resolved == "single":
+        takes = f"no options (DDP's are accepted and ignored at one process: {list(known)})"
+    own = f" {where}'s own keywords are {', '.join(parameters)}." if parameters else ""
+    raise TypeError(f"{where} got an unexpected keyword: strategy {strat.name!r} does not "
+                    f"take {unknown}; it takes {takes}. " + " ".join(hints) + own)
 
 
 def for_model(model: nn.Module) -> Strategy:

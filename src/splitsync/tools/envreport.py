@@ -13,6 +13,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from splitsync.dist.env import TORCHRUN
+
 __all__ = ["collect", "render_text", "RELEVANT_PREFIXES", "relevant_variables"]
 
 RELEVANT_PREFIXES = (
@@ -21,8 +23,7 @@ RELEVANT_PREFIXES = (
     "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK", "OMP_NUM_THREADS",
     "KUBERNETES_SERVICE_HOST", "SPLITSYNC_",
 )
-RELEVANT_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                  "NODE_RANK", "ROLE_RANK", "GROUP_WORLD_SIZE", "PYTHONPATH")
+RELEVANT_NAMES = (*TORCHRUN.names, "NODE_RANK", "ROLE_RANK", "GROUP_WORLD_SIZE", "PYTHONPATH")
 # Values that may carry secrets are shown as set, never printed.
 _HIDDEN = ("TOKEN", "SECRET", "PASSWORD", "KEY")
 

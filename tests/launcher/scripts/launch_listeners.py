@@ -1,6 +1,8 @@
-"""Record the TCP addresses that this worker and its agent (the parent) listen on (Linux).
+"""Record the TCP addresses that this worker and its agent (the parent) listen on (Linux),
+and what the launcher handed over: the script's arguments and the launcher's variables.
 
-usage: launch_listeners.py OUT -- writes OUT/listen_<RANK>.json after forming the group.
+usage: launch_listeners.py OUT [ARGS...] -- writes OUT/listen_<RANK>.json after forming the
+group.
 """
 
 import json
@@ -48,7 +50,12 @@ def listening(pid: int) -> list[str]:
 
 with ss.init(seed=0, device="cpu") as run:
     run.sum(torch.ones(1))
-    report = {"worker": listening(os.getpid()), "agent": listening(os.getppid())}
+    linux = os.path.exists("/proc/net/tcp")  # elsewhere only the arguments are recorded
+    report = {"worker": listening(os.getpid()) if linux else None,
+              "agent": listening(os.getppid()) if linux else None,
+              "args": sys.argv[2:], "world_size": os.environ.get("WORLD_SIZE"),
+              "omp": os.environ.get("OMP_NUM_THREADS"),
+              "master_addr": os.environ.get("MASTER_ADDR")}
     with open(os.path.join(sys.argv[1], f"listen_{run.rank}.json"), "w") as fh:
         json.dump(report, fh)
     run.barrier()

@@ -8,6 +8,11 @@ Faults (each has one likely cause in ``splitsync verify``):
 --no-set-epoch    epochs counted with range(): the sampler's epoch never advances
 --world-seed      the model is seeded with the world size
 --lr-by-world     the learning rate depends on the world size
+--sum-micro       micro-step losses summed, not averaged (a port that scales the loss back
+                  up by the accumulation; caught by --accumulate K)
+--params-before   the optimizer takes a parameter list collected before run.model (right
+                  under DDP, stale under FSDP; caught by --strategies ddp,fsdp)
+--ckpt-no-opt     the checkpoint holds the model but not the optimizer (caught by --resume)
 
 Correct patterns that verify must pass:
 --ckpt DIR        run.resume(DIR, ...) before training and run.save() every step
@@ -40,6 +45,9 @@ parser.add_argument("--accumulate", type=int, default=1)
 parser.add_argument("--peek", action="store_true")
 parser.add_argument("--world-batch", type=int, default=None)
 parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--sum-micro", action="store_true")
+parser.add_argument("--params-before", action="store_true")
+parser.add_argument("--ckpt-no-opt", action="store_true")
 args = parser.parse_args()
 
 g = torch.Generator().manual_seed(0)
@@ -54,28 +62,35 @@ with splitsync.init(seed=0, accumulate=args.accumulate, run_dir=args.run_dir) as
     if args.batchnorm:
         layers.append(nn.BatchNorm1d(32))
     layers += [nn.ReLU(), nn.Dropout(args.dropout), nn.Linear(32, 3)]
-    model = run.model(nn.Sequential(*layers))
+    net = nn.Sequential(*layers)
+    params = list(net.parameters())
+    model = run.model(net)
     lr = 0.05 * (run.world_size if args.lr_by_world else 1)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    opt = torch.optim.SGD(params if args.params_before else model.parameters(), lr=lr,
+                          momentum=0.9)
     batch = 16 if args.world_batch is None else args.world_batch // run.world_size
     if args.plain_loader:
         loader = DataLoader(data, batch_size=batch, shuffle=True)
     else:
         loader = run.loader(data, batch_size=batch, shuffle=True)
+    done = start = 0
     if args.ckpt:
-        run.resume(args.ckpt, model=model, optimizer=opt)
+        objects = {"model": model} if args.ckpt_no_opt else {"model": model, "optimizer": opt}
+        state = run.resume(args.ckpt, **objects)
+        done, start = state.step, state.epoch
     if args.peek:
         xb, _ = next(iter(loader))
         with torch.no_grad():
             run.print("input", tuple(xb.shape), "output", tuple(model(xb).shape))
-    epochs = range(args.epochs) if args.no_set_epoch else run.epochs(args.epochs)
+    epochs = range(args.epochs) if args.no_set_epoch else run.epochs(args.epochs, start)
     for epoch in epochs:
         for xb, yb in loader:
             loss = F.cross_entropy(model(xb), yb, reduction=args.reduction)
-            run.backward(loss)
+            run.backward(loss * run.config.accumulate if args.sum_micro else loss)
             run.step(opt)
             if args.ckpt and run.sync_gradients:
-                run.save()
+                done += 1
+                run.save(step=done) if args.ckpt_no_opt else run.save()
         if args.run_dir:
             run.log(epoch=epoch, loss=loss)
         run.print(f"epoch {epoch} loss {run.mean(loss):.4f}")

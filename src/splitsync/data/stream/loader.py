@@ -13,20 +13,40 @@ Ends of data (``at_end``):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
 
 from splitsync.data.stream.readers import StreamReaders
+from splitsync.dist import comm
 from splitsync.dist.device import move_to
 from splitsync.dist.logs import get_logger
 
-__all__ = ["StreamLoader", "AT_END"]
+if TYPE_CHECKING:
+    from splitsync.data.build import LoaderHooks
+
+__all__ = ["StreamLoader", "AT_END", "SHARD_SHIFT", "sample_id", "batch_ids"]
 
 AT_END = ("stop", "uneven")
+SHARD_SHIFT = 40  # a stream sample's id: shard << 40 | position in the shard's epoch order
+
+
+def sample_id(shard: int, position: int) -> int:
+    """One int naming a stream sample: its shard and its position in that shard's epoch
+    order (the same for every world size and worker count)."""
+    return (shard << SHARD_SHIFT) | position
+
+
+def batch_ids(counts: list[tuple[int, int, int]]) -> list[int]:
+    """The sample ids of a batch from its ``(shard, first position, count)`` runs."""
+    ids: list[int] = []
+    for s, first, c in counts:
+        base = (s << SHARD_SHIFT) + first
+        ids.extend(range(base, base + c))
+    return ids
 
 
 class StreamLoader:
@@ -35,7 +55,7 @@ class StreamLoader:
     sampler = None  # no index sampler: positions are per shard
 
     def __init__(self, readers: StreamReaders, loader: DataLoader, device: torch.device, *,
-                 at_end: str, on_iter: Callable[[Any], None] | None = None,
+                 at_end: str, hooks: LoaderHooks | None = None,
                  agree_every: int = 64) -> None:
         if at_end not in AT_END:
             raise ValueError(f"at_end={at_end!r}: choose one of {AT_END}.")
@@ -46,7 +66,7 @@ class StreamLoader:
         self.loader = loader
         self.device = device
         self.at_end = at_end
-        self.on_iter = on_iter
+        self.hooks = hooks
         self.rank, self.world_size = readers.rank, readers.world
         self.batches_seen = 0
         self.last_batch = False
@@ -65,6 +85,11 @@ class StreamLoader:
     @property
     def batch_size(self) -> int:
         return self.readers.batch_size
+
+    @property
+    def length(self) -> int | None:
+        """Unknown: a stream's batches per rank are known only once it ends."""
+        return None
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch``; a pending resume position applies only to its own epoch."""
@@ -92,11 +117,13 @@ class StreamLoader:
                      "skipped %s, never trained", self.epoch, done, how)
 
     def _all_reduce(self, values: list[int], op: str) -> list[int]:
-        import torch.distributed as dist
-
+        # through comm and the run's observers: the hang guard and the straggler clock see it
         t = torch.tensor(values, dtype=torch.int64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.SUM)
-        return [int(v) for v in t.tolist()]
+        if self.hooks is not None:
+            t = self.hooks.collective("all_reduce", comm.reduce, t, op, self.device)
+        else:
+            t = comm.reduce(t, op, self.device)
+        return [int(v) for v in t.tolist()]  # type: ignore[union-attr]
 
     def __iter__(self) -> Iterator[Any]:
         self.batches_seen = 0
@@ -106,8 +133,11 @@ class StreamLoader:
         self.pass_epoch = self.epoch
         self._consumed = [0] * len(self._consumed)
         self._report()
-        if self.on_iter is not None:
-            self.on_iter(self)
+        hooks = self.hooks
+        if hooks is not None:  # the active loader, and observers told: no call back up
+            hooks.active = self
+            for obs in hooks.on_iter:
+                obs.on_loader_iter(self)
         it = iter(self.loader)
         cpu = self.device.type == "cpu"
         agree = self.world_size > 1 and self.at_end == "stop"
@@ -118,9 +148,13 @@ class StreamLoader:
             # exactly what agreeing before every step would give, at 1/window of the cost.
             n = self._all_reduce([len(held)], "min")[0] if agree else len(held)
             for batch, counts in held[:n]:
-                for s, c in counts:
+                for s, _, c in counts:
                     self._consumed[s] += c
                 self.batches_seen += 1
+                if hooks is not None and hooks.on_batch:
+                    ids = batch_ids(counts)
+                    for obs in hooks.on_batch:
+                        obs.on_batch(self, ids)
                 yield batch if cpu else move_to(batch, self.device)
             if n < window:
                 left = sum(_size(b) for b, _ in held[n:])
@@ -153,20 +187,23 @@ class StreamLoader:
         vec[n + self.rank] = self.batches_seen if began else 0
         vec[n + w + self.rank] = int(self.finished and began)
         if w > 1:
-            import torch.distributed as dist
-
-            t = torch.tensor(vec, dtype=torch.int64, device=self.device)
-            dist.all_reduce(t)
-            vec = t.tolist()
+            vec = self._all_reduce(vec, "sum")
         if all(vec[n + w:]) and began:  # every rank finished this epoch: continue at the next
             return {"epoch": self.epoch + 1, "offsets": [0] * n, "batches": [0] * w,
                     "workers": self.readers.workers, "stream": True}
-        offsets = [a + b for a, b in zip(self.readers.offsets, vec[:n])]
+        offsets = [a + b for a, b in zip(self.readers.offsets, vec[:n], strict=True)]
         return {"epoch": self.epoch, "offsets": offsets, "batches": vec[n:n + w],
                 "workers": self.readers.workers, "stream": True}
 
-    def resume_at(self, pos: dict[str, Any]) -> None:
+    def rng_state(self) -> torch.Tensor | None:
+        """None: a stream's order is fixed by (seed, epoch) and its position alone."""
+        return None
+
+    def restore(self, pos: Mapping[str, Any], rng_state: torch.Tensor | None = None) -> None:
         """Continue at ``pos`` (from :meth:`position`, at any world size or worker count)."""
+        if "offsets" not in pos:
+            raise ValueError("the checkpoint holds an indexed loader's position where this "
+                             "run made a stream loader; make loaders in the same order.")
         offsets = [int(o) for o in pos["offsets"]]
         if len(offsets) != len(self.readers.offsets):
             raise ValueError(f"the checkpoint's stream had {len(offsets)} shard(s), this one "

@@ -10,8 +10,8 @@ any world size can continue from them:
   ``batch_size``; reader j keeps global batches j, j+R, ... The ranks step together, so
   what they have consumed is always a prefix of the order.
 
-Each batch carries how many of its samples came from which shard, so the main process
-knows the exact per-shard position of what was trained.
+Each batch carries which positions of which shard its samples are (``(shard, first,
+count)`` runs), so the main process knows the exact per-shard position of what was trained.
 """
 
 from __future__ import annotations
@@ -70,10 +70,10 @@ def window_shuffled(source: Source, shard: int, start: int, window: int, seed: i
     Windows are permuted independently, so resuming re-reads at most one window.
     """
     if window <= 1:
-        yield from source.open(shard, start)
+        yield from source.open_epoch(shard, start, seed, epoch)
         return
     first = start // window
-    raw = source.open(shard, first * window)
+    raw = source.open_epoch(shard, first * window, seed, epoch)
     block = first
     drop = start - first * window
     while True:
@@ -126,7 +126,7 @@ class StreamReaders(IterableDataset):
             yield s, window_shuffled(self.source, s, self.offsets[s], self.window, self.seed,
                                      self.epoch)
 
-    def __iter__(self) -> Iterator[tuple[Any, list[tuple[int, int]]]]:
+    def __iter__(self) -> Iterator[tuple[Any, list[tuple[int, int, int]]]]:
         j, r = self.reader(), self.layout.readers
         order = self.shard_order()
         if self.layout.mode == "shard":
@@ -134,16 +134,18 @@ class StreamReaders(IterableDataset):
         return self._batches(self._runs(order), j, r)
 
     def _batches(self, runs: Iterator[tuple[int, Iterator[Any]]], j: int, r: int
-                 ) -> Iterator[tuple[Any, list[tuple[int, int]]]]:
+                 ) -> Iterator[tuple[Any, list[tuple[int, int, int]]]]:
         """Batches of ``batch_size`` over the concatenated runs, keeping global batches
         j, j+r, ... (r=1: all). Counts per shard are kept per run, not per sample."""
         b = self.batch_size
         items: list[Any] = []
-        counts: list[tuple[int, int]] = []
+        counts: list[tuple[int, int, int]] = []  # (shard, first position, samples)
         index = skipped = 0  # global batch number; samples of another reader's batch read
         for s, samples in runs:
             taken = 0  # samples of shard s in the current batch
+            pos = self.offsets[s]  # position in shard s's epoch order of the next sample
             for x in samples:
+                pos += 1
                 if r > 1 and index % r != j:  # another reader's batch: read past it
                     skipped += 1
                     if skipped == b:
@@ -152,10 +154,10 @@ class StreamReaders(IterableDataset):
                 items.append(x)
                 taken += 1
                 if len(items) == b:
-                    counts.append((s, taken))
+                    counts.append((s, pos - taken, taken))
                     yield self.collate(items), counts
                     items, counts, taken, index = [], [], 0, index + 1
             if taken:
-                counts.append((s, taken))
+                counts.append((s, pos - taken, taken))
         if items and not self.drop_last:
             yield self.collate(items), counts

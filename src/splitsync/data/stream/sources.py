@@ -7,19 +7,16 @@ samples from its ``start``-th on. A stream without shards is one shard.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
-from pathlib import Path
 from typing import Any
 
-from torch.utils.data import IterableDataset
+__all__ = ["Source", "Shards", "IterSource", "HFSource", "from_webdataset", "read_file"]
 
-__all__ = ["Source", "Shards", "IterSource", "HFSource", "as_source", "is_stream", "read_file"]
-
-SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".jsonl", ".txt", ".json")
 _WDS_SPLITTERS = frozenset({"single_node_only", "split_by_node", "split_by_worker"})
 
 
@@ -33,6 +30,11 @@ class Source(ABC):
     @abstractmethod
     def open(self, shard: int, start: int) -> Iterator[Any]:
         """Samples of shard ``shard``, from its ``start``-th on."""
+
+    def open_epoch(self, shard: int, start: int, seed: int, epoch: int) -> Iterator[Any]:
+        """:meth:`open` in epoch ``epoch`` of a run seeded with ``seed``; a source with
+        random stages of its own seeds them from (seed, epoch, shard) here."""
+        return self.open(shard, start)
 
 
 def read_file(path: str | os.PathLike[str]) -> Iterator[Any]:
@@ -150,7 +152,13 @@ def _hf_seek(part: Any, start: int) -> bool:
 
 
 class _WdsShards(Shards):
-    """A webdataset pipeline rebuilt per shard: its url list, then its own stages."""
+    """A webdataset pipeline rebuilt per shard: its url list, then its own stages.
+
+    Its random stages (``.shuffle(n)``, ``detshuffle``) seed themselves from the pid and the
+    time, or count epochs in the stage object, so a re-opened shard would come in another
+    order and a resume mid-shard would skip other samples than were trained. Each opening
+    gets them reseeded from (seed, epoch, shard): the same order in every process.
+    """
 
     kind = "webdataset pipeline"
 
@@ -159,61 +167,66 @@ class _WdsShards(Shards):
         self.stages = list(stages)
 
     def open(self, shard: int, start: int) -> Iterator[Any]:
+        return self.open_epoch(shard, start, 0, 0)
+
+    def open_epoch(self, shard: int, start: int, seed: int, epoch: int) -> Iterator[Any]:
         import webdataset as wds
 
-        pipe = wds.DataPipeline(wds.SimpleShardList([self.items[shard]]), *self.stages)
+        stages = [_reseeded(st, _stage_seed(seed, epoch, shard, i))
+                  for i, st in enumerate(self.stages)]
+        pipe = wds.DataPipeline(wds.SimpleShardList([self.items[shard]]), *stages)
         return islice(iter(pipe), start, None)
 
 
-def _from_webdataset(data: Any) -> Source:
+def _stage_seed(*parts: int) -> int:
+    key = ":".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+
+def _shuffle_args(stage: Any) -> tuple[int, int] | None:
+    """(bufsize, initial) of a webdataset shuffle stage, or None for any other stage."""
+    from webdataset import filters
+
+    if isinstance(stage, filters.detshuffle):
+        return int(stage.bufsize), int(stage.initial)
+    if isinstance(stage, filters.FilterFunction) and stage.f is filters._shuffle:
+        args = dict(zip(("bufsize", "initial"), stage.args, strict=False))
+        bufsize = args.get("bufsize", stage.kw.get("bufsize", 1000))
+        initial = args.get("initial", stage.kw.get("initial", 100))
+        return int(bufsize), int(initial)
+    return None
+
+
+def _reseeded(stage: Any, seed: int) -> Any:
+    """``stage`` itself, or a shuffle stage with the same buffer drawing from ``seed``."""
+    found = _shuffle_args(stage)
+    if found is None:
+        return stage
+    from webdataset import filters
+
+    return filters.FilterFunction(filters._shuffle, found[0], found[1], seed=seed)
+
+
+def _stage_name(stage: Any) -> str:
+    found = _shuffle_args(stage)
+    return f"shuffle({found[0]})" if found else type(stage).__name__
+
+
+def from_webdataset(data: Any) -> Source:
+    """The source for a webdataset pipeline: its shard urls reopened one by one when it
+    starts from a list of them, else the pipeline read whole (refused with a random stage)."""
     stages = list(getattr(data, "pipeline", []))
     urls = getattr(stages[0], "urls", None) if stages else None
     if not isinstance(urls, list):
+        random = [_stage_name(st) for st in stages if _shuffle_args(st) is not None]
+        if random:
+            raise TypeError(
+                f"run.loader got a webdataset pipeline with a random stage ({random[0]}) and "
+                "no list of shard urls, so splitsync cannot reseed it per shard: its order "
+                "would differ after a resume and samples would be lost and repeated. Build "
+                "it from a list of urls (wds.WebDataset([...]) or wds.SimpleShardList(urls)), "
+                "whose shuffle stages splitsync seeds from (seed, epoch, shard), or drop the "
+                "stage and pass run.loader(..., shuffle=True, buffer_size=n).")
         return IterSource(data, "webdataset pipeline")
     rest = [s for s in stages[1:] if getattr(s, "__name__", "") not in _WDS_SPLITTERS]
     return _WdsShards(urls, rest)
-
-
-def _is_file_list(data: Any) -> bool:
-    if not isinstance(data, (list, tuple)) or not data:
-        return False
-    if all(isinstance(x, os.PathLike) for x in data):
-        return True
-    return all(isinstance(x, str) and x.endswith(SHARD_SUFFIXES) and Path(x).is_file()
-               for x in data)
-
-
-def _shardable(data: Any) -> bool:
-    return isinstance(getattr(data, "n_shards", None), int) and callable(
-        getattr(data, "shard", None))
-
-
-def is_stream(data: Any) -> bool:
-    """True for data that ``run.loader`` reads as a stream rather than by index."""
-    if isinstance(data, (Source, IterableDataset)) or _is_file_list(data):
-        return True
-    if _shardable(data):
-        return True
-    indexable = hasattr(data, "__len__") and hasattr(data, "__getitem__")
-    return hasattr(data, "__iter__") and not indexable
-
-
-def as_source(data: Any) -> Source:
-    """The :class:`Source` for ``data`` (see :func:`is_stream`), or a clear error."""
-    if isinstance(data, Source):
-        return data
-    root = type(data).__module__.split(".")[0]
-    if _shardable(data):
-        kind = "Hugging Face IterableDataset" if root == "datasets" else type(data).__name__
-        return HFSource(data, kind)
-    if root == "webdataset":
-        return _from_webdataset(data)
-    if _is_file_list(data):
-        return Shards(list(data))
-    if iter(data) is data:  # a generator or iterator: one pass only, for one reader
-        raise TypeError(
-            f"run.loader got a one-shot {type(data).__name__}: every rank and worker (and "
-            "every epoch) needs its own pass. Pass something re-iterable instead: a "
-            "torch IterableDataset, a list, or splitsync.Shards(items, open=fn).")
-    kind = "torch IterableDataset" if isinstance(data, IterableDataset) else "iterable"
-    return IterSource(data, kind)

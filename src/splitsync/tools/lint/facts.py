@@ -78,7 +78,11 @@ class Facts:
     is_script: bool
     loaded_names: frozenset[str]
     nodes: tuple[ast.AST, ...] = ()
+    #: The source split into lines (ends kept), for quoting code.
+    lines: tuple[str, ...] = ()
     rank0_functions: frozenset[str] = field(default_factory=frozenset)
+    #: Names assigned only from rank-0 tests (``should_log = is_main_process()``).
+    rank0_flags: frozenset[str] = field(default_factory=frozenset)
     project: Project = field(default_factory=Project)
 
     @property
@@ -88,9 +92,25 @@ class Facts:
 
     def text(self, node: ast.AST, limit: int = 70) -> str:
         """The source of ``node`` as the author wrote it, on one line, shortened to ``limit``."""
-        raw = ast.get_source_segment(self.source, node) or ast.unparse(node)
+        raw = self._segment(node) or ast.unparse(node)
         text = " ".join(raw.split()) if "\n" in raw else raw
         return text if len(text) <= limit else text[: limit - 3] + "..."
+
+    def _segment(self, node: ast.AST) -> str | None:
+        """``ast.get_source_segment`` without re-splitting the whole source on every call."""
+        try:
+            first, last = node.lineno - 1, node.end_lineno - 1  # type: ignore[attr-defined]
+            start, end = node.col_offset, node.end_col_offset  # type: ignore[attr-defined]
+        except AttributeError:
+            return None
+        if first is None or last is None or end is None or last >= len(self.lines):
+            return None
+        if first == last:
+            return self.lines[first].encode()[start:end].decode(errors="replace")
+        parts = [self.lines[first].encode()[start:].decode(errors="replace"),
+                 *self.lines[first + 1:last],
+                 self.lines[last].encode()[:end].decode(errors="replace")]
+        return "".join(parts)
 
     # --- names -------------------------------------------------------------------------
     def resolve(self, expr: ast.AST) -> str | None:
@@ -115,7 +135,13 @@ class Facts:
 
     def torch_calls(self, *names: str) -> list[ast.Call]:
         """Calls of torch functions or classes named ``names`` (any import spelling)."""
-        return [c for c, _ in self.calls if self.is_torch(c, *names)]
+        wanted = set(names)
+        found = []
+        for call, full in self.calls:  # `full` is the call's resolved name, computed once
+            last = full.rsplit(".", 1)[-1]
+            if last in wanted and (full.startswith("torch.") or full == last):
+                found.append(call)
+        return found
 
     def method_calls(self, *attrs: str) -> list[ast.Call]:
         """Calls ``<anything>.attr(...)``."""
@@ -172,9 +198,9 @@ class Facts:
         return None
 
 
-def _aliases(tree: ast.Module) -> dict[str, str]:
+def _aliases(nodes: tuple[ast.AST, ...]) -> dict[str, str]:
     found: dict[str, str] = {}
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.asname:
@@ -188,10 +214,11 @@ def _aliases(tree: ast.Module) -> dict[str, str]:
     return found
 
 
-def _run_names(tree: ast.Module, init_calls: list[ast.Call], imports_splitsync: bool) -> set[str]:
+def _run_names(nodes: tuple[ast.AST, ...], init_calls: list[ast.Call],
+               imports_splitsync: bool) -> set[str]:
     names = {"run"} if imports_splitsync else set()
     ids = {id(c) for c in init_calls}
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Assign) and id(node.value) in ids:
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
         elif isinstance(node, ast.withitem) and id(node.context_expr) in ids:
@@ -221,14 +248,21 @@ def _runs_code(body: list[ast.stmt]) -> bool:
 
 def build_facts(tree: ast.Module, path: str, source: str = "") -> Facts:
     """Read ``tree`` once; rank-0 function analysis is added by :mod:`splitsync.tools.lint.flow`."""
-    aliases = _aliases(tree)
     parents: dict[ast.AST, ast.AST] = {}
     calls: list[ast.Call] = []
     loaded: set[str] = set()
-    nodes = tuple(in_order(tree))
-    for node in nodes:
-        for child in ast.iter_child_nodes(node):
+    order: list[ast.AST] = []
+    stack: list[ast.AST] = [tree]
+    while stack:  # one pass: source order (as in_order) and every node's parent
+        node = stack.pop()
+        order.append(node)
+        children = list(ast.iter_child_nodes(node))
+        for child in children:
             parents[child] = node
+        stack.extend(reversed(children))
+    nodes = tuple(order)
+    aliases = _aliases(nodes)
+    for node in nodes:
         if isinstance(node, ast.Call):
             calls.append(node)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
@@ -239,7 +273,7 @@ def build_facts(tree: ast.Module, path: str, source: str = "") -> Facts:
                   classes=frozenset(), functions={}, run_names=frozenset(), is_splitsync=False,
                   is_distributed=False, uses_spawn=False, is_script=False,
                   loaded_names=frozenset(loaded),
-                  nodes=nodes)
+                  nodes=nodes, lines=tuple(source.splitlines(keepends=True)))
     resolved = tuple((c, facts.resolve(c.func) or "") for c in calls)
     facts = replace(facts, calls=resolved)
     init_calls = facts.init_calls()
@@ -256,9 +290,9 @@ def build_facts(tree: ast.Module, path: str, source: str = "") -> Facts:
     script = _runs_code(tree.body)
     return replace(
         facts,
-        classes=frozenset(n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)),
+        classes=frozenset(n.name for n in nodes if isinstance(n, ast.ClassDef)),
         functions=functions,
-        run_names=frozenset(_run_names(tree, init_calls, imports_ss)),
+        run_names=frozenset(_run_names(nodes, init_calls, imports_ss)),
         is_splitsync=bool(init_calls),
         is_distributed=distributed and script,
         uses_spawn=spawn,

@@ -19,9 +19,13 @@ __all__ = ["is_rank_like", "rank0_test", "nonmain_test", "guarded_by_rank0", "wi
 
 _MAIN_FLAG = re.compile(
     r"^(is_)?(main|master|chief|leader|primary)(_process|_proc|_rank|_worker|_node)?$"
-    r"|rank_?0|rank_zero|global_zero|^is_local_main", re.IGNORECASE)
+    r"|rank_?0|rank_zero|global_zero|^is_local_(main|master)", re.IGNORECASE)
 _RANK0_DECORATOR = re.compile(r"rank_?zero|rank_?0|main_process|master_only|main_only", re.I)
-_AVAILABILITY = ("cuda", "is_available", "gpu", "accelerator", "device_count", "mps", "xpu")
+_AVAILABILITY = ("cuda", "is_available", "gpu", "accelerator", "device_count", "mps", "xpu",
+                 "nccl")
+#: Words of a test about the GPU itself (not `dist.is_available()`, which is about the
+#: distributed package): an early return on them leaves CUDA-only code behind.
+_DEVICE_WORDS = ("cuda", "gpu", "accelerator", "device_count", "mps", "xpu")
 _EXITS = frozenset({"exit", "_exit", "quit"})
 #: Names scripts use for the local rank when it doubles as the GPU index (PyTorch's tutorials).
 _LOCAL_IDS = frozenset({"gpu_id", "gpu", "device_id", "local_gpu"})
@@ -76,12 +80,15 @@ def _compare(test: ast.Compare) -> tuple[ast.AST, ast.cmpop, ast.AST] | None:
     return test.left, test.ops[0], test.comparators[0]
 
 
-def rank0_test(test: ast.AST) -> bool:
-    """Is ``test`` true only on rank 0 (``rank == 0``, ``is_main``, ``not rank`` ...)?"""
+def rank0_test(test: ast.AST, flags: frozenset[str] = frozenset()) -> bool:
+    """Is ``test`` true only on rank 0 (``rank == 0``, ``is_main``, ``not rank`` ...)?
+    ``flags`` are names assigned from such a test (``should_log = is_main_process()``)."""
     if isinstance(test, ast.BoolOp):
-        return any(rank0_test(v) for v in test.values)
+        return any(rank0_test(v, flags) for v in test.values)
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return is_rank_like(test.operand) or nonmain_test(test.operand)
+        return is_rank_like(test.operand) or nonmain_test(test.operand, flags)
+    if isinstance(test, ast.Name | ast.Attribute) and last_name(test) in flags:
+        return True
     if isinstance(test, ast.Compare) and (parts := _compare(test)):
         left, op, right = parts
         if isinstance(op, ast.Eq | ast.Is | ast.LtE):
@@ -94,13 +101,13 @@ def rank0_test(test: ast.AST) -> bool:
     return _main_flag(test)
 
 
-def nonmain_test(test: ast.AST) -> bool:
+def nonmain_test(test: ast.AST, flags: frozenset[str] = frozenset()) -> bool:
     """Is ``test`` true on every rank but 0 (``rank != 0``, ``not is_main``, ``rank > 0`` ...)?"""
     if isinstance(test, ast.BoolOp):
         pick = any if isinstance(test.op, ast.Or) else all
-        return pick(nonmain_test(v) for v in test.values)
+        return pick(nonmain_test(v, flags) for v in test.values)
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return rank0_test(test.operand)
+        return rank0_test(test.operand, flags)
     if isinstance(test, ast.Compare) and (parts := _compare(test)):
         left, op, right = parts
         if isinstance(op, ast.NotEq | ast.IsNot | ast.Gt):
@@ -116,31 +123,31 @@ def _exits(block: list[ast.stmt]) -> bool:
     return isinstance(end, ast.Expr) and last_name(end.value) in _EXITS
 
 
-def _early_exit_before(block: list[ast.stmt], child: ast.AST) -> bool:
+def _early_exit_before(block: list[ast.stmt], child: ast.AST, flags: frozenset[str]) -> bool:
     for stmt in block:
         if stmt is child:
             return False
-        if isinstance(stmt, ast.If) and nonmain_test(stmt.test) and _exits(stmt.body):
+        if isinstance(stmt, ast.If) and nonmain_test(stmt.test, flags) and _exits(stmt.body):
             return True
     return False
 
 
-def _guarding_parent(parent: ast.AST, child: ast.AST) -> bool:
+def _guarding_parent(parent: ast.AST, child: ast.AST, flags: frozenset[str]) -> bool:
     if isinstance(parent, ast.If | ast.IfExp | ast.While):
         body = parent.body if isinstance(parent.body, list) else [parent.body]
         orelse = parent.orelse if isinstance(parent.orelse, list) else [parent.orelse]
-        if any(child is s for s in body) and rank0_test(parent.test):
+        if any(child is s for s in body) and rank0_test(parent.test, flags):
             return True
-        if any(child is s for s in orelse) and nonmain_test(parent.test):
+        if any(child is s for s in orelse) and nonmain_test(parent.test, flags):
             return True
     if isinstance(parent, ast.BoolOp) and isinstance(parent.op, ast.And):
         before = parent.values[:[id(v) for v in parent.values].index(id(child))]
-        if any(rank0_test(v) for v in before):
+        if any(rank0_test(v, flags) for v in before):
             return True
     for name in ("body", "orelse", "finalbody"):
         block = getattr(parent, name, None)
         if isinstance(block, list) and any(child is s for s in block):
-            if _early_exit_before(block, child):
+            if _early_exit_before(block, child, flags):
                 return True
     return False
 
@@ -149,7 +156,7 @@ def guarded_by_rank0(facts: Facts, node: ast.AST) -> bool:
     """Does ``node`` run on rank 0 only?"""
     child = node
     for parent in facts.ancestors(node):
-        if _guarding_parent(parent, child):
+        if _guarding_parent(parent, child, facts.rank0_flags):
             return True
         if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef):
             if any(_RANK0_DECORATOR.search(ast.unparse(d)) for d in parent.decorator_list):
@@ -182,10 +189,29 @@ def _call_sites(facts: Facts) -> dict[str, tuple[list[ast.Call], int]]:
     return {name: (sites[name], mentions[name]) for name in names}
 
 
+def rank0_flags(facts: Facts) -> frozenset[str]:
+    """Names assigned only from rank-0 tests: ``should_log = accelerator.is_main_process``,
+    ``self.can_checkpoint = self.is_local_main if local else self.is_main``."""
+    flags: frozenset[str] = frozenset()
+    assigns = [n for n in facts.nodes if isinstance(n, ast.Assign)]
+    for _ in range(2):  # a flag computed from a flag
+        found = set(flags)
+        for node in assigns:
+            value = node.value
+            branches = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
+            if all(rank0_test(b, flags) for b in branches):
+                found.update(n for t in node.targets if (n := last_name(t)))
+        if found == flags:
+            break
+        flags = frozenset(found)
+    return flags
+
+
 def with_rank0_functions(facts: Facts) -> Facts:
     """Add the functions and methods that only ever run on rank 0 (every call site guarded)."""
     if not facts.in_distributed_run:
         return facts  # only rules about distributed scripts ask
+    facts = replace(facts, rank0_flags=rank0_flags(facts))
     uses = _call_sites(facts)
     for _ in range(4):  # a few rounds reach helpers called from guarded helpers
         found = {name for name, (sites, mentions) in uses.items()
@@ -197,10 +223,27 @@ def with_rank0_functions(facts: Facts) -> Facts:
     return facts
 
 
+def _availability_exit_before(block: list[ast.stmt], child: ast.AST) -> bool:
+    """``if not torch.cuda.is_available(): return`` earlier in ``block``."""
+    for stmt in block:
+        if stmt is child:
+            return False
+        if isinstance(stmt, ast.If) and _exits(stmt.body) and any(
+                word in ast.unparse(stmt.test).lower() for word in _DEVICE_WORDS):
+            return True
+    return False
+
+
 def availability_guarded(facts: Facts, node: ast.AST) -> bool:
-    """Is ``node`` under a test for CUDA/GPU availability (or the device's type)?"""
+    """Is ``node`` under a test for CUDA/GPU availability (or the device's type, or a
+    ``backend == "nccl"`` test), or after an early return when CUDA is missing?"""
     child = node
     for parent in facts.ancestors(node):
+        for name in ("body", "orelse"):
+            block = getattr(parent, name, None)
+            if isinstance(block, list) and any(child is s for s in block) \
+                    and _availability_exit_before(block, child):
+                return True
         if isinstance(parent, ast.If | ast.IfExp | ast.While) and child is not parent.test:
             text = ast.unparse(parent.test).lower()
             if any(word in text for word in _AVAILABILITY):
@@ -239,25 +282,26 @@ def conditional_between(facts: Facts, node: ast.AST, loop: ast.AST) -> bool:
     return False
 
 
-def _guard_of(parent: ast.AST, child: ast.AST) -> ast.AST | None:
+def _guard_of(parent: ast.AST, child: ast.AST, flags: frozenset[str]) -> ast.AST | None:
     """The test that makes ``child`` rank-0-only under ``parent``, if one does."""
     if isinstance(parent, ast.If | ast.IfExp | ast.While):
         body = parent.body if isinstance(parent.body, list) else [parent.body]
         orelse = parent.orelse if isinstance(parent.orelse, list) else [parent.orelse]
-        if any(child is s for s in body) and rank0_test(parent.test):
+        if any(child is s for s in body) and rank0_test(parent.test, flags):
             return parent.test
-        if any(child is s for s in orelse) and nonmain_test(parent.test):
+        if any(child is s for s in orelse) and nonmain_test(parent.test, flags):
             return parent.test
     if isinstance(parent, ast.BoolOp) and isinstance(parent.op, ast.And):
         before = parent.values[:[id(v) for v in parent.values].index(id(child))]
-        return next((v for v in before if rank0_test(v)), None)
+        return next((v for v in before if rank0_test(v, flags)), None)
     for name in ("body", "orelse", "finalbody"):
         block = getattr(parent, name, None)
         if isinstance(block, list) and any(child is s for s in block):
             for stmt in block:
                 if stmt is child:
                     break
-                if isinstance(stmt, ast.If) and nonmain_test(stmt.test) and _exits(stmt.body):
+                if isinstance(stmt, ast.If) and nonmain_test(stmt.test, flags) \
+                        and _exits(stmt.body):
                     return stmt.test
     return None
 
@@ -267,7 +311,7 @@ def rank0_guards(facts: Facts, node: ast.AST, depth: int = 0) -> list[ast.AST]:
     that only guarded code calls); empty when it is not guarded."""
     child = node
     for parent in facts.ancestors(node):
-        test = _guard_of(parent, child)
+        test = _guard_of(parent, child, facts.rank0_flags)
         if test is not None:
             return [test]
         if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -297,6 +341,8 @@ def local_rank_names(facts: Facts) -> set[str]:
 def is_local_rank_test(test: ast.AST, local_names: set[str]) -> bool:
     """Is ``test`` about the rank within one machine (``local_rank == 0``)?"""
     for n in ast.walk(test):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) and is_rank_like(n.left):
+            return True  # `rank % ngpus_per_node == 0`: the first process of every node
         ident = last_name(n) if isinstance(n, ast.Name | ast.Attribute) else None
         if ident and ("local" in ident.lower() or ident in local_names):
             return True

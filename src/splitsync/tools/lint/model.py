@@ -85,3 +85,12 @@ class Project:
     distributed: bool = False
     #: A random seed is set with the same value on every rank (``torch.manual_seed(0)``).
     same_seed: bool = False
+    #: Log output is limited to rank 0 (a per-rank level, a NullHandler off rank 0) or each
+    #: record shows its rank (a Formatter that reads the rank).
+    log_rank_limited: bool = False
+    #: Some module makes INFO records visible (``basicConfig``, a handler, ``setLevel``).
+    log_configured: bool = False
+    #: ``"Fabric"`` or ``"Accelerator"``: a framework sets up the processes and the loaders.
+    framework: str | None = None
+    #: Some module splits the data between ranks (a DistributedSampler in the data helpers).
+    sharded: bool = False

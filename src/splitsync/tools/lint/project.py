@@ -13,11 +13,13 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
+from splitsync.tools.lint.evidence import framework_of, logging_configured, logging_rank_limited
 from splitsync.tools.lint.facts import Facts, last_name
 from splitsync.tools.lint.flow import is_rank_like
 from splitsync.tools.lint.model import Project
+from splitsync.tools.lint.rules.data import sharded
 
-__all__ = ["local_imports", "project_of", "with_project", "overrides_print", "same_seed",
+__all__ = ["local_imports", "project_of", "file_project", "merge", "with_project", "overrides_print", "same_seed",
            "is_seed_call"]
 
 _WRAPS = frozenset({"DistributedDataParallel", "FullyShardedDataParallel", "fully_shard"})
@@ -33,7 +35,20 @@ def _roots(path: Path) -> list[Path]:
         top = top.parent
     if top != folder:
         roots.append(top)
+    # `python -m apps.x.train` run from the repository root: the script's folder is not a
+    # package, but `lingua/` beside `apps/` is; such ancestors resolve only package imports
+    for parent in list(folder.parents)[:3]:
+        if parent not in roots:
+            roots.append(parent)
     return roots
+
+
+def _roots_own_top(path: Path) -> Path:
+    """The package root of ``path`` (its folder when it is in no package)."""
+    top = path.parent
+    while (top / "__init__.py").exists() and top.parent != top:
+        top = top.parent
+    return top
 
 
 def _module_file(base: Path, dotted_name: str) -> Path | None:
@@ -44,11 +59,14 @@ def _module_file(base: Path, dotted_name: str) -> Path | None:
     return None
 
 
-def local_imports(tree: ast.Module, path: Path) -> set[Path]:
-    """The project files ``tree`` (read from ``path``) imports."""
+def local_imports(tree: ast.Module, path: Path,
+                  nodes: Iterable[ast.AST] | None = None) -> set[Path]:
+    """The project files ``tree`` (read from ``path``; ``nodes``: its nodes, if already
+    listed) imports."""
     found: set[Path] = set()
     roots = _roots(path)
-    for node in ast.walk(tree):
+    ancestors = set(roots[1:]) - {_roots_own_top(path)}
+    for node in ast.walk(tree) if nodes is None else nodes:
         names: list[tuple[list[Path], str]] = []
         if isinstance(node, ast.Import):
             names = [(roots, a.name) for a in node.names]
@@ -66,6 +84,8 @@ def local_imports(tree: ast.Module, path: Path) -> set[Path]:
             names += [(bases, f"{module}.{a.name}" if module else a.name) for a in node.names]
         for bases, name in names:
             for base in bases:
+                if base in ancestors and not (base / name.split(".")[0] / "__init__.py").is_file():
+                    continue  # an ancestor folder resolves packages only, never a stray file
                 hit = _module_file(base, name)
                 if hit is not None and hit.resolve() != path.resolve():
                     found.add(hit.resolve())
@@ -130,18 +150,44 @@ def _wraps(facts: Facts) -> bool:
     return bool(facts.torch_calls(*_WRAPS) or facts.run_calls("model"))
 
 
+def file_project(f: Facts) -> Project:
+    """What one file contributes to its project (read once per file, then merged)."""
+    return Project(
+        files=(f.path,),
+        print_override=overrides_print(f),
+        called=frozenset(name for c, _ in f.calls if (name := last_name(c))),
+        mentioned=f.loaded_names,
+        wrapped=_wraps(f),
+        distributed=f.is_distributed or framework_of(f) is not None,
+        same_seed=same_seed(f),
+        log_rank_limited=logging_rank_limited([f]),
+        log_configured=logging_configured([f]),
+        framework=framework_of(f),
+        sharded=sharded(f),
+    )
+
+
+def merge(parts: Iterable[Project]) -> Project:
+    """The :class:`Project` of files read together, from each file's own part."""
+    parts = list(parts)
+    return Project(
+        files=tuple(p for part in parts for p in part.files),
+        print_override=any(p.print_override for p in parts),
+        called=frozenset().union(*(p.called for p in parts)),
+        mentioned=frozenset().union(*(p.mentioned for p in parts)),
+        wrapped=any(p.wrapped for p in parts),
+        distributed=any(p.distributed for p in parts),
+        same_seed=any(p.same_seed for p in parts),
+        log_rank_limited=any(p.log_rank_limited for p in parts),
+        log_configured=any(p.log_configured for p in parts),
+        framework=next((p.framework for p in parts if p.framework), None),
+        sharded=any(p.sharded for p in parts),
+    )
+
+
 def project_of(members: Iterable[Facts]) -> Project:
     """The :class:`Project` of files read together."""
-    members = list(members)
-    return Project(
-        files=tuple(f.path for f in members),
-        print_override=any(overrides_print(f) for f in members),
-        called=frozenset(name for f in members for c, _ in f.calls if (name := last_name(c))),
-        mentioned=frozenset().union(*(f.loaded_names for f in members)),
-        wrapped=any(_wraps(f) for f in members),
-        distributed=any(f.is_distributed for f in members),
-        same_seed=any(same_seed(f) for f in members),
-    )
+    return merge(file_project(f) for f in members)
 
 
 def with_project(facts: Facts, project: Project | None = None) -> Facts:

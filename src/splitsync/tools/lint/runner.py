@@ -17,8 +17,8 @@ from pathlib import Path
 
 from splitsync.tools.lint.facts import Facts, build_facts
 from splitsync.tools.lint.flow import with_rank0_functions
-from splitsync.tools.lint.model import Finding, Rule
-from splitsync.tools.lint.project import local_imports, project_of, with_project
+from splitsync.tools.lint.model import SEVERITIES, Finding, Rule
+from splitsync.tools.lint.project import file_project, local_imports, merge, with_project
 from splitsync.tools.lint.registry import META_CODES, all_rules
 
 __all__ = ["check_source", "check_file", "check_paths", "iter_python_files", "Suppressions"]
@@ -55,6 +55,8 @@ def _comments(source: str) -> Iterator[tuple[int, int, str]]:
 
 def parse_suppressions(source: str) -> Suppressions:
     """Read ``# splitsync: ignore[...]`` comments from ``source``."""
+    if "splitsync" not in source:
+        return Suppressions({}, frozenset(), ())  # no comment can name us: skip tokenizing
     known = {r.code for r in all_rules()} | set(META_CODES)
     lines: dict[int, frozenset[str]] = {}
     whole: set[str] = set()
@@ -99,6 +101,13 @@ def _parse(source: str, path: str) -> Facts | Finding:
     return build_facts(tree, path, source)
 
 
+def _weaker(hit: str | None, rule: str) -> str:
+    """A hit may lower its rule's severity, never raise it past the rule's (gated) level."""
+    if hit is None:
+        return rule
+    return max(hit, rule, key=SEVERITIES.index)
+
+
 def _run_rules(facts: Facts, rules: tuple[Rule, ...]) -> list[Finding]:
     facts = with_rank0_functions(facts)  # after the project is known: helpers run per rank too
     path = facts.path
@@ -120,7 +129,7 @@ def _run_rules(facts: Facts, rules: tuple[Rule, ...]) -> list[Finding]:
             if quiet.silences(rule.code, line, end):
                 continue
             found.setdefault((rule.code, line, col), Finding(
-                rule.code, rule.name, hit.severity or rule.severity, hit.message, hit.fix, path,
+                rule.code, rule.name, _weaker(hit.severity, rule.severity), hit.message, hit.fix, path,
                 line, col, end))
     if "SS001" not in quiet.whole_file:
         for line, col, code in quiet.unknown:
@@ -151,9 +160,38 @@ def _read(path: Path) -> str | Finding:
                        "save it as UTF-8 (or fix its coding cookie).", str(path), 1, 1, 1)
 
 
-def _analyse(files: list[Path], rules: tuple[Rule, ...]) -> dict[Path, list[Finding]]:
+def _importers_beside(files: list[Path]) -> list[Path]:
+    """Scripts next to the named files that import one of them (``train.py`` beside a named
+    ``model.py``): a helper named alone is read with the scripts that use it."""
+    named = {f.resolve() for f in files}
+    found: list[Path] = []
+    for folder in dict.fromkeys(f.resolve().parent for f in files):
+        stems = {f.stem for f in named if f.parent == folder}
+        for sibling in sorted(folder.glob("*.py")):
+            if sibling.resolve() in named:
+                continue
+            try:
+                text = sibling.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            if not any(stem in text for stem in stems):
+                continue  # cheap test before parsing: it never names the helper
+            try:
+                tree = ast.parse(text)
+            except (SyntaxError, ValueError, RecursionError):
+                continue
+            if local_imports(tree, sibling.resolve()) & named:
+                found.append(sibling)
+    return found
+
+
+def _analyse(files: list[Path], rules: tuple[Rule, ...],
+             context: list[Path] = ()) -> dict[Path, list[Finding]]:  # type: ignore[assignment]
     """Findings per file for ``files`` and the local modules they import, each file read
-    together with the modules it is connected to by imports."""
+    together with the modules it is connected to by imports. ``context`` files are read
+    for what they show about the others; their own findings are not returned."""
+    hidden = {f.resolve() for f in context}
+    files = [*files, *context]
     shown = {f.resolve(): f for f in files}
     facts: dict[Path, Facts] = {}
     failed: dict[Path, list[Finding]] = {}
@@ -169,7 +207,7 @@ def _analyse(files: list[Path], rules: tuple[Rule, ...]) -> dict[Path, list[Find
             failed[key] = [parsed]
             continue
         facts[key] = parsed
-        edges[key] = local_imports(parsed.tree, key)
+        edges[key] = local_imports(parsed.tree, key, parsed.nodes)
         queue.extend(edges[key] - facts.keys())
     # a file is read with what it imports and with the scripts that import it (and theirs)
     importers: dict[Path, set[Path]] = {key: set() for key in facts}
@@ -187,13 +225,15 @@ def _analyse(files: list[Path], rules: tuple[Rule, ...]) -> dict[Path, list[Find
         return seen
 
     closures = {key: reach(key, edges) for key in facts}
+    parts = {key: file_project(f) for key, f in facts.items()}  # each file read once
     projects = {}
     for key in facts:
         together = set().union(*(closures[a] for a in reach(key, importers)))
-        projects[key] = project_of(facts[k] for k in sorted(together))
-    results = dict(failed)
+        projects[key] = merge(parts[k] for k in sorted(together))
+    results = {k: v for k, v in failed.items() if k not in hidden}
     for key, f in facts.items():
-        results[key] = _run_rules(with_project(f, projects[key]), rules)
+        if key not in hidden:
+            results[key] = _run_rules(with_project(f, projects[key]), rules)
     return results
 
 
@@ -201,7 +241,7 @@ def check_file(path: str | Path, rules: Iterable[Rule] | None = None) -> list[Fi
     """Findings for one file, read together with the local modules it imports."""
     rules = all_rules() if rules is None else tuple(rules)
     path = Path(path)
-    return _analyse([path], rules).get(path.resolve(), [])
+    return _analyse([path], rules, _importers_beside([path])).get(path.resolve(), [])
 
 
 def iter_python_files(paths: Iterable[str | Path]) -> Iterator[Path]:
@@ -226,7 +266,7 @@ def check_paths(paths: Iterable[str | Path],
     many files were checked."""
     rules = all_rules() if rules is None else tuple(rules)
     files = list(dict.fromkeys(iter_python_files(paths)))
-    results = _analyse(files, rules)
+    results = _analyse(files, rules, _importers_beside(files))
     named = {f.resolve() for f in files}
     extra = sorted(k for k in results if k not in named)  # imported modules outside `paths`
     order = [f.resolve() for f in files] + extra

@@ -1,12 +1,15 @@
-"""The global batch both sides of ``splitsync verify script.py`` use, agreed through files.
+"""The global batch every launch of ``splitsync verify`` trains at, agreed through files.
 
-The 1-process and N-process runs start together. A script may give ``run.loader`` a fixed
-per-process batch (``batch_size=16``) or derive it from the world size
-(``batch_size=64 // run.world_size``); neither run alone can tell which, so each run's rank 0
-writes the batch size it was given and both read the other's before choosing B:
-
-- the same size at 1 and N processes: a per-process batch, B = size x N;
-- the N-process size is the 1-process size / N: a global batch split by the script, B = it.
+Launches start together and each may see another world size, strategy or accumulation. A
+script may give ``run.loader`` a fixed per-process batch (``batch_size=16``), derive it from
+the world size (``64 // run.world_size``), or derive its accumulation from it, as nanoGPT
+does (``init(accumulate=lambda world_size: 8 // world_size)``). No launch alone can tell
+which, so one launch is the reference: the script as the user runs it. Its rank 0 publishes the global
+batch of one optimizer step, G = per-process batch x accumulation x world size (or
+``--batch`` B x accumulation). Every other launch trains at the same G, with a per-process
+micro-batch of G / (its accumulation x its world size): at 1 process with accumulation 8
+against 2 x 4, the micro-batch stays what the script gave; a per-process batch of 16 at 2
+processes becomes 32 at one.
 """
 
 from __future__ import annotations
@@ -16,43 +19,45 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["global_batch", "choose", "EXITED"]
+__all__ = ["publish", "read_global", "per_rank", "EXITED", "REF"]
 
-EXITED = "exited-{world}"  # written by verify when the run at that world size has ended
-
-
-def choose(one: int, many: int, nproc: int) -> int:
-    """B from the script's batch size at 1 process (``one``) and at ``nproc`` (``many``)."""
-    if one == many:
-        return one * nproc
-    if one == many * nproc:
-        return one
-    raise ValueError(
-        f"splitsync verify: the script's batch size is {one} at 1 process and {many} at "
-        f"{nproc}, which is neither a per-process batch nor a global batch split over the "
-        f"processes; give the global batch with --batch B (a multiple of {nproc}).")
+EXITED = "exited-{label}"  # written by verify when the launch with that label has ended
+REF = "ref"  # the reference launch's label
 
 
-def global_batch(shared: Path, index: int, own: int, rank: int, world: int, nproc: int,
-                 timeout: float) -> int:
-    """Publish this run's batch size for its ``index``-th shuffled loader, read the other
-    run's and return B (same answer on both sides and every rank)."""
-    mine = shared / f"batch{index}-w{world}.json"
-    if rank == 0:
-        tmp = mine.with_suffix(".tmp")
-        tmp.write_text(json.dumps(own))
-        os.replace(tmp, mine)
-    other_world = nproc if world == 1 else 1
-    theirs = shared / f"batch{index}-w{other_world}.json"
-    ended = shared / EXITED.format(world=other_world)
+def _file(shared: Path, index: int) -> Path:
+    return shared / f"batch{index}.json"
+
+
+def publish(shared: Path, index: int, global_batch: int) -> None:
+    """The reference launch's rank 0: the global batch of its ``index``-th shuffled loader."""
+    path = _file(shared, index)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"global": global_batch}))
+    os.replace(tmp, path)
+
+
+def read_global(shared: Path, index: int, timeout: float) -> int:
+    """The reference's global batch for loader ``index`` (waits until it is published)."""
+    path = _file(shared, index)
+    ended = shared / EXITED.format(label=REF)
     deadline = time.monotonic() + timeout
-    while not theirs.exists():
+    while not path.exists():
         if ended.exists() or time.monotonic() > deadline:
             raise RuntimeError(
-                f"splitsync verify: the {other_world}-process run ended (or stalled) before "
-                f"it built its training loader (run.loader #{index}), so the two runs cannot "
-                "agree on a global batch; see its output, or give --batch B.")
+                "splitsync verify: the reference run (the script as written) ended (or "
+                f"stalled) before it built its training loader (run.loader #{index}), so the "
+                "runs cannot agree on a global batch; see its output, or give --batch B.")
         time.sleep(0.05)
-    other = int(json.loads(theirs.read_text()))
-    one, many = (own, other) if world == 1 else (other, own)
-    return choose(one, many, nproc)
+    return int(json.loads(path.read_text())["global"])
+
+
+def per_rank(global_batch: int, accumulate: int, world: int) -> int:
+    """The per-process micro-batch that makes ``global_batch`` per optimizer step."""
+    parts = accumulate * world
+    if global_batch % parts:
+        raise ValueError(
+            f"splitsync verify: a global batch of {global_batch} samples per optimizer step "
+            f"cannot be split into {accumulate} micro-batch(es) x {world} process(es); give "
+            f"--batch B with B x accumulation a multiple of {parts}.")
+    return global_batch // parts

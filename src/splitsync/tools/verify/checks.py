@@ -10,16 +10,24 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["Result", "check_backend", "train_tiny", "roundtrip_checkpoint", "compare_params"]
+__all__ = ["Result", "not_checkable", "check_backend", "train_tiny", "roundtrip_checkpoint",
+           "compare_params"]
 
 
 @dataclass(frozen=True)
 class Result:
-    """One row of the pass/fail table."""
+    """One row of the pass/fail table. ``checkable=False``: the check could not be made on
+    this script (``detail`` says why); it never fails the verify."""
 
     check: str
     ok: bool
     detail: str
+    checkable: bool = True
+
+
+def not_checkable(check: str, reason: str) -> Result:
+    """A row for a check this script gives verify no way to make."""
+    return Result(check, True, reason, checkable=False)
 
 
 def check_backend(backend: str, rank: int, world: int) -> Result:

@@ -7,9 +7,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from splitsync.tools.verify.checks import Result
+from splitsync.tools.verify.checks import Result, not_checkable
 
-__all__ = ["compare_runs", "likely_cause", "RTOL", "ATOL"]
+__all__ = ["compare_runs", "likely_cause", "summed_micro_steps", "RTOL", "ATOL"]
 
 RTOL, ATOL = 1e-3, 1e-5
 Record = dict[str, Any]
@@ -49,8 +49,11 @@ def _overlap(multi: Sequence[Record], steps: int) -> tuple[int, int] | None:
     """
     seen: Counter[Any] = Counter()
     current = None
+    # batches a script draws itself (random offsets) are drawn with replacement: only
+    # the same step's batches must be disjoint across ranks
+    per_step = not multi[0]["used_run_loader"]
     for s in range(steps):
-        if multi[0]["steps"][s].get("pass") != current:
+        if per_step or multi[0]["steps"][s].get("pass") != current:
             current, seen = multi[0]["steps"][s].get("pass"), Counter()
         per_rank = _ids(multi, s)
         for ids in per_rank:
@@ -78,14 +81,31 @@ def compare_runs(single: Record, multi: Sequence[Record], n: int) -> list[Result
     ov = _overlap(multi, steps)
     out.append(Result("ranks' samples disjoint", ov is None, "disjoint" if ov is None else
                       f"by step {ov[0]}, {ov[1]} samples were read by more than one rank"))
+    size = _global_batch(single, multi, steps, n)
+    out.append(size)
     bad = next((s for s in range(steps) if Counter(x for ids in _ids(multi, s) for x in ids)
                 != Counter(_ids([single], s)[0])), None)
-    out.append(Result(f"{n} ranks' batches = 1-process batch", bad is None,
-                      "every step covers the same samples" if bad is None else
-                      f"step {bad}: the ranks' samples together differ from the 1-process batch"))
+    batch_row = f"{n} ranks' batches = 1-process batch"
+    own = not multi[0]["used_run_loader"] and not single["used_run_loader"]
+    why = None
+    if not size.checkable:
+        why = "the two runs trained at different global batches (see above)"
+    elif bad is not None and own:
+        why = (f"the script draws its own batches (not through run.loader), so the 1-process "
+               f"and {n}-process runs trained on different samples (from step {bad}); "
+               "--strategies and --resume compare it at one world size")
+    if why is not None:
+        out.append(not_checkable(batch_row, why))
+    else:
+        out.append(Result(batch_row, bad is None, "every step covers the same samples"
+                          if bad is None else f"step {bad}: the ranks' samples together "
+                          "differ from the 1-process batch"))
     out.append(_epochs(multi[0]))
     loss1, lossn, grad1, gradn = _series(single, multi, steps)
     for name, a, b in (("per-step loss", loss1, lossn), ("per-step gradient norm", grad1, gradn)):
+        if why is not None:
+            out.append(not_checkable(name, why))
+            continue
         i = _first_mismatch(a, b)
         out.append(Result(name, i is None, f"equal within rtol {RTOL:g}" if i is None else
                           f"first differs at step {i}: 1 process {a[i]:.6g}, {n} processes "
@@ -93,11 +113,31 @@ def compare_runs(single: Record, multi: Sequence[Record], n: int) -> list[Result
     return out
 
 
+def _global_batch(single: Record, multi: Sequence[Record], steps: int, n: int) -> Result:
+    """Samples per optimizer step at 1 and at N processes (equal, or the comparison of
+    losses is not one of equals)."""
+    name = "equal global batch"
+    key = "rows" if any(single["steps"][s]["rows"] for s in range(steps)) else "indices"
+    one = [len(single["steps"][s][key]) for s in range(steps)]
+    many = [sum(len(r["steps"][s][key]) for r in multi) for s in range(steps)]
+    if not any(one) and not any(many):
+        return not_checkable(name, "no samples seen: the model's forward takes no tensor "
+                                   "first and the data is not read through run.loader")
+    micro1, micron = single["steps"][0].get("micro", 1), multi[0]["steps"][0].get("micro", 1)
+    shape = (f"1 process: {micro1} micro-batch(es), {one[0]} samples per step; {n} processes: "
+             f"{micron} micro-batch(es) each, {many[0]} samples")
+    if one == many:
+        return Result(name, True, shape)
+    return not_checkable(name, f"{shape}. verify sets the global batch of run.loader and of "
+                               "init(accumulate=...); this script accumulates or batches by "
+                               "itself: give --batch B, or let init(accumulate=k) accumulate")
+
+
 def _epochs(record: Record) -> Result:
     name = "set_epoch advanced"
     if not record["used_run_loader"]:
-        return Result(name, False, "not checkable: the training data (a shuffled loader) is "
-                                   "not read with run.loader, so splitsync cannot shard it")
+        return not_checkable(name, "the training data is not read with a shuffled "
+                                   "run.loader: there is no sampler epoch to advance")
     by_loader: dict[Any, list[Any]] = {}
     for p in record["passes"]:
         # a pass that trained on nothing (a peek: next(iter(loader))) is not an epoch
@@ -133,8 +173,12 @@ def likely_cause(results: Sequence[Result], single: Record, multi: Sequence[Reco
         return ("Unsharded data: every rank reads the same samples (a plain DataLoader). Read "
                 "data with run.loader(dataset, batch_size=...) so each rank gets its shard.")
     if any(c.endswith("= 1-process batch") for c in failed):
-        return ("The ranks' batches do not make up the 1-process batch: data is not read "
-                "through run.loader, or the script builds its own sampler.")
+        if multi[0]["used_run_loader"]:
+            return ("The ranks' batches do not make up the 1-process batch although the "
+                    "script reads through run.loader: another loader or a sampler of the "
+                    "script's own feeds the model, or the script changes the batch itself.")
+        return ("The ranks' batches do not make up the 1-process batch: the training data is "
+                "not read through run.loader(dataset, batch_size=..., shuffle=True).")
     if {"per-step loss", "per-step gradient norm"} & failed:
         return _diverged(failed, single, multi, n)
     if "set_epoch advanced" in failed:
@@ -149,6 +193,9 @@ def _diverged(failed: set[str], single: Record, multi: Sequence[Record], n: int)
     """Why per-step losses or gradient norms differ although the data is right."""
     steps = min(len(single["steps"]), *(len(r["steps"]) for r in multi))
     loss1, lossn, grad1, gradn = _series(single, multi, steps)
+    summed = summed_micro_steps(loss1, lossn, single["steps"][0], multi[0]["steps"][0])
+    if summed:
+        return summed
     for a, b in ((loss1, lossn), (grad1, gradn)):
         i = _first_mismatch(a, b)
         if i is not None and a[i] and b[i] and math.isclose(a[i] / b[i], n, rel_tol=0.05):
@@ -167,3 +214,21 @@ def _diverged(failed: set[str], single: Record, multi: Sequence[Record], n: int)
     return ("The losses diverge without a known cause: check that the loss is a mean over the "
             "batch, that the learning rate and batch size do not depend on world_size, and "
             "that nothing random (augmentation, noise) is drawn per process.")
+
+
+def summed_micro_steps(a: Sequence[float | None], b: Sequence[float | None], step_a: Record,
+                       step_b: Record) -> str | None:
+    """The micro-step losses are summed, not averaged: two runs that split the same step
+    into different numbers of micro-steps then differ by that ratio (evidence: the
+    per-step micro-step counts and the ratio of the first differing losses)."""
+    ma, mb = step_a.get("micro", 1), step_b.get("micro", 1)
+    i = _first_mismatch(a, b)
+    if ma == mb or i is None or not a[i] or not b[i]:
+        return None
+    if not math.isclose(a[i] / b[i], ma / mb, rel_tol=0.05):
+        return None
+    return (f"The loss is summed across micro-steps, not averaged: a step of {ma} micro-"
+            f"batches has a loss and gradient {ma / mb:g}x those of the same step in {mb}. "
+            "With init(accumulate=k), run.backward(loss) already averages over the k "
+            "micro-steps: pass each micro-batch's mean loss, unscaled; accumulating by hand, "
+            "divide each micro-step's loss by their number.")

@@ -1,17 +1,32 @@
-"""Start the 1-process and N-process runs of verify side by side, with a hard timeout."""
+"""Start verify's launches side by side, with a hard timeout.
+
+A launch is a Python program (a script, or ``-m module``) at one or more processes on this
+machine (loopback, a free port; ``init()`` reads the plain ``RANK``/``WORLD_SIZE``
+variables). Ranks are forked from this process, which has imported torch already: a fresh
+interpreter spends seconds importing it, and verify starts many ranks. Each rank runs the
+program as ``__main__`` (``runpy``) with the launch's environment, its own session (so a
+timeout kills what it started) and its output in a log. Where forking is not safe (CUDA
+already initialised here, or no ``fork``), each rank is a fresh interpreter instead.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
+import runpy
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import IO
 
-__all__ = ["Outcome", "torchrun", "run_all"]
+from splitsync.dist.ports import free_port
+
+__all__ = ["Outcome", "Launch", "run_all"]
 
 
 @dataclass(frozen=True)
@@ -38,55 +53,176 @@ class Outcome:
         return "\n".join(block[: end + 1][-lines:])
 
 
-def torchrun(nproc: int, target: Sequence[str]) -> list[str]:
-    """torchrun on this machine (loopback rendezvous on a free port)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(nproc), *target]
+@dataclass(frozen=True)
+class Launch:
+    """``target`` (``["script.py", args...]`` or ``["-m", "module", args...]``) at ``world``
+    processes with environment ``env``."""
+
+    world: int
+    target: tuple[str, ...]
+    env: Mapping[str, str]
 
 
-def run_all(commands: Sequence[tuple[Sequence[str], Mapping[str, str]]], timeout: float,
+# Imported here once, before forking, rather than in every rank: what a splitsync run
+# imports lazily and costs most (torch.distributed.checkpoint alone is about a second of CPU).
+_PRELOAD = ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
+            "torch.distributed.fsdp", "splitsync.ckpt", "splitsync.run.runtime",
+            "splitsync.strategies")
+
+
+def _preload() -> None:
+    for name in _PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # a torch build without one: each rank imports what it can
+            pass
+
+
+def _can_fork() -> bool:
+    if not hasattr(os, "fork"):
+        return False
+    torch = sys.modules.get("torch")
+    # a CUDA context does not survive fork; the children then start afresh
+    return torch is None or not torch.cuda.is_initialized()
+
+
+def _rank_env(launch: Launch, rank: int, port: int) -> dict[str, str]:
+    env = dict(launch.env)
+    if launch.world > 1:
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(launch.world),
+                   LOCAL_WORLD_SIZE=str(launch.world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+    return env
+
+
+def _run_here(target: Sequence[str], env: Mapping[str, str], log: IO[str]) -> None:
+    """In a forked child: become the program and never return (exit with its code)."""
+    code = 1
+    try:
+        os.setsid()
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace",  # noqa: SIM115
+                          closefd=False)
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace",  # noqa: SIM115
+                          closefd=False)
+        os.environ.clear()
+        os.environ.update(env)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if target[0] == "-m":
+            sys.argv = [target[1], *target[2:]]
+            runpy.run_module(target[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(target)
+            sys.path[0] = os.path.dirname(os.path.abspath(target[0]))
+            runpy.run_path(target[0], run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _start(launch: Launch, log: IO[str], fork: bool) -> list[int | subprocess.Popen[str]]:
+    port = free_port() if launch.world > 1 else 0
+    ranks: list[int | subprocess.Popen[str]] = []
+    for rank in range(launch.world):
+        env = _rank_env(launch, rank, port)
+        if fork:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _run_here(launch.target, env, log)
+            ranks.append(pid)
+        else:
+            ranks.append(subprocess.Popen([sys.executable, *launch.target], env=env,
+                                          stdout=log, stderr=subprocess.STDOUT, text=True,
+                                          start_new_session=True))
+    return ranks
+
+
+def _poll(rank: int | subprocess.Popen[str]) -> int | None:
+    if isinstance(rank, subprocess.Popen):
+        return rank.poll()
+    pid, status = os.waitpid(rank, os.WNOHANG)
+    return None if pid == 0 else os.waitstatus_to_exitcode(status)
+
+
+def _kill(rank: int | subprocess.Popen[str]) -> None:
+    """Kill the rank and what it started (each rank leads its own session)."""
+    pid = rank.pid if isinstance(rank, subprocess.Popen) else rank
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if isinstance(rank, subprocess.Popen):
+        rank.wait()
+    else:
+        try:
+            os.waitpid(rank, 0)
+        except ChildProcessError:
+            pass
+
+
+def run_all(launches: Sequence[Launch], timeout: float,
             on_exit: Callable[[int], None] | None = None) -> list[Outcome]:
-    """Run the commands concurrently; kill what is still running after ``timeout`` seconds.
+    """Run the launches concurrently; kill what is still running after ``timeout`` seconds.
 
-    ``on_exit(i)`` is called as soon as command ``i`` has ended (verify tells the other run).
-    Output goes to temporary files, so a chatty command never blocks on a full pipe.
+    A launch ends when all its ranks have, or when one fails (the others are killed then:
+    a rank waiting for it in a collective would wait for the timeout). ``on_exit(i)`` is
+    called as soon as launch ``i`` has ended. Output goes to temporary files, never pipes.
     """
+    fork = _can_fork()
+    if fork:
+        _preload()
     logs = [tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
-            for _ in commands]
-    procs = [subprocess.Popen(list(argv), env=dict(env), stdout=log, stderr=subprocess.STDOUT,
-                              text=True, start_new_session=True)
-             for (argv, env), log in zip(commands, logs, strict=True)]
+            for _ in launches]
+    ranks = [_start(launch, log, fork) for launch, log in zip(launches, logs, strict=True)]
+    codes: list[list[int | None]] = [[None] * len(r) for r in ranks]
+    done: dict[int, int | None] = {}
     deadline = time.monotonic() + timeout
-    codes: dict[int, int | None] = {}
-    while len(codes) < len(procs):
-        for i, p in enumerate(procs):
-            if i not in codes and p.poll() is not None:
-                codes[i] = p.returncode
+    while len(done) < len(launches):
+        for i, group in enumerate(ranks):
+            if i in done:
+                continue
+            for j, rank in enumerate(group):
+                if codes[i][j] is None:
+                    codes[i][j] = _poll(rank)
+            failed = next((c for c in codes[i] if c not in (None, 0)), None)
+            if failed is not None or all(c is not None for c in codes[i]):
+                for j, rank in enumerate(group):
+                    if codes[i][j] is None:
+                        _kill(rank)
+                done[i] = failed if failed is not None else 0
                 if on_exit is not None:
                     on_exit(i)
-        if len(codes) < len(procs):
+        if len(done) < len(launches):
             if time.monotonic() > deadline:
-                for i, p in enumerate(procs):
-                    if i not in codes:
-                        _kill(p)
-                        codes[i] = None
+                for i, group in enumerate(ranks):
+                    if i not in done:
+                        for j, rank in enumerate(group):
+                            if codes[i][j] is None:
+                                _kill(rank)
+                        done[i] = None
                 break
             time.sleep(0.05)
     outcomes = []
-    for i, ((argv, _), log) in enumerate(zip(commands, logs, strict=True)):
+    for i, (launch, log) in enumerate(zip(launches, logs, strict=True)):
         log.seek(0)
         out = log.read()
         log.close()
-        if codes[i] is None:
+        if done[i] is None:
             out += f"\n(killed after {timeout:g}s)"
-        outcomes.append(Outcome(tuple(argv), codes[i], out))
+        argv = (f"{launch.world} process(es):", *launch.target)
+        outcomes.append(Outcome(argv, done[i], out))
     return outcomes
-
-
-def _kill(p: subprocess.Popen[str]) -> None:
-    """Kill the command and what it started (torchrun's workers share its session)."""
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        p.kill()
-    p.wait()

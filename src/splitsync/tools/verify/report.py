@@ -20,8 +20,12 @@ def print_table(title: str, results: Sequence[Result], console: Console | None =
     table.add_column("result")
     table.add_column("detail", overflow="fold")
     for r in results:
-        table.add_row(r.check, "[green]PASS[/]" if r.ok else "[bold red]FAIL[/]", r.detail)
+        mark = ("[yellow]not checkable[/]" if not r.checkable else
+                "[green]PASS[/]" if r.ok else "[bold red]FAIL[/]")
+        table.add_row(r.check, mark, r.detail)
     console.print(table)
     passed = bool(results) and all(r.ok for r in results)
-    console.print("[green]all checks passed[/]" if passed else "[bold red]verify FAILED[/]")
+    skipped = sum(not r.checkable for r in results)
+    note = f" ({skipped} not checkable on this script)" if skipped else ""
+    console.print(f"[green]all checks passed[/]{note}" if passed else "[bold red]verify FAILED[/]")
     return passed

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from splitsync.testing import clean_env
-from splitsync.tools.verify import record
-from splitsync.tools.verify.agree import EXITED
+from splitsync.tools.verify import agree, record
 from splitsync.tools.verify.checks import Result
 from splitsync.tools.verify.compare import compare_runs, likely_cause
-from splitsync.tools.verify.launch import Outcome, run_all, torchrun
+from splitsync.tools.verify.launch import Launch, Outcome, run_all
 
-__all__ = ["ScriptReport", "verify_script"]
+__all__ = ["ScriptReport", "verify_script", "launch_env"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +32,20 @@ def _load(directory: Path, world: int) -> list[dict] | None:
     return [json.loads(p.read_text()) for p in paths]
 
 
+def launch_env(directory: Path, shared: Path, nproc: int, steps: int, epochs: int,
+               batch: int | None, timeout: float) -> dict[str, str]:
+    """The environment of one launch: a clean one, plus what switches the recorder on."""
+    env = clean_env()
+    env.update({record.ENV_DIR: str(directory), record.ENV_NPROC: str(nproc),
+                record.ENV_STEPS: str(steps), record.ENV_EPOCHS: str(epochs),
+                record.ENV_SHARED: str(shared), record.ENV_TIMEOUT: str(timeout),
+                # no __pycache__ next to the user's modules either
+                "PYTHONDONTWRITEBYTECODE": "1"})
+    if batch is not None:
+        env[record.ENV_BATCH] = str(batch)
+    return env
+
+
 def verify_script(script: str, args: list[str], nproc: int, steps: int = 3, epochs: int = 2,
                   batch: int | None = None, timeout: float = 300.0) -> ScriptReport:
     """Run ``script`` for ``steps x epochs`` steps at 1 and ``nproc`` processes and compare.
@@ -48,21 +60,14 @@ def verify_script(script: str, args: list[str], nproc: int, steps: int = 3, epoc
         dirs = {1: shared / "1", nproc: shared / str(nproc)}
         commands = []
         for world, directory in dirs.items():
-            env = clean_env()
-            env.update({record.ENV_DIR: str(directory), record.ENV_NPROC: str(nproc),
-                        record.ENV_STEPS: str(steps), record.ENV_EPOCHS: str(epochs),
-                        record.ENV_SHARED: str(shared), record.ENV_TIMEOUT: str(timeout),
-                        # no __pycache__ next to the user's modules either
-                        "PYTHONDONTWRITEBYTECODE": "1"})
-            if batch is not None:
-                env[record.ENV_BATCH] = str(batch)
-            target = [script, *args]
-            commands.append(([sys.executable, *target] if world == 1 else
-                             torchrun(world, target), env))
-        worlds = list(dirs)
+            env = launch_env(directory, shared, nproc, steps, epochs, batch, timeout)
+            # the N-process run is the script as the user runs it: it sets the global batch
+            env[record.ENV_ROLE] = agree.REF if world == nproc else "follow"
+            commands.append(Launch(world, (script, *args), env))
 
         def ended(i: int) -> None:  # a run waiting to agree on the batch stops waiting
-            (shared / EXITED.format(world=worlds[i])).touch()
+            if i == 1:
+                (shared / agree.EXITED.format(label=agree.REF)).touch()
 
         outcomes = run_all(commands, timeout, on_exit=ended)
         results = [Result("1 process runs", outcomes[0].ok, _exit(outcomes[0])),

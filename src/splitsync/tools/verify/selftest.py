@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from splitsync.testing import clean_env
 from splitsync.tools.verify.checks import Result, compare_params
-from splitsync.tools.verify.launch import Outcome, run_all, torchrun
+from splitsync.tools.verify.launch import Launch, Outcome, run_all
 
 __all__ = ["available_backends", "selftest"]
 
@@ -53,8 +53,6 @@ def _rank_results(directory: Path, label: str) -> list[Result]:
 
 def selftest(nproc: int, backends: list[str] | None = None, timeout: float = 120.0) -> list[Result]:
     """Run the worker with 1 and ``nproc`` processes and collect every check's result."""
-    import sys
-
     chosen = backends or available_backends(nproc)
     results: list[Result] = []
     if not dist.is_available():
@@ -66,14 +64,14 @@ def selftest(nproc: int, backends: list[str] | None = None, timeout: float = 120
         one, many = Path(tmp) / "1", Path(tmp) / str(nproc)
         flags = [a for b in chosen for a in ("--backend", b)]
         env = clean_env()
-        commands = [([sys.executable, *_WORKER, "--out", str(one)], env)]
+        commands = [Launch(1, (*_WORKER, "--out", str(one)), env)]
         if nproc > 1:
-            commands.append((torchrun(nproc, [*_WORKER, "--out", str(many), *flags]), env))
+            commands.append(Launch(nproc, (*_WORKER, "--out", str(many), *flags), env))
         outcomes = run_all(commands, timeout)
         results.append(_launch_result("1 process runs", outcomes[0]))
         results += _rank_results(one, "1 process")
         if nproc > 1:
-            results.append(_launch_result(f"{nproc} processes run (torchrun)", outcomes[1]))
+            results.append(_launch_result(f"{nproc} processes run", outcomes[1]))
             multi = _rank_results(many, f"{nproc} processes")
             for b in chosen:
                 if not any(r.check.startswith(f"collectives on {b} (") for r in multi):

@@ -4,18 +4,22 @@ epoch is never advanced (SS302), and a random split that differs between ranks (
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
-from splitsync.tools.lint.facts import Facts, dotted, last_name
+from splitsync.tools.lint.facts import SETUP_HELPER, Facts, dotted, last_name
 from splitsync.tools.lint.flow import is_rank_like, loops_of
 from splitsync.tools.lint.model import Hit, Rule
 
-__all__ = ["RULES"]
+__all__ = ["RULES", "sharded", "seeded_per_rank"]
 
 _SHARDERS = frozenset({"DistributedSampler", "ShardSampler", "build_loader",
                        "split_dataset_by_node", "ElasticDistributedSampler",
                        "DistributedBatchSampler", "split_by_node", "islice"})
 _SHARD_ARGS = ("rank", "shard", "num_replicas")
+#: Framework calls that shard the loaders handed to them (Accelerate, Lightning Fabric).
+_FRAMEWORK_SHARDERS = frozenset({"prepare", "prepare_data_loader", "setup_dataloaders"})
+_DATA_WORDS = re.compile(r"data|loader|batch|sampler|shard|stream", re.I)
 #: torch functions that draw random numbers.
 RANDOM = frozenset({"randn", "rand", "randint", "randperm", "normal", "randn_like", "rand_like",
                     "randint_like", "bernoulli", "multinomial"})
@@ -41,11 +45,31 @@ def _sharded(facts: Facts) -> bool:
     if any(last_name(c) == "Subset" and any(is_rank_like(n) for n in ast.walk(c))
            for c, _ in facts.calls):
         return True
-    for call, _ in facts.calls:  # a dataset told its rank shards itself: MyData(rank=rank)
+    for call, full in facts.calls:  # a dataset told its rank shards itself: MyData(rank=rank)
         name = last_name(call) or ""
         if name[:1].isupper() and any(any(w in (k.arg or "") for w in _SHARD_ARGS)
                                       for k in call.keywords):
             return True
+        # a loader or data helper handed the rank (`DistributedDataLoader(path, B, T, rank,
+        # world)`, `make_imagenet1k(..., rank=rank)`) shards by rank itself
+        if _DATA_WORDS.search(name) and not full.startswith("torch.") and any(
+                is_rank_like(a) for a in (*call.args, *(k.value for k in call.keywords))):
+            return True
+        if not full.startswith("torch.") and not SETUP_HELPER.search(name) and any(
+                k.arg in {"rank", "world_size", "num_replicas", "num_shards", "shard_id"}
+                for k in call.keywords):
+            return True  # `make_imagenet1k(..., world_size=ws, rank=rank)`
+    return _seeded_per_rank(facts)
+
+
+def sharded(facts: Facts) -> bool:
+    """Does this module split data between ranks (a sampler, a rank slice, a loader given
+    the rank)? Read per module of a project: the data helpers often live apart."""
+    return _sharded(facts)
+
+
+def seeded_per_rank(facts: Facts) -> bool:
+    """Is a seed set from the rank (``torch.manual_seed(seed + rank)``)?"""
     return _seeded_per_rank(facts)
 
 
@@ -90,8 +114,12 @@ def _training_loop(facts: Facts) -> ast.AST | None:
 def unsharded_data(facts: Facts) -> Iterator[Hit]:
     """SS301: a data-parallel script whose ranks all read the same data."""
     wrap = _trains_in_parallel(facts)
-    if wrap is None or not facts.is_script or _sharded(facts):
+    if wrap is None or not facts.is_script or _sharded(facts) or facts.project.sharded:
         return
+    if any(last_name(c) in _FRAMEWORK_SHARDERS and facts.scope(c) is facts.scope(wrap)
+           and any("loader" in (dotted(a) or "").lower() for a in c.args)
+           for c, _ in facts.calls):
+        return  # `accelerator.prepare(..., train_loader)` where the model is wrapped
     loaders = facts.torch_calls("DataLoader")
     drawn = _random_inputs(facts)
     if not loaders and drawn:
@@ -124,7 +152,9 @@ def unsharded_data(facts: Facts) -> Iterator[Hit]:
                   f"{fix_torch}{moved}, {fix_ss}.")
     if loaders:
         return
-    where = _training_loop(facts) or wrap
+    where = _training_loop(facts)
+    if where is None or facts.scope(where) is not facts.scope(wrap):
+        return  # the loop and the wrap live apart (a profiler, a model class): no evidence
     yield Hit(where, f"every rank trains on the same data: the model is wrapped for data-parallel "
               f"training (line {wrap.lineno}) but nothing splits the data between ranks (no "
               "DistributedSampler, no `run.loader`, no slicing by rank), so N processes repeat "

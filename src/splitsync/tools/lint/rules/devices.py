@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from splitsync.tools.lint.evidence import cuda_only_reason, parameterless
 from splitsync.tools.lint.facts import Facts, dotted, last_name
 from splitsync.tools.lint.flow import availability_guarded
 from splitsync.tools.lint.model import Hit, Rule
@@ -75,8 +76,36 @@ def _cli_default(facts: Facts) -> Iterator[tuple[ast.AST, ast.Call]]:
             yield default, call
 
 
+def _overridden_default(facts: Facts, node: ast.AST) -> bool:
+    """``def training_loop(device=torch.device('cuda'))`` whose every call in the file passes
+    ``device=``: the default is never used."""
+    holder = node
+    for parent in facts.ancestors(node):
+        if isinstance(parent, ast.arguments):
+            fn = facts.parents.get(parent)
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                return False
+            names = [a.arg for a in (*parent.posonlyargs, *parent.args, *parent.kwonlyargs)]
+            defaults = dict(zip(reversed([a.arg for a in (*parent.posonlyargs, *parent.args)]),
+                                reversed(parent.defaults), strict=False))
+            defaults.update({a.arg: d for a, d in zip(parent.kwonlyargs, parent.kw_defaults,
+                                                      strict=True) if d is not None})
+            param = next((n for n, d in defaults.items() if d is holder), None)
+            if param is None or param not in names:
+                return False
+            index = names.index(param)
+            sites = [c for c, _ in facts.calls if last_name(c) == fn.name]
+            return bool(sites) and all(
+                any(k.arg == param for k in c.keywords) or len(c.args) > index
+                - (1 if isinstance(facts.parents.get(fn), ast.ClassDef) else 0) for c in sites)
+        holder = parent
+    return False
+
+
 def hard_coded_cuda(facts: Facts) -> Iterator[Hit]:
     """SS101: ``.cuda()``, ``"cuda"`` literals and unconditional CUDA calls."""
+    if cuda_only_reason(facts):
+        return  # the file imports CUDA-only kernels (triton, flash_attn ...): no CPU path to keep
     for default, call in _cli_default(facts):
         yield Hit(default, f"`{facts.text(call, 120)}` defaults to CUDA: an overridable default, "
                   "so a machine without GPUs needs the flag changed on every run.",
@@ -85,13 +114,15 @@ def hard_coded_cuda(facts: Facts) -> Iterator[Hit]:
     for call in facts.method_calls("cuda"):
         if facts.resolve(call.func) == "torch.cuda" or availability_guarded(facts, call):
             continue
+        if parameterless(facts, call.func.value):  # type: ignore[attr-defined]
+            continue  # `nn.CrossEntropyLoss().cuda()` moves nothing: the loss holds no tensors
         yield Hit(call, f"`{facts.text(call)}` hard-codes CUDA with `.cuda()`: on a machine without "
                   "an NVIDIA GPU it raises (\"Torch not compiled with CUDA enabled\" / \"No CUDA "
                   "GPUs are available\").", f"{_PORTABLE} instead of `.cuda()`.")
     for node in facts.nodes:
         literal = cuda_literal(node)
         where = _device_position(facts, node) if literal else None
-        if where is None or availability_guarded(facts, node):
+        if where is None or availability_guarded(facts, node) or _overridden_default(facts, node):
             continue
         if overridable_default(facts, where):
             yield Hit(node, f"`{facts.text(where)}` is an overridable default (the configuration "
@@ -174,6 +205,8 @@ def _place(facts: Facts, expr: ast.AST, models: dict[str, str], tensors: dict[st
             if len(expr.args) > 1 or any(k.arg == "device_ids" for k in expr.keywords):
                 return None  # DDP(model, device_ids=[i]) moves its inputs to device i itself
             return _place(facts, expr.args[0], models, tensors, True)
+        if any(k.arg == "device" for k in expr.keywords):
+            return None  # `Net(..., device="cuda")` is built where it says: follow no further
         return "cpu" if _is_module_ctor(facts, expr) else None
     if facts.is_torch(expr, *FACTORIES) and isinstance(func, ast.Attribute):
         device = next((k.value for k in expr.keywords if k.arg == "device"), None)
@@ -206,6 +239,10 @@ def device_mismatch(facts: Facts) -> Iterator[Hit]:
     scopes = [facts.tree, *(n for n in facts.nodes
                             if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))]
     for scope in scopes:
+        if scope is not facts.tree:
+            text = "".join(facts.lines[scope.lineno - 1:scope.end_lineno])  # type: ignore[attr-defined]
+            if not any(word in text for word in (".to(", ".cuda(", ".cpu(", "device")):
+                continue  # nothing in this function places a model or a tensor
         models: dict[str, str] = {}
         tensors: dict[str, str] = {}
         lines: dict[str, int] = {}

@@ -101,10 +101,54 @@ def _helper_accumulation(facts: Facts, model: str) -> Iterator[Hit]:
                   "`splitsync.init(accumulate=N)` with `run.backward` and `run.step`.")
 
 
+def _under_sync_context(facts: Facts, node: ast.AST, self_deciding: bool = False) -> bool:
+    """Inside ``with model.no_sync():`` (or a context named for the sync: ``ddp_sync(...)``,
+    ``sync_context``)? ``self_deciding``: only a context that itself picks the last micro-step
+    (``nullcontext() if last else model.no_sync()``, ``ddp_sync(ddp, sync=last)``)."""
+    for parent in facts.ancestors(node):
+        if isinstance(parent, ast.With | ast.AsyncWith) and any(
+                "sync" in ast.unparse(item.context_expr).lower() and (
+                    not self_deciding or isinstance(item.context_expr, ast.IfExp)
+                    or (isinstance(item.context_expr, ast.Call) and item.context_expr.args[1:]))
+                for item in parent.items):
+            return True
+        if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef | ast.Module):
+            return False
+    return False
+
+
+def _branch_without_no_sync(facts: Facts) -> Iterator[Hit]:
+    """A loop whose backward skips the sync on one branch (``if args.fp16:``) only: the other
+    branch all-reduces every micro-step."""
+    backs = [b for b in _backwards(facts) if next(loops_of(facts, b), None) is not None
+             and not facts.is_run(b.func.value)]  # type: ignore[attr-defined]
+    for back in backs:
+        if _under_sync_context(facts, back):
+            continue
+        loop = next(loops_of(facts, back))
+        # the other branch decides per micro-step itself, so this one is a different path
+        # (precision, optimizer), not the last micro-step of `if i < k: no_sync else: sync`
+        synced = [b for b in backs if b is not back and _under_sync_context(facts, b, True)
+                  and next(loops_of(facts, b), None) is loop]
+        if not synced:
+            continue
+        other = synced[0]
+        yield Hit(back, f"`{facts.text(back)}` runs outside `no_sync` on this branch, while the "
+                  f"backward at line {other.lineno} in the same loop runs under `no_sync`: on "
+                  "this path (another precision or optimizer branch) DDP all-reduces every "
+                  "micro-step of the accumulation window.",
+                  "put this backward under the same `with model.no_sync()` (or the same "
+                  "context) as the other branch, or `splitsync.init(accumulate=N)` with "
+                  "`run.backward(loss)`, which handles every branch alike.")
+
+
 def accumulation_without_no_sync(facts: Facts) -> Iterator[Hit]:
     """SS602: DDP gradient accumulation whose micro-steps all-reduce anyway."""
     wrapped = facts.torch_calls("DistributedDataParallel") or facts.run_calls("model")
-    if (facts.loaded_names | facts.project.mentioned | facts.project.called) & _NO_SYNC:
+    if facts.loaded_names & _NO_SYNC:
+        yield from _branch_without_no_sync(facts)
+        return
+    if (facts.project.mentioned | facts.project.called) & _NO_SYNC:
         return
     if facts.project.wrapped and not facts.run_calls("model"):
         yield from _helper_accumulation(facts, _model_name(facts))

@@ -65,8 +65,14 @@ def _tensor_names(facts: Facts, scope: ast.AST, loaders: set[str]) -> dict[str, 
 def discarded_move(facts: Facts) -> Iterator[Hit]:
     """SS103: ``x.to(device)`` as a statement on a tensor: the moved copy is lost."""
     loaders = _loader_names(facts)
-    scopes = [facts.tree, *(n for n in facts.nodes
-                            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))]
+    # only scopes with a candidate statement (`name.to(...)` alone) are worth reading
+    wanted = {id(facts.scope(n)) for n in facts.nodes
+              if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+              and isinstance(n.value.func, ast.Attribute) and n.value.func.attr in _MOVES
+              and isinstance(n.value.func.value, ast.Name)}
+    scopes = [s for s in (facts.tree, *(n for n in facts.nodes
+                                       if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)))
+              if id(s) in wanted]
     for scope in scopes:
         tensors = _tensor_names(facts, scope, loaders)
         for node in facts.walk_scope(scope):

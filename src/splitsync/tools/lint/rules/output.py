@@ -7,6 +7,7 @@ import ast
 import re
 from collections.abc import Iterator
 
+from splitsync.tools.lint.evidence import launcher_functions, world_size_one
 from splitsync.tools.lint.facts import Facts, dotted, last_name
 from splitsync.tools.lint.flow import (
     guarded_by_rank0,
@@ -22,13 +23,49 @@ __all__ = ["RULES"]
 
 
 
+def _outer_function(facts: Facts, call: ast.AST) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The top-level function (or method) ``call`` is in, if any."""
+    found = None
+    for parent in facts.ancestors(call):
+        if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef):
+            found = parent
+    return found
+
+
+def _own_main_only(facts: Facts, call: ast.AST) -> bool:
+    """Is ``call`` reached only from this module's own ``__main__`` block (directly, or in a
+    function only that block calls)?"""
+    main = facts.main_block()
+    if main is None:
+        return False
+    if any(a is main for a in facts.ancestors(call)):
+        return True
+    outer = _outer_function(facts, call)
+    if outer is None:
+        return False
+    sites = [c for c, _ in facts.calls if last_name(c) == outer.name]
+    return bool(sites) and all(any(a is main for a in facts.ancestors(c)) for c in sites)
+
+
 def _every_rank(facts: Facts, call: ast.Call) -> bool:
     """Does ``call`` run on every rank of a distributed script?"""
-    if not facts.in_distributed_run or guarded_by_rank0(facts, call):
+    if not facts.in_distributed_run or guarded_by_rank0(facts, call) \
+            or world_size_one(facts, call):
         return False
     main = facts.main_block()
     if facts.uses_spawn and main is not None and any(a is main for a in facts.ancestors(call)):
         return False  # spawned children never run the parent's __main__ block
+    scope = facts.scope(call)
+    if isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef) \
+            and scope.name in launcher_functions(facts):
+        return False  # the function that starts the ranks runs once, in the parent
+    if not facts.is_distributed and facts.project.framework is None \
+            and _own_main_only(facts, call):
+        return False  # a helper module's self-test: runs when the file is run alone
+    outer = _outer_function(facts, call)
+    if not facts.is_script and outer is not None and outer.name not in facts.project.called \
+            and outer.name not in facts.loaded_names:
+        return False  # a library function no module of the project calls: no evidence it runs
     return True
 
 
@@ -44,8 +81,12 @@ def _rank_derived(facts: Facts, scope: ast.AST) -> set[str]:
     names: set[str] = set()
     assigns = [n for n in facts.walk_scope(scope)
                if isinstance(n, ast.Assign | ast.AnnAssign) and n.value is not None]
+    loops = [n for n in facts.walk_scope(scope) if isinstance(n, ast.For | ast.AsyncFor)]
     for _ in range(3):  # `local = int(os.environ["LOCAL_RANK"])`, then `device = f"..{local}"`
         before = len(names)
+        for loop in loops:  # `for path in files[rank::world]`: each rank its own items
+            if any(is_rank_like(n) for n in ast.walk(loop.iter)):
+                names.update(t.id for t in ast.walk(loop.target) if isinstance(t, ast.Name))
         for node in assigns:
             if any(is_rank_like(n) or (isinstance(n, ast.Name) and n.id in names)
                    for n in ast.walk(node.value)):  # type: ignore[arg-type]
@@ -56,21 +97,32 @@ def _rank_derived(facts: Facts, scope: ast.AST) -> set[str]:
     return names
 
 
-def _names_rank(facts: Facts, call: ast.Call) -> bool:
+def _names_rank(facts: Facts, call: ast.Call, cache: dict[int, set[str]]) -> bool:
     parts = [*call.args, *call.keywords]
     if mentions_rank(parts) or any(last_name(n) == "getpid" for p in parts for n in ast.walk(p)):
         return True  # the rank or the process id: the line says which process wrote it
-    derived = _rank_derived(facts, facts.scope(call))
+    scope = facts.scope(call)
+    if id(scope) not in cache:
+        cache[id(scope)] = _rank_derived(facts, scope)
+    derived = cache[id(scope)]
     return any(isinstance(n, ast.Name) and n.id in derived for p in parts for n in ast.walk(p))
 
 
+def _is_print(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
+        and last_name(stmt.value) == "print"
+
+
 def _before_exit(facts: Facts, call: ast.Call) -> bool:
-    """``print("need 2 GPUs"); sys.exit()``: every rank says why it stops, then stops."""
+    """``print("need 2 GPUs"); sys.exit()``: every rank says why it stops, then stops (several
+    lines of explanation before the exit count too)."""
     stmt = facts.parents.get(call)
     for name in ("body", "orelse"):
         block = getattr(facts.parents.get(stmt), name, None) if stmt is not None else None
         if isinstance(block, list) and stmt in block:
             rest = block[block.index(stmt) + 1:]
+            while rest and _is_print(rest[0]):
+                rest = rest[1:]
             if rest and (isinstance(rest[0], ast.Return | ast.Raise) or (
                     isinstance(rest[0], ast.Expr) and last_name(rest[0].value) in {
                         "exit", "_exit", "quit"})):
@@ -95,11 +147,22 @@ def unguarded_print(facts: Facts) -> Iterator[Hit]:
     """SS501: ``print`` on every rank."""
     if "print" in facts.functions or facts.project.print_override:
         return  # print is replaced by a rank-0-only one (`setup_for_distributed(is_master)`)
+    cache: dict[int, set[str]] = {}
     for call, full in facts.calls:
         if full != "print" or not isinstance(call.func, ast.Name) or not _every_rank(facts, call):
             continue
-        if _names_rank(facts, call) or _before_exit(facts, call) or _opt_in(facts, call):
+        if _names_rank(facts, call, cache) or _before_exit(facts, call) or _opt_in(facts, call):
             continue  # the line names its rank, says why the process stops, or is opted into
+        if any(k.arg == "file" for k in call.keywords):
+            continue  # writes to a file (a per-rank log), not to the shared console
+        framework = facts.project.framework
+        if framework is not None:
+            how = "fabric.print(...)" if framework == "Fabric" else "accelerator.print(...)"
+            yield Hit(call, f"`{facts.text(call)}` {facts.scope_name(call)} is a plain print in a "
+                      f"{framework} script: {framework} runs this code in every process, so the "
+                      "line appears once per process.",
+                      f"use `{how}`, which prints on the main process only.")
+            continue
         fix = ("use `run.print(...)`, which prints on rank 0 only" if facts.is_splitsync
                else f"print under {_guard(facts)}, or put the rank in the message if every "
                "process should report")
@@ -160,6 +223,9 @@ def save_per_node(facts: Facts) -> Iterator[Hit]:
         return
     local = local_rank_names(facts)
     for c, target in _saves(facts):
+        if target is not None and any("local" in (last_name(n) or "").lower()
+                                      for n in ast.walk(target)):
+            continue  # `args.local_out_dir`: a node-local disk, one copy per machine on purpose
         guards = rank0_guards(facts, c)
         if not guards or not all(is_local_rank_test(g, local) for g in guards):
             continue
@@ -184,6 +250,8 @@ def _loggers(facts: Facts) -> set[str]:
 
 def unguarded_logging(facts: Facts) -> Iterator[Hit]:
     """SS503: ``logger.info`` on every rank."""
+    if facts.project.log_rank_limited or not facts.project.log_configured:
+        return  # configured per rank elsewhere, or INFO is never shown (root level WARNING)
     loggers = _loggers(facts)
     for call in facts.method_calls("info"):
         receiver = call.func.value  # type: ignore[attr-defined]
@@ -196,6 +264,37 @@ def unguarded_logging(facts: Facts) -> Iterator[Hit]:
         yield Hit(call, f"`{facts.text(call)}` {facts.scope_name(call)} logs on every rank: each "
                   "record is written N times with nothing telling the copies apart.",
                   f"log under {_guard(facts)}, or put the rank in the format{alt}.")
+
+
+_TREE_WRITES = frozenset({"shutil.copytree", "shutil.copyfile", "shutil.copy", "shutil.copy2",
+                          "shutil.rmtree", "shutil.move", "os.remove", "os.replace"})
+
+
+def _write_mode(call: ast.Call) -> bool:
+    mode = call.args[1] if len(call.args) > 1 else next(
+        (k.value for k in call.keywords if k.arg == "mode"), None)
+    return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and "w" in mode.value
+
+
+def shared_file_writes(facts: Facts) -> Iterator[Hit]:
+    """SS505: every rank copies a tree or truncates a file (``open(path, "w")``)."""
+    if not facts.in_distributed_run:
+        return
+    for call, full in facts.calls:
+        tree = full in _TREE_WRITES
+        if not tree and not (full == "open" and _write_mode(call)):
+            continue
+        target = call.args[-1] if tree and call.args else (call.args[0] if call.args else None)
+        if target is None or mentions_rank([target]) or not _every_rank(facts, call):
+            continue
+        if _names_rank(facts, call, {}):
+            continue  # the path is built from the rank: one file per process
+        what = "copies or removes files" if tree else "truncates and writes"
+        yield Hit(call, f"`{facts.text(call)}` {facts.scope_name(call)} runs on every rank and "
+                  f"{what} `{facts.text(target, 80)}`: N processes race on the same path, so "
+                  "the file can end up truncated, interleaved or half-copied.",
+                  f"do it once, under {_guard(facts)}, then `dist.barrier()` before any rank "
+                  "reads it; or put the rank in the path if every process needs its own.")
 
 
 RULES = (
@@ -226,4 +325,11 @@ RULES = (
          "which a shared filesystem interleaves or truncates. Guard writes by the global "
          "rank. Known false positives: single-node jobs (local and global rank agree) and "
          "paths on node-local disks where one copy per machine is intended.", save_per_node),
+    Rule("SS505", "every-rank-writes-file", "warning",
+         "a file truncated (open(path, 'w')) or a tree copied on every rank of a distributed run",
+         "Writing one path from every process races: `open(path, 'w')` truncates what another "
+         "rank is writing, `shutil.copytree` copies over another rank's half-done copy. Do it "
+         "once on rank 0 and barrier, or name the file after the rank. Known false positives: "
+         "paths on node-local or per-process scratch space the checker cannot tell apart.",
+         shared_file_writes),
 )

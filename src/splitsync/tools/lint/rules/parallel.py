@@ -7,8 +7,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from splitsync.tools.lint.facts import SETUP_HELPER, Facts, last_name
-from splitsync.tools.lint.flow import availability_guarded
+from splitsync.tools.lint.evidence import cuda_only_reason
+from splitsync.tools.lint.facts import SETUP_HELPER, Facts, dotted, last_name
+from splitsync.tools.lint.flow import availability_guarded, is_rank_like
 from splitsync.tools.lint.model import Hit, Rule
 from splitsync.tools.lint.rules.devices import overridable_default
 
@@ -50,14 +51,29 @@ def _initialisers(facts: Facts) -> list[ast.Call]:
     return found
 
 
+def _passed_to_launcher(facts: Facts, call: ast.AST) -> bool:
+    """Is the function holding ``call`` handed to another call (``launch(main, ...)``,
+    ``mp.spawn(main, ...)``), which then runs it in processes it set up?"""
+    scope = facts.scope(call)
+    if not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    return any(any(isinstance(a, ast.Name) and a.id == scope.name
+                   for a in (*c.args, *(k.value for k in c.keywords)))
+               for c, _ in facts.calls)
+
+
 def ddp_without_init(facts: Facts) -> Iterator[Hit]:
     """SS202: DDP used but no ``init_process_group`` (or ``splitsync.init``) in the script."""
     if not facts.is_script:
         return  # a library wraps models for scripts that set up the group themselves
+    if facts.project.framework is not None:
+        return  # Accelerator() / Fabric() create the process group themselves
     inits = _initialisers(facts)
     for call in facts.torch_calls("DistributedDataParallel"):
         if not inits and "init_process_group" in facts.project.called:
             continue  # a helper module of the project creates the group
+        if not inits and _passed_to_launcher(facts, call):
+            continue  # `launch(main, ...)`: the launcher creates the group, then calls main
         if not inits:
             yield Hit(call, f"{_target(facts, call)} wraps the model in DistributedDataParallel "
                       "but the script never calls `torch.distributed.init_process_group()` (nor "
@@ -97,6 +113,8 @@ def training_never_run(facts: Facts) -> Iterator[Hit]:
         isinstance(s, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in s.targets)
         for s in facts.tree.body)
     main = facts.main_block()
+    if main is None:
+        return  # a module without a `__main__` block is imported: its importer runs it
     for name, fn in facts.functions.items():
         if fn.decorator_list or name in facts.loaded_names or exported:
             continue
@@ -123,6 +141,13 @@ def _string_value(facts: Facts, expr: ast.AST, scope: ast.AST) -> tuple[str, ast
         return expr.value, expr
     if isinstance(expr, ast.Attribute) and expr.attr in {"NCCL", "GLOO"}:
         return expr.attr.lower(), expr
+    if isinstance(expr, ast.Attribute) and (name := dotted(expr)) is not None:
+        # `args.dist_backend = 'nccl'` then `init_process_group(backend=args.dist_backend)`
+        values = [n.value for n in facts.walk_scope(scope) if isinstance(n, ast.Assign)
+                  and any(dotted(t) == name for t in n.targets)]
+        if len(values) == 1 and isinstance(values[0], ast.Constant):
+            return _string_value(facts, values[0], scope)
+        return None
     if isinstance(expr, ast.Name):
         for where in (scope, facts.tree):
             values = [n.value for n in facts.walk_scope(where) if isinstance(n, ast.Assign)
@@ -136,6 +161,8 @@ def _string_value(facts: Facts, expr: ast.AST, scope: ast.AST) -> tuple[str, ast
 
 def nccl_hard_coded(facts: Facts) -> Iterator[Hit]:
     """SS204: ``init_process_group("nccl")`` with no CPU fallback."""
+    if cuda_only_reason(facts):
+        return  # the file imports CUDA-only kernels: it needs NVIDIA GPUs whatever the backend
     for call in facts.torch_calls("init_process_group"):
         arg = call.args[0] if call.args else next(
             (k.value for k in call.keywords if k.arg == "backend"), None)
@@ -154,6 +181,13 @@ def nccl_hard_coded(facts: Facts) -> Iterator[Hit]:
                       "without arguments needs NCCL and CUDA GPUs.",
                       "default to what is available: `backend = \"nccl\" if "
                       "torch.cuda.is_available() else \"gloo\"`.", severity="info")
+            continue
+        if isinstance(arg, ast.Attribute) and isinstance(holder, ast.Assign):
+            yield Hit(holder, f"`{facts.text(holder)}` hard-codes the process-group backend "
+                      f"through an attribute that `{facts.text(call, 120)}` (line {call.lineno}) "
+                      "reads: NCCL needs CUDA GPUs, so on a machine without them this raises.",
+                      "choose it from the hardware: `args.dist_backend = \"nccl\" if "
+                      "torch.cuda.is_available() else \"gloo\"` (splitsync.init() picks it).")
             continue
         yield Hit(call, f"`{facts.text(call, 200)}` hard-codes the backend to \"nccl\" in its {how}"
                   f"{via}: NCCL needs CUDA GPUs, so on a machine without them (a laptop, CPU CI) "
@@ -210,9 +244,23 @@ def _leaves(block: list[ast.stmt]) -> bool:
                             or bool(calls & {"exit", "_exit", "quit"}))
 
 
+def _ddp_needs_cuda(facts: Facts) -> bool:
+    """Does the distributed set-up itself require CUDA (``if LOCAL_RANK != -1:
+    torch.cuda.set_device(LOCAL_RANK)``, an assert on the GPU count)? Then a CPU path is only
+    ever taken at world size 1."""
+    for call, full in facts.calls:
+        if full == "torch.cuda.set_device" and not availability_guarded(facts, call):
+            tests = [p.test for p in facts.ancestors(call) if isinstance(p, ast.If)]
+            if tests and any(any(is_rank_like(n) or "distributed" in (last_name(n) or "")
+                                 for n in ast.walk(t)) for t in tests):
+                return True
+    return any(isinstance(n, ast.Assert) and "device_count" in ast.unparse(n.test)
+               for n in facts.nodes)
+
+
 def unwrapped_path(facts: Facts) -> Iterator[Hit]:
     """SS205: a distributed script with a branch (the CPU path) where the model is not wrapped."""
-    if not facts.is_distributed:
+    if not facts.is_distributed or _ddp_needs_cuda(facts):
         return
     inits = _initialisers(facts)
     reported: set[int] = set()
@@ -253,3 +301,50 @@ RULES = (*RULES, Rule(
     "rank. Known false positives: the other branch is unreachable in a distributed run for "
     "reasons the checker cannot see (an earlier check that refuses CPU distributed runs).",
     unwrapped_path))
+
+
+def _cpu_branch(facts: Facts, node: ast.AST) -> ast.AST | None:
+    """The test whose branch holding ``node`` runs without CUDA (``if not
+    torch.cuda.is_available():``, the ``else`` of ``if torch.cuda.is_available():``,
+    ``if args.gpu is None:``), if any."""
+    child = node
+    for parent in facts.ancestors(node):
+        if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef | ast.Module):
+            return None
+        if isinstance(parent, ast.If):
+            text = ast.unparse(parent.test).replace(" ", "").lower()
+            in_body = any(child is s for s in parent.body)
+            negated = text.startswith("not") and "is_available" in text
+            positive = "is_available" in text and not text.startswith("not")
+            none_gpu = "gpuisnone" in text or "device=='cpu'" in text or 'device=="cpu"' in text
+            if (in_body and (negated or none_gpu)) or (not in_body and positive):
+                return parent.test
+        child = parent
+    return None
+
+
+def device_ids_on_cpu(facts: Facts) -> Iterator[Hit]:
+    """SS206: ``DDP(model, device_ids=[i])`` on a path where the model stays on the CPU."""
+    for call in facts.torch_calls("DistributedDataParallel"):
+        ids = next((k.value for k in call.keywords if k.arg == "device_ids"), None)
+        if ids is None or (isinstance(ids, ast.Constant) and ids.value is None):
+            continue
+        test = _cpu_branch(facts, call)
+        if test is None:
+            continue
+        yield Hit(call, f"`{facts.text(call, 120)}` passes `device_ids` on the path where "
+                  f"`{facts.text(test, 60)}` says there is no GPU: for a CPU module DDP refuses "
+                  "device_ids (\"DistributedDataParallel device_ids and output_device arguments "
+                  "only work with single-device/multiple-device GPU modules\").",
+                  "wrap a CPU model as `DDP(model)` with no device_ids (gloo backend); pass "
+                  "`device_ids=[local_rank]` only when the model is on that GPU, or use "
+                  "`run.model(model)`, which picks the right form.")
+
+
+RULES = (*RULES, Rule(
+    "SS206", "device-ids-on-cpu", "warning",
+    "DistributedDataParallel given device_ids on a path where the model is on the CPU",
+    "DDP's device_ids names the single GPU the module lives on; for a CPU module it must be "
+    "None, and DDP raises a ValueError otherwise. The finding is made on the branch of a "
+    "device test that runs without CUDA. Known false positives: a branch the checker reads "
+    "as CPU-only that moves the model to a GPU anyway.", device_ids_on_cpu))

@@ -6,8 +6,10 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from splitsync.tools.lint.facts import Facts, last_name
+from splitsync.tools.lint.evidence import launcher_functions
+from splitsync.tools.lint.facts import Facts, dotted, last_name
 from splitsync.tools.lint.model import Hit, Rule
+from splitsync.tools.lint.rules.data import seeded_per_rank
 
 __all__ = ["RULES"]
 
@@ -62,15 +64,62 @@ def _counts(facts: Facts, seed: ast.Call, model: ast.AST) -> bool:
     return not (in_main and facts.uses_spawn)
 
 
+def _spawned(facts: Facts) -> dict[str, ast.Call]:
+    """Functions started by ``mp.spawn(fn, ...)`` (or ``start_processes``): name -> the call."""
+    found: dict[str, ast.Call] = {}
+    for call, _ in facts.calls:
+        if last_name(call) in {"spawn", "start_processes"} and call.args:
+            target = call.args[0]
+            if isinstance(target, ast.Name) and target.id in facts.functions:
+                found[target.id] = call
+    return found
+
+
+def _seeds_in(fn: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) and _is_seed(n) for n in ast.walk(fn))
+
+
+def seed_before_spawn(facts: Facts) -> Iterator[Hit]:
+    """Seeds set in the parent process before ``mp.spawn``: the children never see them."""
+    spawned = _spawned(facts)
+    launchers = launcher_functions(facts)
+    main = facts.main_block()
+    for name, spawn in spawned.items():
+        if _seeds_in(facts.functions[name]):
+            continue  # the spawned function seeds itself
+        for seed, _ in facts.calls:
+            if not _is_seed(seed) or not seed.args and not seed.keywords:
+                continue
+            scope = facts.scope(seed)
+            in_parent = (isinstance(scope, ast.FunctionDef) and scope.name in launchers
+                         and scope is facts.scope(spawn)) or (
+                main is not None and any(a is main for a in facts.ancestors(seed)))
+            if not in_parent or seed.lineno > spawn.lineno:
+                continue
+            yield Hit(seed, f"`{facts.text(seed)}` seeds the parent process, which then starts "
+                      f"the ranks with `{facts.text(spawn, 60)}` (line {spawn.lineno}): spawned "
+                      f"processes start a fresh interpreter, so `{name}` runs unseeded and every "
+                      "rank draws different initial weights and random numbers.",
+                      f"seed inside `{name}` (first thing, with the same value on every rank), "
+                      "or use `splitsync.init(seed=...)` there.")
+            break  # one finding per spawned function
+
+
 def no_seed_before_model(facts: Facts) -> Iterator[Hit]:
     """SS401: the model of a distributed script is built with no seed set before it."""
+    told: set[str] = set()  # spawned functions already reported through the parent's seed
+    if facts.uses_spawn:
+        for hit in seed_before_spawn(facts):
+            told.add(hit.message.split("so `", 1)[1].split("`", 1)[0])
+            yield hit
     if not facts.is_distributed:
         return
     # splitsync.init seeds every rank (a drawn seed is broadcast when none is given)
     seeds = [c for c, _ in facts.calls if _is_seed(c)] + facts.init_calls()
     for wrap in facts.torch_calls(*_WRAPS) + facts.run_calls("model"):
         built = _built_at(facts, wrap)
-        if built is None:
+        scope = facts.scope(wrap)
+        if built is None or getattr(scope, "name", None) in told:
             continue
         where, ctor = built
         if any(_counts(facts, s, where) for s in seeds):
@@ -140,6 +189,46 @@ def random_dataset(facts: Facts) -> Iterator[Hit]:
                   "and `torch.rand(..., generator=g)`.")
 
 
+_EMA = frozenset({"ModelEma", "ModelEmaV2", "ModelEmaV3", "AveragedModel", "EMA",
+                  "ExponentialMovingAverage", "deepcopy"})
+#: Calls after the wrap that copy the synchronised weights into the EMA again.
+_RESYNC = frozenset({"update_ema", "load_state_dict", "set", "copy_", "reset", "requires_grad"})
+
+
+def ema_before_broadcast(facts: Facts) -> Iterator[Hit]:
+    """SS404: an EMA copied from the model before DDP broadcasts rank 0's weights, under
+    seeds that differ per rank."""
+    if not facts.is_distributed or not seeded_per_rank(facts):
+        return
+    for wrap in facts.torch_calls(*_WRAPS):
+        if not wrap.args or (model := dotted(wrap.args[0])) is None:
+            continue
+        scope = facts.scope(wrap)
+        for call, _ in facts.calls:
+            if last_name(call) not in _EMA or facts.scope(call) is not scope \
+                    or call.lineno >= wrap.lineno or not call.args \
+                    or dotted(call.args[0]) != model:
+                continue
+            holder = facts.parents.get(call)
+            ema = next((d for t in getattr(holder, "targets", []) if (d := dotted(t))), None)
+            if ema is None:
+                continue
+            resync = any(last_name(c) in _RESYNC and c.lineno > wrap.lineno
+                         and ema.split(".")[-1] in ast.unparse(c)
+                         for c, _ in facts.calls if facts.scope(c) is scope)
+            if resync:
+                continue  # re-initialised from the broadcast weights (DiT's `update_ema(.., 0)`)
+            yield Hit(call, f"`{facts.text(holder)}` copies the model into an EMA at line "
+                      f"{call.lineno}, before `{facts.text(wrap, 60)}` (line {wrap.lineno}) "
+                      "broadcasts rank 0's weights, and the seeds differ per rank: every rank's "
+                      "EMA starts from its own random initialisation, so the EMAs never agree "
+                      "and the one that is saved or evaluated depends on the rank.",
+                      "build the EMA after wrapping, from the synchronised weights "
+                      f"(`{ema} = ModelEma({model}.module)`), or copy them in after the wrap "
+                      f"(`{ema}.load_state_dict({model}.module.state_dict())`); or seed every "
+                      "rank alike before building the model.")
+
+
 RULES = (
     Rule("SS401", "no-seed-before-model", "warning",
          "no random seed set before the model is built in a distributed script",
@@ -156,4 +245,11 @@ RULES = (
          "generator seeded in __init__. Known false positives: a seed set alike in code the "
          "checker cannot read (a launcher, a config hook); data that is meant to differ per "
          "rank.", random_dataset),
+    Rule("SS404", "ema-before-broadcast", "warning",
+         "an EMA copied from the model before DDP broadcasts rank 0's weights, under per-rank seeds",
+         "DistributedDataParallel copies rank 0's parameters to every rank when it wraps the "
+         "model; an EMA (timm's ModelEma, a deepcopy) taken before that keeps each rank's own "
+         "random initialisation when the seed includes the rank (`seed + rank`), so the EMAs "
+         "differ between ranks for the whole run. Known false positives: an EMA re-synchronised "
+         "later in a way the checker does not see.", ema_before_broadcast),
 )

@@ -9,7 +9,8 @@ import torch
 from torch.utils.data import IterableDataset
 
 import splitsync as ss
-from splitsync.data.stream import Shards, choose_layout, is_stream
+from splitsync.data.build import is_stream
+from splitsync.data.stream import Shards, choose_layout
 from splitsync.data.stream.readers import window_shuffled
 from splitsync.data.stream.sources import HFSource, IterSource
 

@@ -138,18 +138,21 @@ def test_comparison_names_dropout_and_overlap() -> None:
     assert "Unsharded data" in likely_cause(compare_runs(single, same, 2), single, same, 2)
 
 
-def test_verify_recorder_splits_the_global_batch(tmp_path: Path) -> None:
+def test_verify_recorder_trains_every_launch_at_the_references_global_batch(
+        tmp_path: Path) -> None:
     data = torch.utils.data.TensorDataset(torch.arange(100.0))
-    env = {"SPLITSYNC_VERIFY_DIR": str(tmp_path), "SPLITSYNC_VERIFY_NPROC": "2",
-           "SPLITSYNC_VERIFY_STEPS": "3"}
-    one, two = from_environ(env, 0, 1), from_environ(env, 1, 2)
+    env = {"SPLITSYNC_VERIFY_DIR": str(tmp_path / "r"), "SPLITSYNC_VERIFY_NPROC": "2",
+           "SPLITSYNC_VERIFY_STEPS": "3", "SPLITSYNC_VERIFY_SHARED": str(tmp_path)}
+    ref = from_environ({**env, "SPLITSYNC_VERIFY_ROLE": "ref"}, 0, 2)
+    one = from_environ({**env, "SPLITSYNC_VERIFY_ROLE": "follow"}, 0, 1)
     kw = {"dataset": data, "batch_size": 8, "shuffle": True}
-    a, b = one.loader_kwargs(dict(kw)), two.loader_kwargs(dict(kw))
-    assert (a["batch_size"], b["batch_size"]) == (16, 8)  # B = 8 x 2, then B/N per rank
+    b = ref.loader_kwargs(dict(kw))  # the script as written: 8 per rank, 16 per step
+    a = one.loader_kwargs(dict(kw))
+    assert (a["batch_size"], b["batch_size"]) == (16, 8)
     assert len(a["dataset"]) == len(b["dataset"]) == 48  # 3 steps of the global batch
     evaluation = {"dataset": data, "batch_size": 50, "shuffle": False}
     assert one.loader_kwargs(dict(evaluation)) == evaluation
-    with pytest.raises(ValueError, match="not divisible"):
+    with pytest.raises(ValueError, match="--batch"):
         from_environ({**env, "SPLITSYNC_VERIFY_BATCH": "15"}, 0, 2).loader_kwargs(dict(kw))
 
 

@@ -102,7 +102,7 @@ def ema_rank(rank: int, world: int, tmp: str) -> list:
     results = []
     holder = ss.init(seed=0)  # one process group (and so one device mesh) for all four runs
     try:
-        # FSDP-family EMAs at accumulate=1 are checked under hsdp (test_plan_memory.py)
+        # FSDP-family EMAs at accumulate=1 are checked under hsdp (test_tools_plan_memory_ranks.py)
         for strategy, accumulate in (("ddp", 1), ("ddp", 2), ("fsdp", 2)):
             with ss.init(seed=0, strategy=strategy, accumulate=accumulate) as run:
                 results.append((strategy, accumulate, _train(run, strategy, accumulate, tmp)))

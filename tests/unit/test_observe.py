@@ -143,3 +143,52 @@ def test_log_extra_rides_in_run_logs_reduce_and_comes_back(monkeypatch: pytest.M
         run.remove_observer(b)
         run.log(loss=0.5)
         assert reduced == [5, 1]
+
+
+class _Stepped(Observer):
+    """Today's signature: learns whether the optimizer really stepped."""
+
+    def __init__(self) -> None:
+        self.seen: list[bool] = []
+
+    def on_step_end(self, optimizer: object, norm: object, stepped: bool = True) -> None:
+        self.seen.append(stepped)
+
+
+class _OldSignature(Observer):
+    """An observer written before ``stepped`` existed keeps working, unchanged."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def on_step_end(self, optimizer: object, norm: object) -> None:  # type: ignore[override]
+        self.calls += 1
+
+
+def test_step_end_tells_micro_steps_from_steps_and_keeps_old_observers_working() -> None:
+    with ss.init(seed=0, guards=False, accumulate=2) as run:
+        new, old = run.add_observer(_Stepped()), run.add_observer(_OldSignature())
+        model = run.model(nn.Linear(3, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(4):
+            run.backward(model(torch.randn(2, 3)).pow(2).mean())
+            run.step(opt)
+    assert new.seen == [False, True, False, True]
+    assert old.calls == 4
+
+
+def test_a_step_the_grad_scaler_skips_did_not_step() -> None:
+    """Inf gradients: GradScaler skips optimizer.step, and the plan says so (CPU scaler)."""
+    from splitsync.run.accumulate import StepPlan
+    from splitsync.train.precision import Precision
+
+    plan = StepPlan(Precision("16-mixed", "cpu", None, None, scaled=True), accumulate=1)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = model.weight.detach().clone()
+    plan.backward(model(torch.randn(2, 3)).sum() * float("inf"))
+    plan.step(opt)
+    assert not plan.stepped and torch.equal(model.weight, before)
+    plan.backward(model(torch.randn(2, 3)).pow(2).mean())
+    plan.step(opt)
+    assert plan.stepped and not torch.equal(model.weight, before)

@@ -13,7 +13,7 @@ HEAD = "import logging\nimport torch\nimport torch.distributed as dist\ndist.ini
 
 
 def run(code: str, source: str, head: str = HEAD) -> list:
-    return check_source(head + textwrap.dedent(source), "case.py", select_rules([code]))
+    return check_source(head + textwrap.dedent(source), "case.py", select_rules([code], gated=False))
 
 
 def test_ss501_flags_print_on_every_rank() -> None:
@@ -109,11 +109,20 @@ def test_ss502_accepts_guarded_or_per_rank_paths() -> None:
 
 def test_ss503_flags_logging_info_on_every_rank() -> None:
     found = run("SS503", """
+        logging.basicConfig(level=logging.INFO)
         logger = logging.getLogger(__name__)
         logger.info("step done")
         logging.info("step done")
     """)
-    assert [f.line for f in found] == [7, 8]
+    assert [f.line for f in found] == [8, 9]
+
+
+def test_ss503_is_quiet_when_nothing_makes_info_records_visible() -> None:
+    # no basicConfig, handler or level anywhere: the root logger (WARNING) drops INFO
+    assert run("SS503", """
+        logger = logging.getLogger(__name__)
+        logger.info("step done")
+    """) == []
 
 
 def test_ss503_accepts_guarded_rank_tagged_and_run_logger() -> None:

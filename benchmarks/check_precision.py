@@ -1,0 +1,193 @@
+"""Precision and recall of ``splitsync check`` on the labelled corpus of public training code.
+
+The corpus (``benchmarks/check_corpus/corpus.tsv``) lists files of public repositories at fixed
+commits; ``benchmarks/check_corpus/build.py --mirrors DIR`` rebuilds them from git mirrors.
+Files marked ``context`` are there only because the scored files import them (a script is read
+with its local modules); findings in them are not scored.
+
+Each finding in a scored file must have a label (``labels.tsv``: path, line, rule, verdict,
+why, batch). ``true`` labels that no finding matches are real mistakes the checker misses, so
+recall = true labels found / all true labels. ``batch`` says whether the label was made on the
+checker as it stood before the rules were tuned on this corpus (``before``) or afterwards
+(``after``); the ``heldout`` split was labelled but never used to tune a rule.
+
+    PYTHONPATH=src python benchmarks/check_precision.py            # the table
+    PYTHONPATH=src python benchmarks/check_precision.py --write    # and store it in the package
+
+``--write`` regenerates ``src/splitsync/tools/lint/measured.py``, which gates each rule's
+severity (below 95% precision a rule is at most ``info``; ``error`` needs no false positive)
+and which ``splitsync check --explain`` quotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CORPUS = HERE / "check_corpus"
+FILES = CORPUS / "files"
+SHOW_FALSE = "--show-false" in sys.argv
+MEASURED = HERE.parent / "src" / "splitsync" / "tools" / "lint" / "measured.py"
+
+
+def _rows(name: str) -> list[dict[str, str]]:
+    with open(CORPUS / name, newline="") as fh:
+        return list(csv.DictReader(fh, delimiter="\t"))
+
+
+def _key(repo: str, path: str) -> str:
+    return f"{repo.replace('/', '__')}/{path}"
+
+
+def _pct(num: int, den: int) -> str:
+    return f"{100 * num / den:.1f}%" if den else "-"
+
+
+def measure() -> dict[str, object]:
+    """Run the checker over the corpus and score it against the labels."""
+    from splitsync.tools.lint import check_paths
+    from splitsync.tools.lint.registry import all_rules
+
+    corpus = _rows("corpus.tsv")
+    split = {_key(r["repo"], r["path"]): r["split"] for r in corpus}
+    missing = [k for k in split if not (FILES / k).is_file()]
+    if missing:
+        raise SystemExit(f"{len(missing)} corpus files are missing (e.g. {missing[0]}); rebuild "
+                         "them: python benchmarks/check_corpus/build.py --mirrors DIR")
+    labels = {(r["path"], int(r["line"]), r["rule"]): r for r in _rows("labels.tsv")}
+    scored = sorted(k for k, s in split.items() if s != "context")
+    start = time.perf_counter()
+    findings, _ = check_paths([FILES / k for k in scored], all_rules(gated=False))
+    seconds = time.perf_counter() - start
+    found: set[tuple[str, int, str]] = set()
+    records: list[tuple[str, str, str, str, str]] = []  # rule, split, verdict, batch, severity
+    unlabelled = []
+    for f in findings:
+        rel = Path(f.path).resolve().relative_to(FILES.resolve()).as_posix()
+        if split.get(rel, "context") == "context":
+            continue
+        key = (rel, f.line, f.code)
+        if key in found:
+            continue
+        found.add(key)
+        label = labels.get(key)
+        if label is None:
+            unlabelled.append(key)
+            continue
+        records.append((f.code, split[rel], label["verdict"], label["batch"], f.severity))
+        if label["verdict"] == "false" and SHOW_FALSE:
+            print(f"false: {rel}:{f.line} {f.code} - {label['why']}", file=sys.stderr)
+    real = [(rule, split.get(path, "train"), (path, line, rule) in found)
+            for (path, line, rule), label in labels.items() if label["verdict"] == "true"]
+    if SHOW_FALSE:
+        for (path, line, rule), label in labels.items():
+            if label["verdict"] == "true" and (path, line, rule) not in found:
+                print(f"missed: {path}:{line} {rule} - {label['why']}", file=sys.stderr)
+    return {"records": records, "real": real, "unlabelled": unlabelled, "files": len(scored),
+            "repos": len({r["repo"] for r in corpus if r["split"] != "context"}),
+            "seconds": seconds, "rules": {r.code: r.severity for r in all_rules(gated=False)}}
+
+
+def _tally(result: dict[str, object], part: str, codes: set[str],
+           shown_only: bool = False) -> Counter[str]:
+    """Counts of true/false findings and of real mistakes found, for ``codes`` in ``part``
+    (``shown_only``: findings at warning or error after the severity gate)."""
+    from splitsync.tools.lint.registry import gate
+
+    c: Counter[str] = Counter()
+    for code, where, verdict, batch, severity in result["records"]:  # type: ignore[attr-defined]
+        if code in codes and part in (where, "all"):
+            if shown_only and gate(code, severity)[0] == "info":
+                continue
+            c[verdict] += 1
+            c[f"{batch}_{verdict}"] += 1
+            c[f"{gate(code, severity)[0]}_{verdict}"] += 1
+    for code, where, hit in result["real"]:  # type: ignore[attr-defined]
+        if code in codes and part in (where, "all"):
+            c["real"] += 1
+            c["real_found"] += hit
+    return c
+
+
+def _line(name: str, c: Counter[str], severity: str = "") -> str:
+    n = c["true"] + c["false"]
+    return (f"| {name} | {severity} | {n} | {c['true']} | {c['false']} | {_pct(c['true'], n)} | "
+            f"{c['real_found']}/{c['real']} | {_pct(c['real_found'], c['real'])} |")
+
+
+def report(result: dict[str, object]) -> str:
+    """The markdown tables: per rule over the whole corpus, then totals per split."""
+    from splitsync.tools.lint.registry import all_rules
+
+    gated = {r.code: r.severity for r in all_rules()}
+    codes = {r[0] for r in result["records"]} | {r[0] for r in result["real"]}  # type: ignore[attr-defined]
+    out = [f"{result['files']} scored files from {result['repos']} repositories; check took "
+           f"{result['seconds']:.2f} s.", "",
+           "| rule | severity | findings | true | false | precision | real found | recall |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for code in sorted(codes):
+        out.append(_line(code, _tally(result, "all", {code}), gated.get(code, "-")))
+    out += ["", "| set | shown at | findings | true | false | precision | real found | recall |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for part in ("train", "heldout", "all"):
+        out.append(_line(part, _tally(result, part, codes), "any severity"))
+        out.append(_line(part, _tally(result, part, codes, shown_only=True), "warning+error"))
+    every = _tally(result, "all", codes)
+    before, after = every["before_true"] + every["before_false"], every["after_true"] + every[
+        "after_false"]
+    out += ["", f"labelled on the checker before any rule was tuned on this corpus: {before} "
+            f"findings ({_pct(every['before_true'], before)} true); labelled after a change: "
+            f"{after} ({_pct(every['after_true'], after)} true).",
+            f"error-level false positives (gated severities): {every['error_false']}"]
+    return "\n".join(out)
+
+
+def write_measured(result: dict[str, object]) -> None:
+    """Regenerate the package's table of measured precision (rule -> true, false, split)."""
+    lines = ['"""Precision of each rule measured on the labelled corpus of public training code.',
+             "", "Generated by ``benchmarks/check_precision.py --write``; do not edit by hand.",
+             '"""', "", "from __future__ import annotations", "", "from types import MappingProxyType",
+             "", "#: rule -> (true, false, held-out true, held-out false) findings on the corpus.",
+             "MEASURED: MappingProxyType[str, tuple[int, int, int, int]] = MappingProxyType({"]
+    for code in sorted(result["rules"]):  # type: ignore[arg-type]
+        a, h = _tally(result, "all", {code}), _tally(result, "heldout", {code})
+        lines.append(f"    {code!r}: ({a['true']}, {a['false']}, {h['true']}, {h['false']}),")
+    lines += ["})", "#: Scored files and repositories of the corpus.",
+              f"CORPUS = ({result['files']}, {result['repos']})", ""]
+    MEASURED.write_text("\n".join(lines))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true",
+                        help="store the measured table in src/splitsync/tools/lint/measured.py")
+    parser.add_argument("--show-false", action="store_true",
+                        help="list the false positives (to stderr)")
+    args = parser.parse_args()
+    result = measure()
+    if args.write:
+        import importlib
+
+        import splitsync.tools.lint.measured as measured
+        import splitsync.tools.lint.registry as registry
+
+        write_measured(result)
+        importlib.reload(measured)
+        importlib.reload(registry)  # report the severities the new table gates to
+    print(report(result))
+    unlabelled = result["unlabelled"]
+    if unlabelled:
+        print(f"\n{len(unlabelled)} findings have no label; add them to labels.tsv:")
+        for path, line, rule in unlabelled:  # type: ignore[misc]
+            print(f"{path}\t{line}\t{rule}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The sample ledger (``init(ledger=True)``) and what ``splitsync audit`` reads from it."""

@@ -1,0 +1,182 @@
+"""The sample ledger: per optimizer step and rank, which samples ``run.loader`` delivered.
+
+``init(ledger=True)`` attaches a :class:`Ledger`. It hears each batch's sample ids
+(``on_batch``), credits them to the optimizer step that follows (``on_step_end`` once the
+accumulation window steps), and keeps one record per step, appended to
+``run_dir/ledger/launch-NNNNN/rank-NNNNN.ledger`` with one ``os.write`` every
+``FLUSH_STEPS`` steps, before every ``run.save`` (``before_save``) and at ``run.close``. So
+every step a checkpoint commits is in the file before the checkpoint is: a killed process
+loses only records of steps after its last checkpoint, which the restart rolls back anyway.
+``run.resume`` writes the step the launch continues from, which is how ``splitsync audit``
+knows which earlier steps were rolled back.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from splitsync.dist import comm
+from splitsync.observe import Observer
+from splitsync.tools.ledger.format import (
+    LEDGER_DIR,
+    MAGIC,
+    json_record,
+    launch_dir,
+    rank_file,
+    step_record,
+    width_for,
+)
+
+__all__ = ["Ledger", "LEDGER_DIR", "FLUSH_STEPS", "next_launch"]
+
+FLUSH_STEPS = 64  # steps buffered between writes (a write per step costs a system call)
+
+def next_launch(root: Path) -> int:
+    """One more than the highest launch under ``root`` (1 for the first)."""
+    nums = [int(p.name.split("-")[1]) for p in root.glob("launch-*")
+            if p.name.split("-")[1].isdigit()] if root.is_dir() else []
+    return max(nums, default=0) + 1
+
+
+def describe_loader(loader: Any) -> dict[str, Any]:
+    """What a pass of ``loader`` depends on: the audit compares these across launches."""
+    readers = getattr(loader, "readers", None)
+    if readers is not None:  # a stream
+        return {"kind": "stream", "seed": readers.seed, "batch_size": readers.batch_size,
+                "shuffle": readers.shuffle, "n_shards": readers.source.n_shards,
+                "window": readers.window, "world_size": readers.world,
+                "workers": readers.workers, "drop_last": readers.drop_last,
+                "epoch": loader.epoch, "offsets": list(readers.offsets)}
+    s = loader.sampler
+    return {"kind": "map", "seed": s.seed, "batch_size": loader.batch_size,
+            "shuffle": s.shuffle, "n": len(loader.dataset), "order": s.order,
+            "world_size": s.num_replicas, "drop_last": bool(loader.loader.drop_last),
+            "epoch": s.epoch, "start": s.start}
+
+
+class Ledger(Observer):
+    """Records every rank's trained samples per optimizer step (see the module doc)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], rank: int, world_size: int,
+                 restart_count: int = 0, seed: int | None = None) -> None:
+        root = Path(run_dir) / LEDGER_DIR
+        launch = next_launch(root) if rank == 0 else 0
+        launch = comm.broadcast_object(launch)  # every rank writes into the same launch
+        launch_dir(root, launch).mkdir(parents=True, exist_ok=True)
+        self.path = rank_file(root, launch, rank)
+        self.launch = launch
+        self.rank = rank
+        self.step = 0
+        self._loaders: dict[int, int] = {}  # id(loader) -> index, in order of first pass
+        self._objs: list[Any] = []  # keeps indexed loaders alive, so ids are never reused
+        self._pending: dict[tuple[int, int], list[int]] = {}
+        self._widths: list[int | None] = []  # per loader: bytes per id, None for streams
+        self._padded: dict[tuple[int, int], int] = {}
+        self._buffer: list[bytes] = []
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        meta = {"launch": launch, "rank": rank, "world_size": world_size,
+                "restart_count": restart_count, "seed": seed, "host": socket.gethostname(),
+                "pid": os.getpid(), "time": time.time()}
+        os.write(self._fd, MAGIC + json_record(b"M", meta))
+
+    def _index(self, loader: Any) -> int:
+        idx = self._loaders.get(id(loader))
+        if idx is None:
+            idx = self._loaders[id(loader)] = len(self._objs)
+            self._objs.append(loader)
+            self._widths.append(None if loader.sampler is None
+                                else width_for(len(loader.dataset)))
+        return idx
+
+    # --- hooks -------------------------------------------------------------------------
+    def on_loader_iter(self, loader: Any) -> None:
+        info = describe_loader(loader)
+        info["loader"] = self._index(loader)
+        info["step"] = self.step
+        self._buffer.append(json_record(b"P", info))
+
+    def on_batch(self, loader: Any, ids: list[int]) -> None:
+        idx = self._loaders.get(id(loader))
+        if idx is None:
+            idx = self._index(loader)
+        sampler = loader.sampler
+        if sampler is None:  # a stream: never padded
+            key = (idx, loader.epoch)
+        else:
+            key = (idx, sampler.epoch)
+            if loader.last_batch and sampler.padding:
+                self._padded[key] = sampler.padding
+        pending = self._pending.get(key)
+        if pending is None:
+            self._pending[key] = list(ids)
+        else:
+            pending.extend(ids)
+
+    def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None,
+                    stepped: bool = True) -> None:
+        if not stepped:  # an accumulation micro-step, or a step the GradScaler skipped:
+            return  # the samples wait for the step that updates the model
+        self.step += 1
+        if not self._pending:
+            return
+        out = self._buffer
+        for (loader, epoch), ids in self._pending.items():
+            out.append(step_record(self.step, loader, epoch,
+                                   self._padded.pop((loader, epoch), 0), ids,
+                                   self._widths[loader]))
+        self._pending.clear()
+        if len(out) >= FLUSH_STEPS:
+            self._flush()
+
+    def after_resume(self, state: Any) -> None:
+        self.step = int(state.step)
+        self._pending.clear()  # delivered before the resume: not trained from its state
+        self._padded.clear()
+        where = None if state.path is None else str(state.path)
+        self._flush()
+        self._write(json_record(b"R", {"step": self.step, "epoch": int(state.epoch),
+                                        "resumed": bool(state.resumed), "path": where,
+                                        "world_size": state.world_size}))
+
+    def before_save(self, step: int | None) -> None:
+        self._flush()  # in the page cache before the checkpoint commits: a kill keeps them
+
+    def on_save(self, path: Path, step: int) -> None:
+        # and on the disk once it has committed, against a machine's crash
+        if self._fd >= 0:
+            os.fsync(self._fd)
+
+    def on_close(self, clean: bool) -> None:
+        if self._fd < 0:
+            return
+        passes = []
+        for idx, loader in enumerate(self._objs):
+            finished = getattr(loader, "finished", None)  # a stream's own flag
+            if finished is None:  # map-style: the pass ran to its last batch
+                finished, epoch = loader.last_batch, loader.sampler.epoch
+            else:
+                epoch = loader.epoch
+            passes.append({"loader": idx, "epoch": epoch, "finished": bool(finished),
+                           "untrained": int(getattr(loader, "untrained", 0))})
+        self._buffer.append(json_record(b"C", {"clean": clean, "step": self.step,
+                                                "passes": passes}))
+        self._flush()
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+
+    def _flush(self) -> None:
+        if self._buffer:
+            data = b"".join(self._buffer)
+            self._buffer.clear()
+            self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        if self._fd >= 0:
+            os.write(self._fd, data)
