@@ -80,7 +80,9 @@ class Observer:
     def around_collective(self, op: str, fn: Callable[..., T], *args: Any) -> T:
         """Wrap one collective (``run.mean/sum/max/gather/broadcast/barrier``, and the
         gradient all-reduce of ``run.backward`` when world_size > 1). Must call ``fn`` (or
-        run an equivalent collective) and return its result."""
+        run an equivalent collective) and return its result. A checkpoint's handshakes come
+        here too: ``all_gather_object`` from ``run.save``, and ``gather_object`` and
+        ``broadcast`` from a background save's own thread, on a group of their own."""
         return fn(*args)
 
     # --- output and lifecycle ----------------------------------------------------------

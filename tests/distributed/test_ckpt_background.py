@@ -43,9 +43,23 @@ def scenario(rank: int, world: int, root: str) -> dict[str, Any]:
         holder.close()
 
 
+class _Ops(ss.Observer):
+    """Records the collectives observers see, and from which thread."""
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[str, bool]] = set()
+
+    def around_collective(self, op: str, fn: Any, *args: Any) -> Any:
+        import threading
+
+        self.seen.add((op, threading.current_thread() is threading.main_thread()))
+        return fn(*args)
+
+
 def _scenario(root: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with ss.init(seed=0, save_blocking=False) as run:  # the default set once, at init
+        ops = run.add_observer(_Ops())
         model, opt = _build(run)
         run.resume(f"{root}/bg", model=model, optimizer=opt)
         losses = {i: _step(run, model, opt, i) for i in range(1, 4)}
@@ -58,6 +72,7 @@ def _scenario(root: str) -> dict[str, Any]:
         losses.update({i: _step(run, model, opt, i) for i in range(6, 9)})
         out["base"] = (losses, _params(model))
         out["at3"] = before
+        out["ops"] = set(ops.seen)
     # resume from step 5 (committed by close) and continue: bit-equal to the run above
     with ss.init(seed=0) as run:
         model, opt = _build(run)
@@ -73,6 +88,10 @@ def _scenario(root: str) -> dict[str, Any]:
 def test_background_save_then_resume_is_bit_exact(tmp_path: Path) -> None:
     results = spawn(scenario, 2, str(tmp_path), timeout=140)
     for res in results:
+        # the save's handshakes go through comm and around_collective: the prepare check in
+        # the loop's thread, the file lists and the outcome in the save's thread
+        assert {("all_gather_object", True), ("gather_object", False),
+                ("broadcast", False)} <= res["ops"], res["ops"]
         assert res["first_done_when_second_started"]
         kind, p3, p5 = res["handles"]
         assert kind == "SaveHandle" and p3.endswith("step-000003") and p5.endswith("step-000005")
@@ -175,7 +194,7 @@ def one_group(rank: int, world: int, root: str) -> dict[str, Any]:
                 run.resume(f"{root}/g", model=model, optimizer=opt, save_blocking=False)
                 _step(run, model, opt, k)
                 h = run.save()
-                groups.append(run._checkpoints._group)
+                groups.append(run._checkpoints.checkpointer._group)
                 watched.append(len(run.observers))  # the step-boundary watch is attached
                 h.wait()
                 _step(run, model, opt, k)  # ...and removed at the next step once done

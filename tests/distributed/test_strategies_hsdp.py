@@ -157,7 +157,7 @@ def hsdp_phase(rank: int, world: int, root: str) -> dict[str, Any]:
         out["sharded"] = sum(isinstance(m, FSDPModule) for m in model.modules())
         out["strategy"] = (run.strategy_of(model).name, for_model(model).name)
         train(run, model, opt, range(STEPS))
-        run.save(root)
+        run.save(root, blocking=False)  # staged by local shards, written in the background
         run.export(root + ".safetensors")  # gathered whole from the 2-D mesh
         out["plain"] = full(model)
 

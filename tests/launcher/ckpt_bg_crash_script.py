@@ -1,7 +1,9 @@
 """Training script for the background-save crash test: like ckpt_crash_script, saving in the
-background every 3 steps. On the first attempt, SPLITSYNC_TEST_KILL="<rank>:<point>" makes
-that rank SIGKILL itself inside the save of step 6, at point staging, writing or commit.
-The hook is installed by patching from here: the library has no such switch.
+background every 2 steps, under the strategy SPLITSYNC_TEST_STRATEGY (default ddp).
+SPLITSYNC_TEST_KILL="<rank>:<point>[,<rank>:<point>...]": attempt k (restart count k) makes
+the k-th rank named SIGKILL itself inside the save of step 6, at point staging, writing or
+commit; later attempts run clean. The hook is installed by patching from here: the library
+has no such switch.
 """
 
 from __future__ import annotations
@@ -47,11 +49,13 @@ def arm(point: str, rank: int) -> None:
         raise ValueError(point)
 
 
-def main(ckpt: str, out: str) -> None:
-    kill = os.environ.get("SPLITSYNC_TEST_KILL", "")
+def main(ckpt: str, out: str, strategy: str = "ddp", kills: str = "") -> None:
     with ss.init(seed=0, deterministic=True) as run:
         net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
-        model = run.model(net)
+        model = run.model(net, strategy=strategy)
+        attempt = run.env.restart_count
+        todo = [k for k in kills.split(",") if k]
+        kill = todo[attempt] if attempt < len(todo) else ""
         opt = torch.optim.AdamW(model.parameters(), lr=0.01)
         loader = run.loader(Data(), batch_size=4, shuffle=True)
         state = run.resume(ckpt, model=model, optimizer=opt, save_blocking=False)
@@ -61,10 +65,10 @@ def main(ckpt: str, out: str) -> None:
                 run.backward(F.mse_loss(model(x), y))
                 run.step(opt)
                 step += 1
-                if step % 3 == 0:
-                    if kill and step == 6 and run.env.restart_count == 0:
+                if step % 2 == 0:
+                    if kill and step == 6:
                         if handle is not None:
-                            handle.wait()  # the save of step 3 completes untouched
+                            handle.wait()  # the save of step 4 completes untouched
                         who, point = kill.split(":")
                         if int(who) == run.rank:
                             arm(point, run.rank)
@@ -73,5 +77,10 @@ def main(ckpt: str, out: str) -> None:
         run.print(f"restart {run.env.restart_count}: resumed at step {state.step}, ended at {step}")
 
 
+def spawn_entry(rank: int, world: int, ckpt: str, out: str, strategy: str) -> None:
+    main(ckpt, out, strategy)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], os.environ.get("SPLITSYNC_TEST_STRATEGY", "ddp"),
+         os.environ.get("SPLITSYNC_TEST_KILL", ""))

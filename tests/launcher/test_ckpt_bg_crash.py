@@ -1,5 +1,10 @@
-"""SIGKILL of either rank inside a background save, under `splitsync run --max-restarts 1`:
-the job resumes from the last complete checkpoint and ends bit-equal to an uninterrupted run."""
+"""SIGKILL of either rank inside a background save (staging, writing, committing), under
+`splitsync run --max-restarts N`, for DDP and FSDP2: the job resumes from the last complete
+checkpoint and ends bit-equal to an uninterrupted run of the same strategy.
+
+Launches are shared: one launch goes through several kills, one per attempt (attempt k is
+killed at the k-th point and restarted), and the last attempt runs to the end.
+"""
 
 from __future__ import annotations
 
@@ -8,36 +13,50 @@ from pathlib import Path
 
 import pytest
 import torch
-from ckpt_crash_script import spawn_entry
+from ckpt_bg_crash_script import spawn_entry
 from launchkit import launch_command
 from safetensors.torch import load_file
 
 from splitsync.testing import clean_env, spawn
 
 SCRIPT = Path(__file__).with_name("ckpt_bg_crash_script.py")
+_CLEAN: dict[str, dict[str, torch.Tensor]] = {}
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    d = tmp_path_factory.mktemp("clean")
-    spawn(spawn_entry, 2, str(d / "ck"), str(d / "clean.safetensors"), timeout=90)
-    return load_file(d / "clean.safetensors")
+def uninterrupted(strategy: str, base: Path) -> dict[str, torch.Tensor]:
+    """The same script, never killed, saving in the background every 2 steps to the end."""
+    if strategy not in _CLEAN:
+        d = base / f"clean-{strategy}"
+        spawn(spawn_entry, 2, str(d / "ck"), str(d / "clean.safetensors"), strategy,
+              timeout=120)
+        _CLEAN[strategy] = load_file(d / "clean.safetensors")
+    return _CLEAN[strategy]
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("kill", ["1:staging", "0:writing", "1:writing", "0:commit",
-                                  "1:commit"])
-def test_rank_killed_inside_background_save(tmp_path: Path, kill: str,
-                                             uninterrupted: dict[str, torch.Tensor]) -> None:
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize(("strategy", "kills"), [
+    ("ddp", "1:staging,0:writing,1:commit"),
+    ("ddp", "1:writing,0:commit"),
+    ("fsdp", "1:staging"),  # the acceptance case: --max-restarts 1
+    ("fsdp", "0:staging,1:writing,0:writing,0:commit,1:commit"),
+])
+def test_rank_killed_inside_background_save(tmp_path: Path, strategy: str, kills: str,
+                                             tmp_path_factory: pytest.TempPathFactory) -> None:
+    clean = uninterrupted(strategy, tmp_path_factory.getbasetemp())
     out = tmp_path / "crashed.safetensors"
     env = clean_env()
-    env["SPLITSYNC_TEST_KILL"] = kill
-    cmd = launch_command(SCRIPT, 2, str(tmp_path / "ck"), str(out), max_restarts=1)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=200)
+    env["SPLITSYNC_TEST_KILL"] = kills
+    env["SPLITSYNC_TEST_STRATEGY"] = strategy
+    restarts = len(kills.split(","))
+    cmd = launch_command(SCRIPT, 2, str(tmp_path / "ck"), str(out), max_restarts=restarts)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log
-    assert "restart 1: resumed at step" in log, log  # it really was killed and restarted
+    # every attempt but the last was killed in the save of step 6 ("1:commit", always last,
+    # may find step 6 committed by rank 0 just before rank 1 died)
+    assert f"restart {restarts}: resumed at step " in log, log
+    assert "ended at 12" in log, log
     got = load_file(out)
-    assert got.keys() == uninterrupted.keys()
-    assert all(torch.equal(got[k], uninterrupted[k]) for k in got)
+    assert got.keys() == clean.keys()
+    assert all(torch.equal(got[k], clean[k]) for k in got)

@@ -196,3 +196,46 @@ def test_objects_without_state_dict_are_rejected(tmp_path: Path) -> None:
     run, model, _ = _setup()
     with run, pytest.raises(TypeError, match="notes=.*state_dict"):
         run.resume(tmp_path, model=model, notes=[1, 2])
+
+
+def test_resume_refuses_a_path_that_is_a_regular_file(tmp_path: Path) -> None:
+    target = tmp_path / "model.pt"
+    target.write_bytes(b"not a checkpoint directory")
+    run, model, opt = _setup()
+    with run:
+        with pytest.raises(CheckpointError, match=r"model\.pt.* is a regular file"):
+            run.resume(target, model=model, optimizer=opt)
+        # refused before anything started: a directory still works in the same run
+        assert run.resume(tmp_path / "ck", model=model, optimizer=opt).step == 0
+    assert target.read_bytes() == b"not a checkpoint directory"
+
+
+def test_save_failure_says_the_disk_is_full_under_the_wrappers() -> None:
+    from splitsync.ckpt.faults import describe_failure, is_disk_full
+
+    # torch.save's zip writer hides ENOSPC in __context__
+    try:
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos") \
+                from None
+    except RuntimeError as e:
+        zip_error = e
+    zip_error.__context__ = OSError(28, "No space left on device")
+    assert is_disk_full(zip_error)
+
+    class CheckpointException(BaseException):  # DCP's: a BaseException, causes in failures
+        def __init__(self, failures: dict) -> None:
+            super().__init__("CheckpointException ranks:dict_keys([1])")
+            self.failures = failures
+
+    dcp = CheckpointException({1: (OSError(28, "No space left on device"), None)})
+    msg = describe_failure(dcp, "rank 1 writing", "/ck/.tmp-step-000002", 12_600_000, 4096)
+    assert "the disk is full" in msg and "12.6 MB to write" in msg and "0.0 MB free" in msg
+    other = describe_failure(CheckpointException({0: (ValueError("bad"), None)}), "rank 0 "
+                             "writing", "/ck", 0, 50 << 20)
+    assert other.endswith("ValueError: bad") and "full" not in other
+    # pickled across ranks, the zip writer's error has lost its ENOSPC: the free space says it
+    assert "the disk is full" in describe_failure(RuntimeError("unexpected pos 704 vs 598"),
+                                                  "rank 0 writing", "/ck", 10, 0)

@@ -1,4 +1,4 @@
-"""The strategy seam in one process: lookups, flags and the default state IO."""
+"""The strategy seam in one process: lookups, flags and the one state path."""
 
 from __future__ import annotations
 
@@ -30,24 +30,40 @@ def test_run_remembers_the_strategy_of_each_model() -> None:
         assert run.strategy_of(model) is get_strategy("single")
 
 
-def test_default_state_io_round_trips_by_parameter_name() -> None:
-    strat = get_strategy("single")
+@pytest.mark.parametrize("wrap", [lambda m: m, nn.DataParallel,
+                                  lambda m: torch.compile(m, backend="eager")])
+def test_one_state_path_round_trips_by_parameter_name(wrap) -> None:
+    from splitsync.ckpt.model_state import (
+        check_optimizer_names,
+        load_model_state,
+        load_optimizer_state,
+        model_state,
+        optimizer_state,
+        state_shapes,
+    )
+
     src, dst = nn.Linear(3, 2), nn.Linear(3, 2)
     opt_src = torch.optim.Adam(src.parameters())
     src(torch.randn(1, 3)).sum().backward()
     opt_src.step()
-    strat.load_full_state(dst, strat.full_state(src, rank=0))
+    wsrc, wdst = wrap(src), wrap(dst)
+    sd = model_state(wsrc, full=True, offload=True)
+    assert sd.keys() == {"weight", "bias"}  # no wrapper prefixes
+    assert sd["weight"].data_ptr() == src.weight.data_ptr()  # a view of CPU state, no copy
+    load_model_state(wdst, sd, full=True)
     assert torch.equal(dst.weight, src.weight)
-    assert strat.full_state(src, rank=1) == {}  # whole state is read on rank 0 only
-    assert strat.state_shapes(dst) == {"weight": (2, 3), "bias": (2,)}
+    assert state_shapes(wdst) == {"weight": (2, 3), "bias": (2,)}
     opt_dst = torch.optim.Adam(dst.parameters())
-    saved = strat.optimizer_state(src, opt_src)
+    saved = optimizer_state(wsrc, opt_src, full=True, offload=True)
     assert set(saved["state"]) == {"weight", "bias"}
-    strat.load_optimizer_state(dst, opt_dst, strat.convert_optimizer_state(dst, opt_dst, saved))
+    assert optimizer_state(wdst, opt_dst, full=True, offload=True)["state"] == {}
+    assert not opt_dst.state  # not stepped to make a state (DCP would take a step)
+    check_optimizer_names(wdst, opt_dst, saved)
+    load_optimizer_state(wdst, opt_dst, saved, full=True)
     assert torch.equal(opt_dst.state_dict()["state"][0]["exp_avg"],
                        opt_src.state_dict()["state"][0]["exp_avg"])
     with pytest.raises(ss.CheckpointError, match="names parameter 'nope'"):
-        strat.convert_optimizer_state(dst, opt_dst, {"state": {"nope": {}}, "param_groups": []})
+        check_optimizer_names(wdst, opt_dst, {"state": {"nope": {}}, "param_groups": []})
 
 
 def test_walker_keeps_container_types() -> None:

@@ -180,6 +180,24 @@ def test_collective_wait_plus_grace_fit_in_the_timeout() -> None:
     assert collective_timeout(off, 2, {"SPLITSYNC_DEBUG": "1"}) == timedelta(seconds=54)
 
 
+def test_a_peer_that_closed_its_connection_is_not_called_a_timeout() -> None:
+    from datetime import timedelta
+
+    from splitsync.tools.guards.hangs import Position, explain_failure
+
+    me = Position(rank=0, call=7, op="all_reduce", site="train.py:12")
+    closed = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                          "[127.0.0.1]:41234")
+    msg = str(explain_failure(closed, me, 2, timedelta(seconds=600), None, elapsed=27.04))
+    first = msg.splitlines()[0]
+    assert "failed after 27.0s: a peer closed the connection" in first
+    assert "600s" not in first and "did not complete" not in first
+    assert "rank 1 never arrived" in msg
+    slow = RuntimeError("Timed out waiting 540000ms for recv operation to complete")
+    msg = str(explain_failure(slow, me, 2, timedelta(seconds=600), None, elapsed=540.2))
+    assert "did not complete within the 600s timeout (after 540.2s)" in msg
+
+
 def test_every_splitsync_module_is_library_code_for_the_call_site() -> None:
     """The user's call site skips splitsync's own frames, from any folder of the package."""
     import splitsync.dist.comm

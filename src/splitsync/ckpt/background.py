@@ -4,7 +4,8 @@ in the caller's thread (a blocking save) or in one background thread (``blocking
 The background thread never touches the training loop's process group: its handshakes (every
 rank's file list to rank 0, the outcome back) run on a separate gloo group made once, by
 every rank together, at the first background save. Collectives on different groups do not
-interleave, so the loop may all-reduce while a save finishes.
+interleave, so the loop may all-reduce while a save finishes. They go through
+:mod:`splitsync.dist.comm` and the run's ``call``, so observers (the hang guard) see them.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from splitsync.ckpt.chunked import write_object
+from splitsync.ckpt.faults import DISK_FULL, describe_failure
 from splitsync.ckpt.fs import Storage
 from splitsync.ckpt.store import CheckpointError, manifest_text
+from splitsync.dist import comm
 
 __all__ = ["SaveJob", "SaveHandle", "side_group", "destroy_side_group", "run_job",
-           "gather", "broadcast"]
+           "gather", "broadcast", "direct", "start"]
 
 
 def side_group(world_size: int, timeout: Any) -> Any:
@@ -39,32 +42,21 @@ def destroy_side_group(group: Any) -> None:
         dist.destroy_process_group(group)
 
 
-def _dist(group: Any) -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+Call = Callable[..., Any]  # call(op, fn, *args): runs a collective (observers wrap it)
 
 
-def gather(obj: Any, rank: int, group: Any) -> list[Any]:
+def direct(op: str, fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+def gather(obj: Any, group: Any, call: Call = direct) -> list[Any]:
     """Every rank's ``obj`` on rank 0 (others get an empty list), on ``group``."""
-    import torch.distributed as dist
-
-    if not _dist(group):
-        return [obj]
-    out: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
-    dist.gather_object(obj, out, dst=0, group=group)
-    return out or []
+    return call("gather_object", comm.gather_object_to, obj, 0, group)
 
 
-def broadcast(obj: Any, group: Any) -> Any:
+def broadcast(obj: Any, group: Any, call: Call = direct) -> Any:
     """Rank 0's ``obj`` on every rank, on ``group``."""
-    import torch.distributed as dist
-
-    if not _dist(group):
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0, group=group)
-    return box[0]
+    return call("broadcast", comm.broadcast_object, obj, 0, group)
 
 
 @dataclass
@@ -81,6 +73,8 @@ class SaveJob:
     after_parts: Callable[[], dict[str, dict[str, Any]]] | None = None  # e.g. DCP's files
     group: Any = None
     final: str = ""
+    nbytes: int = 0  # what this rank writes (tensor bytes), for a full disk's message
+    call: Call = direct
 
 
 def _write_parts(job: SaveJob) -> tuple[dict[str, dict[str, Any]], str | None]:
@@ -94,9 +88,11 @@ def _write_parts(job: SaveJob) -> tuple[dict[str, dict[str, Any]], str | None]:
         if job.after_parts is not None:
             current = f"{job.work} (sharded state)"
             files.update(job.after_parts())
-    except Exception as e:  # reported to rank 0, then to every rank
-        return files, (f"rank {job.rank} writing {job.storage.where(current)}: "
-                       f"{type(e).__name__}: {e}")
+    except BaseException as e:  # reported to rank 0, then every rank (DCP's are BaseException)
+        if not isinstance(e, Exception) and type(e).__name__ != "CheckpointException":
+            raise  # KeyboardInterrupt, SystemExit
+        return files, describe_failure(e, f"rank {job.rank} writing", job.storage.where(current),
+                                       job.nbytes, job.storage.free_bytes())
     return files, None
 
 
@@ -104,24 +100,30 @@ def run_job(job: SaveJob) -> str:
     """Write this rank's files, then (rank 0) the manifest, commit and prune. Collective on
     ``job.group``; every rank returns the checkpoint's location or raises the same error."""
     files, err = _write_parts(job)
-    reports = gather((files, err), job.rank, job.group)
+    reports = gather((files, err), job.group, job.call)
     outcome: str | None = None
     if job.rank == 0:
         errors = [e for _, e in reports if e]
         if errors:
-            outcome = errors[0]
+            full = [e for e in errors if DISK_FULL in e]
+            outcome = (full or errors)[0]  # the cause, not a peer's consequence of it
+            job.storage.discard(job.work)  # every rank has reported: nobody writes there now
         else:
             merged: dict[str, dict[str, Any]] = {}
             for f, _ in reports:
                 merged.update(f)
+            committed = False
             try:
                 job.storage.put_manifest(job.work, manifest_text(job.body, merged))
                 name = job.storage.commit(job.work, job.step)
+                committed = True
                 job.storage.prune(job.keep, name)
             except Exception as e:
-                outcome = (f"rank 0 committing {job.storage.where(job.work)}: "
-                           f"{type(e).__name__}: {e}")
-    outcome = broadcast(outcome, job.group)
+                outcome = describe_failure(e, "rank 0 committing", job.storage.where(job.work),
+                                           0, job.storage.free_bytes())
+                if not committed:  # a committed one is complete: never removed here
+                    job.storage.discard(job.work)
+    outcome = broadcast(outcome, job.group, job.call)
     if outcome is not None:
         raise CheckpointError(f"checkpoint save of step {job.step} failed on {outcome}. "
                               "It does not count; earlier checkpoints are untouched.")

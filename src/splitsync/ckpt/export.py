@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from splitsync.ckpt.model_state import is_sharded, model_state
 from splitsync.dist import comm
-from splitsync.strategies import for_model
 
 __all__ = ["export_safetensors"]
 
@@ -28,7 +28,7 @@ def export_safetensors(model: nn.Module, path: str | os.PathLike[str],
     url = is_url(path)
     out: Path | str = str(path) if url else Path(path)
     # Collective when the strategy shards the model; otherwise only rank 0 reads it.
-    sd = for_model(model).full_state(model, rank)
+    sd = model_state(model, full=True, offload=True) if rank == 0 or is_sharded(model) else {}
     if rank == 0:
         # Clones break storage sharing (tied weights), which safetensors refuses to write.
         tensors = {k: v.detach().cpu().contiguous().clone() for k, v in sd.items()

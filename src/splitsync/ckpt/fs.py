@@ -10,6 +10,7 @@ exists only once its manifest does; ``latest`` is written after the manifest, an
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -47,6 +48,8 @@ class Storage(Protocol):
     def open(self, name: str, rel: str) -> BinaryIO: ...
     def set_aside(self, name: str) -> str: ...
     def committed_count(self) -> int: ...
+    def discard(self, work: str) -> None: ...
+    def free_bytes(self) -> int | None: ...
 
 
 def open_storage(where: str | os.PathLike[str]) -> Storage:
@@ -92,6 +95,16 @@ class LocalStorage:
 
     def commit(self, work: str, step: int) -> str:
         return store.commit(self.root / work, self.root, step).name
+
+    def discard(self, work: str) -> None:
+        """Remove a work directory that will never be committed (frees a full disk)."""
+        shutil.rmtree(self.root / work, ignore_errors=True)
+
+    def free_bytes(self) -> int | None:
+        try:
+            return shutil.disk_usage(self.root).free
+        except OSError:
+            return None
 
     def prune(self, keep: int, newest: str) -> None:
         store.prune(self.root, keep, self.root / newest)
@@ -190,6 +203,16 @@ class ObjectStorage:
 
     def put_manifest(self, work: str, text: str) -> None:
         self.fs.pipe_file(self._p(work, MANIFEST), text.encode())
+
+    def discard(self, work: str) -> None:
+        """Remove what was written of a checkpoint that will never be committed."""
+        try:
+            self._remove(work)
+        except Exception:  # best effort: the next save's prepare removes leftovers too
+            pass
+
+    def free_bytes(self) -> int | None:
+        return None  # object stores do not say
 
     def commit(self, work: str, step: int) -> str:
         self.fs.pipe_file(self._p(LATEST), (work + "\n").encode())

@@ -13,9 +13,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from splitsync.ckpt.model_state import (
+    check_optimizer_names,
+    is_sharded,
+    load_model_state,
+    load_optimizer_state,
+    state_shapes,
+)
 from splitsync.ckpt.state import check_shapes
 from splitsync.ckpt.store import CheckpointError
-from splitsync.strategies import for_model
 
 __all__ = ["write_pt", "load_pt", "split_extra", "load_full"]
 
@@ -64,16 +70,17 @@ def split_extra(extra: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any
 
 def load_full(where: str, state: Mapping[str, Any], models: Mapping[str, nn.Module],
               optims: Mapping[str, tuple[torch.optim.Optimizer, str]]) -> None:
-    """Load an unsharded checkpoint into any model; each model's strategy reads it in
-    (shapes are checked, and every optimizer state converted, before anything is loaded)."""
-    strategies = {name: for_model(m) for name, m in models.items()}
+    """Load an unsharded checkpoint into any model, sharded or not (every shape and every
+    optimizer's parameter names are checked before anything is loaded)."""
     for name, m in models.items():
         check_shapes(name, {k: v.shape for k, v in state["model"][name].items()},
-                     strategies[name].state_shapes(m), where)
-    converted = {name: strategies[owner].convert_optimizer_state(models[owner], o,
-                                                                 state["optim"][name])
-                 for name, (o, owner) in optims.items()}
-    for name, m in models.items():
-        strategies[name].load_full_state(m, state["model"][name])
+                     state_shapes(m), where)
     for name, (o, owner) in optims.items():
-        strategies[owner].load_optimizer_state(models[owner], o, converted[name])
+        check_optimizer_names(models[owner], o, state["optim"][name])
+    # whole tensors are resharded into a sharded model; an unsharded one takes them as
+    # they are (DCP's "full" path needs a tensor state to find the device: SGD has none)
+    for name, m in models.items():
+        load_model_state(m, state["model"][name], full=is_sharded(m))
+    for name, (o, owner) in optims.items():
+        load_optimizer_state(models[owner], o, state["optim"][name],
+                             full=is_sharded(models[owner]))

@@ -2,35 +2,39 @@
 
 A blocking save writes the live state directly. A background save first stages it: every
 tensor is copied to host memory (pinned for CUDA tensors) before ``run.save`` returns, so
-training may change the originals while the copy is written. Sharded state goes through
-``torch.distributed.checkpoint.async_save``, which stages it the same way and writes it in
-its own thread, on the background gloo group.
+training may change the originals while the copy is written. Sharded state is staged the
+same way (its DTensors by their local shards) and written with
+``torch.distributed.checkpoint.save`` by the save's own thread, on the background gloo group:
+one path for every strategy, whatever the mesh.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
-from splitsync.ckpt.background import SaveJob
+from splitsync.ckpt.background import SaveJob, direct
 from splitsync.ckpt.fs import Storage
 from splitsync.ckpt.full import split_extra
 from splitsync.ckpt.kinds import described
-from splitsync.ckpt.sharded import DCP_DIR, async_save_sharded, save_sharded
-from splitsync.ckpt.staging import Stager, live_storages
+from splitsync.ckpt.model_state import is_sharded, model_state, optimizer_state
+from splitsync.ckpt.sharded import DCP_DIR, sharded_state, write_sharded
+from splitsync.ckpt.staging import Stager, live_storages, local_tensor
 from splitsync.ckpt.state import capture_rng, loader_position
 from splitsync.ckpt.store import CheckpointError, step_dirname
 from splitsync.dist import comm
-from splitsync.strategies import for_model
+from splitsync.tree import iter_tensors
 
 if TYPE_CHECKING:
-    from splitsync.ckpt.session import Checkpointer
     from splitsync.data.loader import DeviceLoader
+    from splitsync.dist.seeding import Generators
 
-__all__ = ["STATE_FILE", "rank_file", "build_job", "collective_ok"]
+__all__ = ["STATE_FILE", "rank_file", "Registered", "collect", "build_job", "collective_ok"]
 
 STATE_FILE = "state.pt"
 
@@ -39,7 +43,8 @@ def rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
 
 
-def collective_ok(rank: int, fn: Callable[[], None], what: str, only_rank0: bool = False) -> None:
+def collective_ok(rank: int, fn: Callable[[], None], what: str, only_rank0: bool = False,
+                  call: Callable[..., Any] = direct) -> None:
     """Run ``fn`` (on rank 0 only, or everywhere) and raise on every rank if any rank failed."""
     err = None
     if rank == 0 or not only_rank0:
@@ -47,7 +52,7 @@ def collective_ok(rank: int, fn: Callable[[], None], what: str, only_rank0: bool
             fn()
         except Exception as e:  # reported to every rank below, then re-raised
             err = f"rank {rank}: {type(e).__name__}: {e}"
-    errors = [e for e in comm.gather_object(err) if e]
+    errors = [e for e in call("all_gather_object", comm.gather_object, err) if e]
     if errors:
         raise CheckpointError(f"checkpoint {what} failed on {errors[0]}")
 
@@ -66,67 +71,98 @@ def _dcp_files(storage: Storage, work: str, rank: int) -> dict[str, dict[str, An
     return out
 
 
-def build_job(ck: Checkpointer, storage: Storage, loaders: Sequence[DeviceLoader], *,
+@dataclass(frozen=True)
+class Registered:
+    """What ``run.resume`` registered, and where this rank stands: all a save reads."""
+
+    models: Mapping[str, nn.Module]
+    optims: Mapping[str, tuple[torch.optim.Optimizer, str]]  # name -> (optimizer, its model)
+    others: Mapping[str, Any]  # schedulers, scalers, ...: anything with state_dict()
+    rank: int
+    world_size: int
+    keep: int
+    generators: Generators | None = None  # the run's run.generator streams
+
+    @property
+    def sharded(self) -> bool:
+        return any(is_sharded(m) for m in self.models.values())
+
+    def live(self) -> frozenset[int]:
+        """The CPU storages training mutates (what staging must copy)."""
+        return live_storages(self.models.values(), (o for o, _ in self.optims.values()))
+
+
+def collect(reg: Registered, *, offload: bool) -> dict[str, Any]:
+    """The model and optimizer state a save writes, by the user's names, not copied: whole
+    (state.pt, rank 0) or this rank's shards (under ``dcp``, every rank). ``offload``: whole
+    device tensors come to the host here (a blocking save); else the stager copies them."""
+    if reg.sharded:
+        return {DCP_DIR: sharded_state(reg.models, reg.optims)}
+    if reg.rank != 0:
+        return {}
+    return {STATE_FILE: {
+        "model": {n: model_state(m, full=True, offload=offload) for n, m in reg.models.items()},
+        "optim": {n: optimizer_state(reg.models[owner], o, full=True, offload=offload)
+                  for n, (o, owner) in reg.optims.items()},
+    }}
+
+
+def _nbytes(obj: Any) -> int:
+    return sum(local_tensor(t).numel() * t.element_size() for _, t in iter_tensors(obj))
+
+
+def build_job(reg: Registered, storage: Storage, loaders: Sequence[DeviceLoader], *,
               step: int, epoch: int | None, extra: Mapping[str, Any], blocking: bool,
-              group: Any, stager: Stager | None = None) -> SaveJob:
+              group: Any, stager: Stager | None = None, call: Any = None) -> SaveJob:
     """Collective: prepare the work directory and collect (staged, unless blocking) state.
 
-    Staging copies only what still aliases live state (the strategies hand back CPU views of
-    CPU tensors, fresh host copies of device tensors), into ``stager``'s buffers, which are
-    reused by the next save of the same state: no allocation and no page faults per save."""
+    Staging copies only what still aliases live state, into ``stager``'s buffers, which are
+    reused by the next save of the same state: no allocation and no page faults per save.
+    Sharded state (DTensors on any mesh) is staged the same way and written by
+    ``torch.distributed.checkpoint`` in the same thread as the rest, on ``group``."""
     plain, tensors = split_extra(extra)
     positions = [loader_position(ld) for ld in loaders]
     if epoch is None:
         epoch = max((p["epoch"] for p, _ in positions), default=0)
-    strategies = {n: for_model(m) for n, m in ck.models.items()}
-    sharded = any(strategies[n].is_sharded(m) for n, m in ck.models.items())
+    sharded = reg.sharded
     if sharded and not storage.local:
         raise CheckpointError(
             f"{storage.where(step_dirname(step))}: sharded (DTensor / FSDP2) state is saved "
             "with torch.distributed.checkpoint to a filesystem path every rank can reach; "
             "object storage holds unsharded checkpoints only.")
     work = storage.work_name(step)
-    collective_ok(ck.rank, lambda: storage.prepare(step), "prepare", only_rank0=True)
+    collective_ok(reg.rank, lambda: storage.prepare(step), "prepare", only_rank0=True,
+                  call=call or direct)
     parts: dict[str, Any] = {
-        rank_file(ck.rank): {"rng": capture_rng(ck.generators), "generators": [g for _, g in positions]}}
-    if ck.rank == 0:
-        state: dict[str, Any] = {
-            "objects": {n: o.state_dict() for n, o in ck.others.items()},
-            "extra": tensors,
-        }
-        if ck.generators is not None:  # the same on every rank: saved once
-            state["generators"] = ck.generators.capture(per_rank=False)
-        if not sharded:
-            state["model"] = {n: strategies[n].full_state(m, ck.rank)
-                              for n, m in ck.models.items()}
-            state["optim"] = {n: strategies[owner].optimizer_state(ck.models[owner], o)
-                              for n, (o, owner) in ck.optims.items()}
-        parts[STATE_FILE] = state
+        rank_file(reg.rank): {"rng": capture_rng(reg.generators),
+                              "generators": [g for _, g in positions]},
+        **collect(reg, offload=blocking)}
+    if reg.rank == 0:
+        parts.setdefault(STATE_FILE, {}).update(
+            objects={n: o.state_dict() for n, o in reg.others.items()}, extra=tensors)
+        if reg.generators is not None:  # the same on every rank: saved once
+            parts[STATE_FILE]["generators"] = reg.generators.capture(per_rank=False)
     if not blocking:
-        live = live_storages(ck.models.values(), (o for o, _ in ck.optims.values()))
-        parts = (stager or Stager()).stage(parts, live)
+        parts = (stager or Stager()).stage(parts, reg.live())
+    nbytes = _nbytes(parts)
     after = None
     if sharded:
-        dcp_dir = Path(storage.root) / work / DCP_DIR
-        if blocking:
-            save_sharded(dcp_dir.parent, ck.models, ck.optims)
-            wait: Callable[[], None] = lambda: None  # noqa: E731
-        else:
-            wait = async_save_sharded(dcp_dir.parent, ck.models, ck.optims, group).result
-        rank = ck.rank
+        shards = parts.pop(DCP_DIR)
+        path, rank = Path(storage.root) / work, reg.rank
 
         def after() -> dict[str, dict[str, Any]]:
-            wait()
+            write_sharded(path, shards, group)
             return _dcp_files(storage, work, rank)
 
     body = {
-        "step": step, "epoch": epoch, "world_size": ck.world_size,
-        "layout": "sharded" if sharded else "full", "models": sorted(ck.models),
-        "optimizers": {n: owner for n, (_, owner) in ck.optims.items()},
-        "objects": sorted(ck.others), **described(ck.models, ck.optims, ck.others),
+        "step": step, "epoch": epoch, "world_size": reg.world_size,
+        "layout": "sharded" if sharded else "full", "models": sorted(reg.models),
+        "optimizers": {n: owner for n, (_, owner) in reg.optims.items()},
+        "objects": sorted(reg.others), **described(reg.models, reg.optims, reg.others),
         "loaders": [p for p, _ in positions],
         "extra": plain, "tensor_extra": sorted(tensors), "torch": torch.__version__,
     }
-    return SaveJob(storage=storage, work=work, step=step, rank=ck.rank, keep=ck.keep,
+    return SaveJob(storage=storage, work=work, step=step, rank=reg.rank, keep=reg.keep,
                    body=body, parts=parts, after_parts=after, group=group,
-                   final=storage.where(step_dirname(step)))
+                   final=storage.where(step_dirname(step)), nbytes=nbytes,
+                   call=call or direct)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,11 +11,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from splitsync.ckpt.background import SaveHandle, run_job, start
-from splitsync.ckpt.fs import open_storage
+from splitsync.ckpt.background import (
+    SaveHandle,
+    destroy_side_group,
+    direct,
+    run_job,
+    side_group,
+    start,
+)
+from splitsync.ckpt.fs import Storage, open_storage
 from splitsync.ckpt.full import load_full
 from splitsync.ckpt.reading import CheckpointWarning, find_checkpoint
-from splitsync.ckpt.saving import STATE_FILE, build_job, rank_file
+from splitsync.ckpt.saving import STATE_FILE, Registered, build_job, collect, rank_file
 from splitsync.ckpt.sharded import load_sharded
 from splitsync.ckpt.staging import Stager
 from splitsync.ckpt.state import owner_of, restore_loader, restore_rng
@@ -43,11 +50,26 @@ class ResumeState:
         return self.path is not None
 
 
+def _open(where: str | os.PathLike[str]) -> Storage:
+    """The storage of a run's checkpoint directory; a path that is a file is refused at once
+    (not found out at the first save, after training from scratch)."""
+    path = Path(where)
+    if "://" not in str(where) and path.exists() and not path.is_dir():
+        raise CheckpointError(
+            f"checkpoint directory {str(path)!r} is a regular file, not a directory: pass the "
+            "directory that holds (or will hold) the step-* checkpoints, e.g. "
+            f"{str(path.parent / 'ckpt')!r}.")
+    return open_storage(where)
+
+
 class Checkpointer:
-    """The objects registered by ``run.resume`` and the step counter they advance."""
+    """The objects registered by ``run.resume``, the step counter they advance, and the save
+    lifecycle: the staging buffers, the background group and the save in flight."""
 
     def __init__(self, root: str | os.PathLike[str], objects: Mapping[str, Any], *, keep: int,
-                 rank: int, world_size: int, generators: Generators | None = None) -> None:
+                 rank: int, world_size: int, generators: Generators | None = None,
+                 timeout: Any = None, call: Callable[..., Any] | None = None,
+                 background: bool = False) -> None:
         if not isinstance(keep, int) or keep < 2:
             raise ValueError(f"keep={keep!r}: keep at least 2 checkpoints, so one complete "
                              "checkpoint always survives a crash during the next save.")
@@ -56,12 +78,15 @@ class Checkpointer:
             raise TypeError(f"run.resume(...) cannot register objects named {bad}; rename them.")
         self.where = root
         self.generators = generators  # the run's run.generator streams, part of its RNG state
-        self.storage = open_storage(root)
+        self.storage = _open(root)
         self.root = self.storage.root
         self.inflight: SaveHandle | None = None
         self.keep = keep
         self.rank = rank
         self.world_size = world_size
+        self.timeout = timeout
+        self.call = call or direct  # runs a collective; the run's observers wrap it
+        self.background = background  # saves default to the background: stage ahead
         self.models: dict[str, nn.Module] = {}
         self.optims: dict[str, tuple[torch.optim.Optimizer, str]] = {}
         self.others: dict[str, Any] = {}
@@ -80,39 +105,75 @@ class Checkpointer:
                 raise TypeError(f"run.resume(..., {name}=...): a {type(obj).__name__} has no "
                                 "state_dict()/load_state_dict(); pass it to run.save() as an "
                                 "extra instead.")
+        self.registered = Registered(models=self.models, optims=self.optims,
+                                     others=self.others, rank=rank, world_size=world_size,
+                                     keep=keep, generators=generators)
         self.step = 0
         self._counting = True
         self._hook: Any = None
         self._pending: list[tuple[dict[str, int], torch.Tensor | None]] = []
+        self._stager: Stager | None = None  # host buffers of background saves, reused
+        self._group: Any = None  # gloo group of background saves: made on first use
+        self._reserved = False
 
     # --- step counting -------------------------------------------------------------------
     def _on_step(self, *_: Any) -> None:
         if self._counting:
             self.step += 1
+            if self.background and not self._reserved:
+                self.reserve()  # the optimizer has state now: its shapes are known
 
     def _start_counting(self) -> None:
         if self._hook is None and self.optims:
             first = next(iter(self.optims.values()))[0]
             self._hook = first.register_step_post_hook(self._on_step)
 
-    def close(self, raise_errors: bool = True) -> None:
-        """Wait for a background save, then stop counting optimizer steps."""
+    def close(self, raise_errors: bool = True, successor: Checkpointer | None = None) -> None:
+        """Wait for a background save, stop counting optimizer steps, free the staging
+        buffers and destroy the background group (no thread holds it any more). With a
+        ``successor`` (a new ``run.resume`` of the same run) it gets both instead: one
+        background group per run, and buffers that may fit again."""
         try:
             self.wait_saves(raise_errors)
         finally:
             if self._hook is not None:
                 self._hook.remove()
                 self._hook = None
+            if successor is not None:
+                successor._group, self._group = self._group, None
+                successor._stager, self._stager = self._stager, None
+            if self._stager is not None:
+                self._stager.clear()
+                self._stager = None
+            group, self._group = self._group, None
+            if group is not None:
+                destroy_side_group(group)
 
     # --- saving --------------------------------------------------------------------------
+    def reserve(self) -> None:
+        """Make the staging buffers of the next background save now, on a thread, so the
+        first save stalls no longer than later ones (host memory: one copy of this rank's
+        state, pinned for device tensors). Waits until every optimizer has state: DCP would
+        make it by taking a step."""
+        if any(not o.state for o, _ in self.optims.values()):
+            return  # retried after the next optimizer step
+        self._reserved = True
+        self._counting = False
+        try:
+            state = collect(self.registered, offload=False)
+        finally:
+            self._counting = True
+        if self._stager is None:
+            self._stager = Stager()
+        self._stager.reserve(state, self.registered.live())
+
     def save(self, where: str | os.PathLike[str] | None, loaders: Sequence[DeviceLoader], *,
              step: int | None, epoch: int | None, extra: Mapping[str, Any],
-             blocking: bool = True, group: Any = None,
-             stager: Stager | None = None) -> Path | str | SaveHandle:
+             blocking: bool = True) -> Path | str | SaveHandle:
         """Collective: write everything registered as ``step-<step>/`` under ``where`` (the
         resume directory by default). Blocking: returns its location once committed;
         ``blocking=False``: returns a :class:`SaveHandle` once the state is staged, and the
-        background thread's handshakes run on ``group`` (never the training loop's)."""
+        background thread's handshakes run on a group of their own (never the loop's)."""
         self.wait_saves()  # at most one in flight; an earlier failure is raised here
         if step is None:
             if not self.optims:
@@ -120,11 +181,19 @@ class Checkpointer:
                                 "optimizer; pass step=<number of steps done>.")
             step = self.step
         storage = self.storage if where is None or str(where) == str(self.where) else \
-            open_storage(where)
+            _open(where)
+        group = None
+        if not blocking:
+            if self._group is None:
+                self._group = side_group(self.world_size, self.timeout)
+            if self._stager is None:
+                self._stager = Stager()
+            group = self._group
         self._counting = False  # DCP may step optimizers to build their state
         try:
-            job = build_job(self, storage, loaders, step=step, epoch=epoch, extra=extra,
-                            blocking=blocking, group=group, stager=stager)
+            job = build_job(self.registered, storage, loaders, step=step, epoch=epoch,
+                            extra=extra, blocking=blocking, group=group, stager=self._stager,
+                            call=self.call)
         finally:
             self._counting = True
         if blocking:
@@ -148,6 +217,8 @@ class Checkpointer:
         found = find_checkpoint(self.storage, self.rank, self.world_size, self._needed)
         if found is None:
             self._start_counting()
+            if self.background:
+                self.reserve()  # only if the optimizers already have state
             return ResumeState()
         name, body, state, per_rank = found
         self._counting = False
@@ -167,6 +238,8 @@ class Checkpointer:
             self.attach_loader(ld, i)
         self.step = int(body["step"])
         self._start_counting()
+        if self.background:
+            self.reserve()  # on a thread: the resume returns while the buffers are made
         where = self.storage.where(name)
         return ResumeState(step=self.step, epoch=int(body["epoch"]), extra=extra,
                            path=Path(where) if self.storage.local else where,

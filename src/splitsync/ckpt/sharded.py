@@ -18,10 +18,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from splitsync.ckpt.model_state import (
+    load_model_state,
+    load_optimizer_state,
+    model_state,
+    optimizer_state,
+    state_shapes,
+)
 from splitsync.ckpt.state import check_shapes
 from splitsync.ckpt.store import CheckpointError
 
-__all__ = ["DCP_DIR", "save_sharded", "async_save_sharded", "load_sharded", "safe_reader",
+__all__ = ["DCP_DIR", "sharded_state", "write_sharded", "load_sharded", "safe_reader",
            "read_shapes"]
 
 DCP_DIR = "dcp"
@@ -95,38 +102,27 @@ def _dist_active() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _template(models: Mapping[str, nn.Module],
-              optims: Mapping[str, tuple[torch.optim.Optimizer, str]]) -> dict[str, Any]:
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
+def sharded_state(models: Mapping[str, nn.Module],
+                  optims: Mapping[str, tuple[torch.optim.Optimizer, str]],
+                  template: bool = False) -> dict[str, Any]:
+    """This rank's shards of every model and optimizer (DTensors, live: not copies);
+    ``template``: to load into (optimizer states are made where missing)."""
     return {
-        "model": {n: get_model_state_dict(m) for n, m in models.items()},
-        "optim": {n: get_optimizer_state_dict(models[owner], o) for n, (o, owner) in optims.items()},
+        "model": {n: model_state(m, full=False, offload=False) for n, m in models.items()},
+        "optim": {n: optimizer_state(models[owner], o, full=False, offload=False,
+                                     template=template)
+                  for n, (o, owner) in optims.items()},
     }
 
 
-def save_sharded(path: Path, models: Mapping[str, nn.Module],
-                 optims: Mapping[str, tuple[torch.optim.Optimizer, str]]) -> None:
-    """Collective: every rank writes its shards of all models and optimizers under ``path``."""
+def write_sharded(path: Path, state: Mapping[str, Any], group: Any = None) -> None:
+    """Collective on ``group`` (default: the training group): every rank writes its shards
+    of ``state`` (live, or staged by :class:`~splitsync.ckpt.staging.Stager`) under
+    ``path``. Works for DTensors on any mesh: DCP plans from their placements alone."""
     from torch.distributed.checkpoint import FileSystemWriter, save
 
-    save(_template(models, optims), storage_writer=FileSystemWriter(path / DCP_DIR, sync_files=True),
-         no_dist=not _dist_active())
-
-
-def async_save_sharded(path: Path, models: Mapping[str, nn.Module],
-                       optims: Mapping[str, tuple[torch.optim.Optimizer, str]],
-                       group: Any) -> Any:
-    """DCP's own asynchronous save: stages the shards in host memory now, writes them in its
-    thread, and coordinates on ``group`` (not the training loop's). Returns its future."""
-    from torch.distributed.checkpoint import FileSystemWriter, async_save
-
-    return async_save(_template(models, optims),
-                      storage_writer=FileSystemWriter(path / DCP_DIR, sync_files=True),
-                      process_group=group, no_dist=not _dist_active())
+    save(dict(state), storage_writer=FileSystemWriter(path / DCP_DIR, sync_files=True),
+         process_group=group, no_dist=not _dist_active())
 
 
 def read_shapes(path: Path, prefix: str) -> dict[str, tuple[int, ...]]:
@@ -145,23 +141,16 @@ def load_sharded(path: Path, models: Mapping[str, nn.Module],
                  optims: Mapping[str, tuple[torch.optim.Optimizer, str]]) -> None:
     """Collective: reshard the saved state into the current models (sharded or not)."""
     from torch.distributed.checkpoint import load
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
 
     for name, m in models.items():  # check every shape before anything is loaded
-        current = {k: tuple(v.shape) for k, v in get_model_state_dict(m).items()
-                   if isinstance(v, torch.Tensor)}
-        check_shapes(name, read_shapes(path, f"model.{name}."), current, path.name)
-    sd = _template(models, optims)
+        check_shapes(name, read_shapes(path, f"model.{name}."), state_shapes(m), path.name)
+    sd = sharded_state(models, optims, template=True)
     try:
         load(sd, storage_reader=safe_reader(path / DCP_DIR), planner=_safe_planner(),
              no_dist=not _dist_active())
     except pickle.UnpicklingError as e:
         raise CheckpointError(f"{path}: refused to unpickle a value ({e})") from None
     for name, m in models.items():
-        set_model_state_dict(m, sd["model"][name])
+        load_model_state(m, sd["model"][name], full=False)
     for name, (o, owner) in optims.items():
-        set_optimizer_state_dict(models[owner], o, sd["optim"][name])
+        load_optimizer_state(models[owner], o, sd["optim"][name], full=False)

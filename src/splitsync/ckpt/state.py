@@ -12,11 +12,10 @@ from torch import nn
 from splitsync.ckpt.store import CheckpointError
 from splitsync.data.build import ResumableLoader
 from splitsync.dist.seeding import Generators
-from splitsync.strategies.state import module_state, optimizer_from_fqn, optimizer_to_fqn
 
 __all__ = [
-    "capture_rng", "restore_rng", "loader_position", "restore_loader", "is_sharded",
-    "module_state", "optimizer_to_fqn", "optimizer_from_fqn", "check_shapes", "owner_of",
+    "capture_rng", "restore_rng", "loader_position", "restore_loader", "check_shapes",
+    "owner_of",
 ]
 
 
@@ -74,17 +73,6 @@ def restore_loader(loader: ResumableLoader, pos: Mapping[str, Any],
 
 
 # --- models and optimizers ----------------------------------------------------------------
-def is_sharded(model: nn.Module) -> bool:
-    """Whether the model's strategy keeps its state in shards (written through DCP)."""
-    from splitsync.strategies import for_model
-
-    return for_model(model).is_sharded(model)
-
-
-# module_state, optimizer_to_fqn and optimizer_from_fqn (whole state by parameter names) live
-# with the strategies, whose default state IO they are; re-exported here.
-
-
 def check_shapes(name: str, saved: Mapping[str, Sequence[int]],
                  current: Mapping[str, Sequence[int]], where: str) -> None:
     """Raise naming the first key whose presence or shape differs (nothing is loaded)."""

@@ -7,7 +7,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-__all__ = ["is_active", "reduce", "all_gather", "broadcast_object", "barrier", "gather_object"]
+__all__ = ["is_active", "reduce", "all_gather", "broadcast_object", "barrier", "gather_object",
+           "gather_object_to"]
 
 Number = int | float | bool
 T = TypeVar("T")
@@ -66,13 +67,24 @@ def all_gather(x: torch.Tensor | Number, device: torch.device) -> torch.Tensor:
     return torch.cat([p[:n] for p, n in zip(parts, lengths, strict=True)])
 
 
-def broadcast_object(obj: T, src: int = 0) -> T:
-    """Send a picklable object from ``src`` to every rank (trusted, in-job data only)."""
+def broadcast_object(obj: T, src: int = 0, group: Any = None) -> T:
+    """Send a picklable object from ``src`` to every rank (trusted, in-job data only), on
+    ``group`` (default: the training group; it must span every rank)."""
     if not is_active():
         return obj
     box: list[Any] = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=src, group=group)
     return box[0]
+
+
+def gather_object_to(obj: T, dst: int = 0, group: Any = None) -> list[T]:
+    """Every rank's ``obj``, in rank order, on rank ``dst`` (an empty list elsewhere), on
+    ``group`` (default: the training group; it must span every rank)."""
+    if not is_active():
+        return [obj]
+    out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+    dist.gather_object(obj, out, dst=dst, group=group)
+    return out or []
 
 
 def gather_object(obj: T) -> list[T]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from splitsync.dist.seeding import Generators
-from splitsync.observe import Observer, overriding, redirect
+from splitsync.observe import Observer, chain_around, overriding, redirect
 from splitsync.run.config import RunConfig
 from splitsync.run.data import Loaders
 
@@ -61,9 +61,8 @@ class Checkpoints:
         self._before_save: tuple[Observer, ...] = ()
         self._attach, self._detach = attach, detach
         self._watch: _SaveWatch | None = None
-        self._group: Any = None  # gloo group for background saves: made once, on first use
-        self._stager: Any = None  # host buffers of background saves, reused across saves
         self._redirect: tuple[Observer, ...] = ()
+        self._around: Callable[..., Any] | None = None
 
     def set_observers(self, observers: Sequence[Observer]) -> None:
         self._on_save = overriding(observers, "on_save")
@@ -71,6 +70,12 @@ class Checkpoints:
         self._after_resume = overriding(observers, "after_resume")
         self._before_save = overriding(observers, "before_save")
         self._redirect = overriding(observers, "redirect_path")
+        self._around = chain_around(observers)
+
+    def _call(self, op: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """A checkpoint's collective, inside the observers' ``around_collective``."""
+        around = self._around
+        return fn(*args) if around is None else around(op, fn, *args)
 
     def _path(self, path: str | os.PathLike[str]) -> Any:
         # URLs (s3://...) are never redirected: sandboxes hold local directories only
@@ -84,11 +89,15 @@ class Checkpoints:
 
         if self.checkpointer is not None:
             self.settle(wait=True)  # the save in flight commits (or raises) first
-            self.checkpointer.close()
-        self.blocking = self.config.save_blocking if save_blocking is None else save_blocking
-        self.checkpointer = Checkpointer(self._path(dir), objects, keep=keep, rank=self.rank,
-                                         world_size=self.world_size, generators=self.generators)
-        state = self.checkpointer.load(self.loaders.all)
+        blocking = self.config.save_blocking if save_blocking is None else save_blocking
+        new = Checkpointer(self._path(dir), objects, keep=keep, rank=self.rank,
+                           world_size=self.world_size, generators=self.generators,
+                           timeout=self.config.timeout, call=self._call,
+                           background=not blocking)
+        if self.checkpointer is not None:
+            self.checkpointer.close(successor=new)  # hands over its group and buffers
+        self.blocking, self.checkpointer = blocking, new
+        state = new.load(self.loaders.all)
         if state.resumed:
             for obs in self._on_resume:
                 obs.on_resume(state.path, state.step)
@@ -112,14 +121,9 @@ class Checkpoints:
         for obs in self._before_save:
             obs.before_save(step)
         blocking = self.blocking if blocking is None else blocking
-        group = None if blocking else self._side_group()
-        if not blocking and self._stager is None:
-            from splitsync.ckpt.staging import Stager
-
-            self._stager = Stager()
         root = None if dir is None else self._path(dir)
         out = ckpt.save(root, self.loaders.all, step=step, epoch=epoch, extra=extra,
-                        blocking=blocking, group=group, stager=self._stager)
+                        blocking=blocking)
         if blocking:
             self._saved(out, ckpt.step if step is None else step)
         elif self._attach is not None:
@@ -147,13 +151,6 @@ class Checkpoints:
         for obs in self._on_save:
             obs.on_save(path, step)
 
-    def _side_group(self) -> Any:
-        if self._group is None:
-            from splitsync.ckpt.background import side_group
-
-            self._group = side_group(self.world_size, self.config.timeout)
-        return self._group
-
     def export(self, path: str | os.PathLike[str],
                model: nn.Module | None = None) -> Path | str:
         from splitsync.ckpt.export import export_safetensors
@@ -167,18 +164,10 @@ class Checkpoints:
         return export_safetensors(model, self._path(path), self.rank)
 
     def close(self, clean: bool = True) -> None:
-        """Wait for the save in flight (raising its failure when ``clean``), stop counting
-        steps, and destroy the background group (no thread holds it any more)."""
-        try:
-            if self.checkpointer is not None:
-                try:
-                    self.settle(wait=True, raise_errors=clean)
-                finally:
-                    self.checkpointer.close(raise_errors=False)
-        finally:
-            self._stager = None
-            group, self._group = self._group, None
-            if group is not None:
-                from splitsync.ckpt.background import destroy_side_group
-
-                destroy_side_group(group)
+        """Wait for the save in flight (raising its failure when ``clean``); the Checkpointer
+        then frees its buffers and background group."""
+        if self.checkpointer is not None:
+            try:
+                self.settle(wait=True, raise_errors=clean)
+            finally:
+                self.checkpointer.close(raise_errors=False)

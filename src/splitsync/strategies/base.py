@@ -4,7 +4,7 @@ A :class:`Strategy` is stateless; each strategy module exposes one instance as `
 The rest of splitsync asks the strategy (found by name, or by :func:`for_model` for a wrapped
 model) and never checks wrapper types itself. The defaults here are those of a plain module
 in one process: no gradient sync to switch, an ordinary GradScaler, compile in place, nothing
-to join, and state read and written whole.
+to join, and state that is not sharded.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from splitsync.strategies import state as _state
 from splitsync.strategies.blocks import default_blocks
 from splitsync.strategies.modules import unwrap
 
@@ -141,34 +140,11 @@ class Strategy:
         """Whether the state lives in shards (checkpoints then go through DCP)."""
         return False
 
-    def full_state(self, model: nn.Module, rank: int) -> dict[str, torch.Tensor]:
-        """The whole, unsharded state with the user's names, on CPU (may be empty off rank 0;
-        collective for sharded strategies)."""
-        return _state.module_state(model) if rank == 0 else {}
-
-    def state_shapes(self, model: nn.Module) -> dict[str, tuple[int, ...]]:
-        """Global shapes of the model's state, by the user's names."""
-        return {k: tuple(v.shape) for k, v in unwrap(model).state_dict().items()}
-
-    def load_full_state(self, model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-        """Load an unsharded state dict (the user's names)."""
-        unwrap(model).load_state_dict(state)
-
-    def optimizer_state(self, model: nn.Module,
-                        optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """The optimizer's whole state keyed by parameter names, on CPU."""
-        return _state.optimizer_to_fqn(model, optimizer)
-
-    def convert_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                                state: Mapping[str, Any]) -> Any:
-        """Check a saved (name-keyed) state fits ``optimizer``; the result feeds
-        :meth:`load_optimizer_state`. Raises CheckpointError; loads nothing."""
-        return _state.optimizer_from_fqn(model, optimizer, state)
-
-    def load_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                             converted: Any) -> None:
-        """Load what :meth:`convert_optimizer_state` returned."""
-        optimizer.load_state_dict(converted)
+    def state_module(self, model: nn.Module) -> nn.Module:
+        """The module whose state ``torch.distributed.checkpoint.state_dict`` reads and
+        writes: the user's module under the wrappers (DDP, DataParallel, compile, and an EMA's
+        ``AveragedModel``), so names and contents match what checkpoints always held."""
+        return unwrap(model)
 
     # --- copies (run.ema) ----------------------------------------------------------------
     def template(self, module: nn.Module) -> nn.Module | None:

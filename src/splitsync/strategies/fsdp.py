@@ -169,12 +169,6 @@ def _is_fsdp(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def _full() -> Any:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=True)
-
-
 class FSDP(Strategy):
     """FSDP2: parameters become DTensor shards, so state is sharded and goes through DCP."""
 
@@ -227,49 +221,13 @@ class FSDP(Strategy):
             )
         return []
 
-    # --- state: DTensor-aware through torch.distributed.checkpoint.state_dict ------------
+    # --- state: DTensor shards, read and written through torch.distributed.checkpoint ----
     def is_sharded(self, model: nn.Module) -> bool:
         return _state.has_dtensor_params(model)
 
-    def full_state(self, model: nn.Module, rank: int) -> dict[str, torch.Tensor]:
-        if not self.is_sharded(model):
-            return super().full_state(model, rank)
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-        )
-
-        # Collective: gathers every shard; with cpu_offload only rank 0 keeps the tensors.
-        return get_model_state_dict(
-            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-    def state_shapes(self, model: nn.Module) -> dict[str, tuple[int, ...]]:
-        if not self.is_sharded(model):
-            return super().state_shapes(model)
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        return {k: tuple(v.shape) for k, v in get_model_state_dict(model).items()}
-
-    def load_full_state(self, model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-        if not self.is_sharded(model):
-            return super().load_full_state(model, state)
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-        set_model_state_dict(model, dict(state), options=_full())
-
-    def convert_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                                state: Mapping[str, Any]) -> Any:
-        if not self.is_sharded(model):
-            return super().convert_optimizer_state(model, optimizer, state)
-        return state  # name-keyed already: set_optimizer_state_dict takes it as it is
-
-    def load_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                             converted: Any) -> None:
-        if not self.is_sharded(model):
-            return super().load_optimizer_state(model, optimizer, converted)
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
-        set_optimizer_state_dict(model, optimizer, converted, options=_full())
+    def state_module(self, model: nn.Module) -> nn.Module:
+        # DCP's helpers read an FSDP2 module as it is (its DTensors, its names)
+        return model if _is_fsdp(model) else super().state_module(model)
 
     # --- copies (run.ema) ----------------------------------------------------------------
     def template(self, module: nn.Module) -> nn.Module | None:

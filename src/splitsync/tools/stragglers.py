@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -56,9 +57,12 @@ class StepClock(Observer):
         self._steps = 0
         self._since = -1.0  # start of the window, for the wall time per step
         self._period = 0.0
+        self._loop = threading.get_ident()  # a background save's handshakes are not steps
 
     # --- the clock (the per-step path: keep it to two clock reads) ---------------------
     def around_collective(self, op: str, fn: Callable[..., T], *args: Any) -> T:
+        if threading.get_ident() != self._loop:
+            return fn(*args)  # a background checkpoint's handshake: not the loop's time
         start = _now()
         if self._mark >= 0:
             self._own += start - self._mark

@@ -9,6 +9,7 @@ reached any splitsync collective; a rank that posted another call is out of step
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -92,10 +93,32 @@ def _decode(raw: bytes) -> Position:
     return Position(**data)
 
 
+_CLOSED_WORDS = ("connection closed", "connection reset", "broken pipe", "closed by peer",
+                 "connection refused", "end of file")
+
+
+def _what_happened(exc: BaseException, me: Position, timeout: timedelta,
+                   elapsed: float | None) -> str:
+    """The first line: a peer that closed its connection is not a timeout, and the time
+    that passed is the real one."""
+    text = str(exc).strip()
+    detail = f"({type(exc).__name__}: {text[:200]})"
+    after = f" after {elapsed:.1f}s" if elapsed is not None else ""
+    if any(w in text.lower() for w in _CLOSED_WORDS):
+        return (f"Rank {me.rank}: collective {me.describe()} failed{after}: a peer closed the "
+                f"connection (its process crashed, was killed or exited) {detail}.")
+    if elapsed is not None and elapsed < 0.9 * timeout.total_seconds():
+        return (f"Rank {me.rank}: collective {me.describe()} failed{after}, before the "
+                f"{timeout.total_seconds():g}s timeout {detail}.")
+    return (f"Rank {me.rank}: collective {me.describe()} did not complete within the "
+            f"{timeout.total_seconds():g}s timeout{after and f' ({after.strip()})'} {detail}.")
+
+
 def explain_failure(exc: BaseException, me: Position, world: int, timeout: timedelta,
-                    store: Any | None, post: Position | None = None) -> CollectiveTimeoutError:
+                    store: Any | None, post: Position | None = None,
+                    elapsed: float | None = None) -> CollectiveTimeoutError:
     """Post this rank's position (``post``: where it first failed, if earlier than ``me``),
-    gather the others', and build the error to raise."""
+    gather the others', and build the error to raise. ``elapsed``: seconds the call ran."""
     grace = split_timeout(timeout)[1]
     seen: dict[int, Position] = {me.rank: me}
     note = ""
@@ -110,9 +133,7 @@ def explain_failure(exc: BaseException, me: Position, world: int, timeout: timed
     key = {r: (p.call, p.op) for r, p in seen.items()}
     mine = key[me.rank]
     out_of_step = sorted(r for r in seen if key[r] != mine)
-    lines = [f"Rank {me.rank}: collective {me.describe()} did not complete within the "
-             f"{timeout.total_seconds():g}s timeout ({type(exc).__name__}: "
-             f"{str(exc).strip()[:200]})."]
+    lines = [_what_happened(exc, me, timeout, elapsed)]
     for r in missing:
         lines.append(f"  rank {r} never arrived: it is not waiting in any splitsync collective "
                      f"(it skipped this call, is stuck in its own code, or has exited).")
@@ -154,10 +175,26 @@ class Watch:
         # barrier in close()) are its consequences, so peers are told this one.
         self.first_failure: Position | None = None
         self.recorder: Any | None = None  # debug mode's desync.Recorder, if on
+        self._owner = threading.get_ident()  # the loop's thread: only its calls are counted
         self._responder = start_responder(store, rank, self._position_now)
 
     def call(self, op: str, fn: Callable[..., T], *args: Any) -> T:
-        """Run one collective; on a communication failure raise a CollectiveTimeoutError."""
+        """Run one collective; on a communication failure raise a CollectiveTimeoutError.
+
+        Calls from another thread (a background checkpoint's handshakes, on a group of their
+        own) are explained but not counted: their order relative to the loop's calls differs
+        from rank to rank, so counting them would make ranks look out of step."""
+        start = time.monotonic()
+        if threading.get_ident() != self._owner:
+            try:
+                return fn(*args)
+            except Exception as exc:
+                if not is_comm_failure(exc):
+                    raise
+                history = self.recorder.history() if self.recorder is not None else ()
+                me = Position(self.rank, self.calls, f"{op} (background)", user_site(), history)
+                raise explain_failure(exc, me, self.world, self.timeout, None,
+                                      elapsed=time.monotonic() - start) from exc
         self.calls += 1
         self.op = op
         self.in_call = True
@@ -166,7 +203,7 @@ class Watch:
         except Exception as exc:
             if not is_comm_failure(exc):
                 raise
-            raise self.explain(exc, op) from exc
+            raise self.explain(exc, op, elapsed=time.monotonic() - start) from exc
         finally:
             self.in_call = False
 
@@ -185,8 +222,8 @@ class Watch:
             self._responder.close()
             self._responder = None
 
-    def explain(self, exc: BaseException, op: str, counted: bool = True
-                ) -> CollectiveTimeoutError:
+    def explain(self, exc: BaseException, op: str, counted: bool = True,
+                elapsed: float | None = None) -> CollectiveTimeoutError:
         """``counted=False``: a call that communicates only sometimes (DDP's forward); it is
         reported as the next call without shifting the count."""
         history = self.recorder.history() if self.recorder is not None else ()
@@ -194,7 +231,7 @@ class Watch:
         first = self.first_failure
         if first is None:
             self.first_failure = me
-        return explain_failure(exc, me, self.world, self.timeout, self.store, first)
+        return explain_failure(exc, me, self.world, self.timeout, self.store, first, elapsed)
 
     def barrier(self) -> None:
         """A monitored barrier on the side gloo group: names every rank that did not arrive."""
