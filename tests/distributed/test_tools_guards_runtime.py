@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 import time
+from pathlib import Path
 
 import pytest
 import torch
