@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from splitsync.ckpt.fs import ObjectStorage, Storage, is_url, open_storage
-from splitsync.ckpt.reading import read_part, verify_files
+from splitsync.ckpt.reading import check_size, read_part, verify_files
 from splitsync.ckpt.store import LATEST, MANIFEST, STEP_RE, CheckpointError, parse_manifest
 
 __all__ = ["Location", "Entry", "Check", "locate", "entries", "check", "choose", "state_of",
@@ -177,13 +177,7 @@ def check(loc: Location, name: str, *, load: tuple[str, ...] = (),
     loaded: dict[str, Any] = {}
     for rel, info in sorted(body["files"].items()):
         try:
-            size = loc.storage.size(name, rel)
-            if size is None:
-                raise CheckpointError(f"{rel} is missing")
-            if size != info["size"]:
-                what = "zero bytes" if size == 0 else f"{size} bytes"
-                raise CheckpointError(f"{rel} is {what}, the manifest says {info['size']} "
-                                      "(truncated or overwritten)")
+            check_size(loc.storage, name, rel, info)
             if not checksums:
                 continue
             if rel in load:

@@ -24,7 +24,7 @@ from splitsync.ckpt.fs import Storage
 from splitsync.ckpt.store import CheckpointError, parse_manifest
 from splitsync.dist import comm
 
-__all__ = ["CheckpointWarning", "Listing", "list_candidates", "read_part", "verify_files",
+__all__ = ["CheckpointWarning", "Listing", "check_size", "list_candidates", "read_part", "verify_files",
            "find_checkpoint", "prefetch"]
 
 
@@ -41,15 +41,20 @@ class Listing:
     total: int  # committed checkpoints found at all
 
 
+def check_size(storage: Storage, name: str, rel: str, info: dict[str, Any]) -> None:
+    """Raise :class:`CheckpointError` unless file ``rel`` has the size its manifest gives."""
+    size = storage.size(name, rel)
+    if size is None:
+        raise CheckpointError(f"{rel} is missing")
+    if size != info["size"]:
+        what = "zero bytes" if size == 0 else f"{size} bytes"
+        raise CheckpointError(f"{rel} is {what}, the manifest says {info['size']} "
+                              "(truncated or overwritten)")
+
+
 def _check_sizes(storage: Storage, name: str, body: dict[str, Any]) -> None:
     for rel, info in body["files"].items():
-        size = storage.size(name, rel)
-        if size is None:
-            raise CheckpointError(f"{rel} is missing")
-        if size != info["size"]:
-            what = "zero bytes" if size == 0 else f"{size} bytes"
-            raise CheckpointError(f"{rel} is {what}, the manifest says {info['size']} "
-                                  "(truncated or overwritten)")
+        check_size(storage, name, rel, info)
 
 
 def list_candidates(storage: Storage) -> Listing:
