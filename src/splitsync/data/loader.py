@@ -164,9 +164,15 @@ class IndexTap:
         self.at = 0  # the next index to take
 
     def feed(self, indices: Iterator[int], chunk: int = 4096) -> Iterator[list[int]]:
-        """``indices`` in lists of ``chunk``, each kept here as it is handed out."""
+        """``indices`` in lists of up to ``chunk``, each kept here as it is handed out.
+
+        Lists start small and double: a pass read only in part (a short pass, a resume)
+        draws few indices it never uses, and a long pass still pays per chunk, not per index.
+        """
+        size = 64
         while True:
-            values = list(islice(indices, chunk))
+            values = list(islice(indices, size))
+            size = min(size * 2, chunk)
             if not values:
                 return
             if self.at > 65536:  # drop what was taken, now and then (C-speed)
