@@ -2,16 +2,18 @@
 
 A launch is a Python program (a script, or ``-m module``) at one or more processes on this
 machine (loopback, a free port; ``init()`` reads the plain ``RANK``/``WORLD_SIZE``
-variables). Ranks are forked from this process, which has imported torch already: a fresh
-interpreter spends seconds importing it, and verify starts many ranks. Each rank runs the
-program as ``__main__`` (``runpy``) with the launch's environment, its own session (so a
-timeout kills what it started) and its output in a log. Where forking is not safe (CUDA
-already initialised here, or no ``fork``), each rank is a fresh interpreter instead.
+variables). Ranks are forked from multiprocessing's fork server, a fresh single-threaded
+process that imports torch once: a fresh interpreter per rank spends seconds importing it,
+and forking this process is unsafe once it has threads (a lock another thread holds at the
+fork, in an fsspec event loop or an OpenMP pool, stays held forever in the child; importing
+torch alone starts one). Each rank runs the program as ``__main__`` (``runpy``) with the
+launch's environment, its own session (so a timeout kills what it started) and its output in
+a log. Where there is no fork server (no ``fork``), each rank is a fresh interpreter.
 """
 
 from __future__ import annotations
 
-import importlib
+import multiprocessing as mp
 import os
 import runpy
 import signal
@@ -22,11 +24,15 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO
+from multiprocessing.process import BaseProcess
+from typing import IO, Union
 
 from splitsync.dist.ports import free_port
 
-__all__ = ["Outcome", "Launch", "run_all"]
+__all__ = ["Outcome", "Launch", "run_all", "start_method"]
+
+# A rank: a process from the fork server, or a fresh interpreter.
+Rank = Union[BaseProcess, "subprocess.Popen[str]"]
 
 
 @dataclass(frozen=True)
@@ -63,27 +69,24 @@ class Launch:
     env: Mapping[str, str]
 
 
-# Imported here once, before forking, rather than in every rank: what a splitsync run
+# Imported once by the fork server rather than in every rank: what a splitsync run
 # imports lazily and costs most (torch.distributed.checkpoint alone is about a second of CPU).
 _PRELOAD = ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
             "torch.distributed.fsdp", "splitsync.ckpt", "splitsync.run.runtime",
             "splitsync.strategies")
 
 
-def _preload() -> None:
-    for name in _PRELOAD:
-        try:
-            importlib.import_module(name)
-        except ImportError:  # a torch build without one: each rank imports what it can
-            pass
+def start_method() -> str:
+    """How ranks start here: "forkserver", or "spawn" (a fresh interpreter per rank)."""
+    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
-def _can_fork() -> bool:
-    if not hasattr(os, "fork"):
-        return False
-    torch = sys.modules.get("torch")
-    # a CUDA context does not survive fork; the children then start afresh
-    return torch is None or not torch.cuda.is_initialized()
+def _served(target: Sequence[str], env: Mapping[str, str], log_path: str) -> None:
+    """A rank started by the fork server: append to the launch's log, then run the program."""
+    # the platform's default start method, as under torchrun (DataLoader workers fork)
+    mp.set_start_method(None, force=True)
+    with open(log_path, "a", encoding="utf-8", errors="replace") as log:
+        _run_here(target, env, log)
 
 
 def _rank_env(launch: Launch, rank: int, port: int) -> dict[str, str]:
@@ -96,8 +99,13 @@ def _rank_env(launch: Launch, rank: int, port: int) -> dict[str, str]:
 
 
 def _run_here(target: Sequence[str], env: Mapping[str, str], log: IO[str]) -> None:
-    """In a forked child: become the program and never return (exit with its code)."""
+    """In a rank from the fork server: become the program and never return (exit with its code)."""
     code = 1
+    # What the program leaves behind (its globals, the exception that ended it) stays alive
+    # until os._exit: tearing it down here, as runpy would when its copy of the globals is
+    # dropped, runs destructors a real process never runs at exit, and one of them (a DDP
+    # reducer releasing its gloo group) can wait forever for its worker thread.
+    kept: list[object] = []
     try:
         os.setsid()
         os.dup2(log.fileno(), 1)
@@ -111,18 +119,20 @@ def _run_here(target: Sequence[str], env: Mapping[str, str], log: IO[str]) -> No
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         if target[0] == "-m":
             sys.argv = [target[1], *target[2:]]
-            runpy.run_module(target[1], run_name="__main__", alter_sys=True)
+            kept.append(runpy.run_module(target[1], run_name="__main__", alter_sys=True))
         else:
             sys.argv = list(target)
             sys.path[0] = os.path.dirname(os.path.abspath(target[0]))
-            runpy.run_path(target[0], run_name="__main__")
+            kept.append(runpy.run_path(target[0], run_name="__main__"))
         code = 0
     except SystemExit as exc:
+        kept.append(exc)
         if exc.code is None or isinstance(exc.code, int):
             code = exc.code or 0
         else:
             print(exc.code, file=sys.stderr)
-    except BaseException:
+    except BaseException as exc:
+        kept.append(exc)
         traceback.print_exc()
     finally:
         try:
@@ -132,18 +142,19 @@ def _run_here(target: Sequence[str], env: Mapping[str, str], log: IO[str]) -> No
             os._exit(code)
 
 
-def _start(launch: Launch, log: IO[str], fork: bool) -> list[int | subprocess.Popen[str]]:
+def _start(launch: Launch, log: IO[str], how: str) -> list[Rank]:
     port = free_port() if launch.world > 1 else 0
-    ranks: list[int | subprocess.Popen[str]] = []
+    ranks: list[Rank] = []
     for rank in range(launch.world):
         env = _rank_env(launch, rank, port)
-        if fork:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                _run_here(launch.target, env, log)
-            ranks.append(pid)
+        if how == "forkserver":
+            ctx = mp.get_context("forkserver")
+            # the preload takes effect if this call starts the server (later calls reuse it)
+            ctx.set_forkserver_preload(["torch", *_PRELOAD])
+            # not a daemon: a daemon may not start processes (DataLoader workers, say)
+            proc = ctx.Process(target=_served, args=(launch.target, env, log.name))
+            proc.start()
+            ranks.append(proc)
         else:
             ranks.append(subprocess.Popen([sys.executable, *launch.target], env=env,
                                           stdout=log, stderr=subprocess.STDOUT, text=True,
@@ -151,27 +162,24 @@ def _start(launch: Launch, log: IO[str], fork: bool) -> list[int | subprocess.Po
     return ranks
 
 
-def _poll(rank: int | subprocess.Popen[str]) -> int | None:
+def _poll(rank: Rank) -> int | None:
     if isinstance(rank, subprocess.Popen):
         return rank.poll()
-    pid, status = os.waitpid(rank, os.WNOHANG)
-    return None if pid == 0 else os.waitstatus_to_exitcode(status)
+    return rank.exitcode
 
 
-def _kill(rank: int | subprocess.Popen[str]) -> None:
+def _kill(rank: Rank) -> None:
     """Kill the rank and what it started (each rank leads its own session)."""
-    pid = rank.pid if isinstance(rank, subprocess.Popen) else rank
+    assert rank.pid is not None  # started
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(rank.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     if isinstance(rank, subprocess.Popen):
         rank.wait()
     else:
-        try:
-            os.waitpid(rank, 0)
-        except ChildProcessError:
-            pass
+        rank.kill()  # in case it died before leading its own session
+        rank.join()
 
 
 def run_all(launches: Sequence[Launch], timeout: float,
@@ -182,12 +190,12 @@ def run_all(launches: Sequence[Launch], timeout: float,
     a rank waiting for it in a collective would wait for the timeout). ``on_exit(i)`` is
     called as soon as launch ``i`` has ended. Output goes to temporary files, never pipes.
     """
-    fork = _can_fork()
-    if fork:
-        _preload()
-    logs = [tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+    how = start_method()
+    # named: ranks from the fork server open their launch's log by its path
+    logs = [tempfile.NamedTemporaryFile(mode="w+", encoding="utf-8", errors="replace",
+                                        prefix="splitsync-verify-", suffix=".log")
             for _ in launches]
-    ranks = [_start(launch, log, fork) for launch, log in zip(launches, logs, strict=True)]
+    ranks = [_start(launch, log, how) for launch, log in zip(launches, logs, strict=True)]
     codes: list[list[int | None]] = [[None] * len(r) for r in ranks]
     done: dict[int, int | None] = {}
     deadline = time.monotonic() + timeout
