@@ -34,9 +34,29 @@ def test_interleave_rotates_and_alternates_order() -> None:
     blocks = harness.interleave({"A": runner("A"), "B": runner("B"), "C": runner("C")},
                                 rounds=4, block=2, warmup=1)
     rounds = [log[i:i + 3] for i in range(0, len(log), 3)]
-    assert rounds == [["A", "B", "C"], ["A", "C", "B"], ["C", "A", "B"], ["C", "B", "A"],
-                      ["B", "C", "A"]]
+    assert rounds == [["A", "B", "C"], ["C", "B", "A"], ["B", "C", "A"], ["A", "C", "B"],
+                      ["C", "A", "B"]]
     assert all(len(b) == 4 and all(len(x) == 2 for x in b) for b in blocks.values())
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_interleave_puts_every_loop_in_every_position_equally_often(n: int) -> None:
+    # two loops included: rotating and reversing by the same parity would keep B second
+    log: list[str] = []
+    names = "ABCD"[:n]
+
+    def runner(name: str):
+        def run(steps: int) -> list[float]:
+            log.append(name)
+            return [1.0] * steps
+        return run
+
+    runners = {k: runner(k) for k in names}
+    harness.interleave(runners, rounds=4 * n, block=1, warmup=0)
+    rounds = [log[i:i + n] for i in range(0, len(log), n)]
+    for name in names:
+        where = [r.index(name) for r in rounds]
+        assert sorted(where) == sorted(list(range(n)) * 4), (name, rounds)
 
 
 def test_interleave_asks_for_more_rounds_up_to_max() -> None:

@@ -51,10 +51,13 @@ def interleave(runners: Mapping[str, Callable[[int], list[float]]], *, rounds: i
                more: Callable[[int], bool] | None = None) -> dict[str, list[list[float]]]:
     """Run every runner for ``block`` steps per round; return per-loop lists of blocks.
 
-    ``warmup`` untimed rounds come first. Round r runs the loops rotated by r, and
-    reversed every other round (A B C, C B A ... then B C A ...), so no loop always
-    runs first or after the same neighbour. After ``rounds`` rounds, ``more(done)`` is asked
-    before each further round, up to ``max_rounds`` (e.g. to fill a time budget).
+    ``warmup`` untimed rounds come first. Rounds 2k and 2k+1 run the loops rotated by k,
+    the second of them reversed (A B C, C B A, B C A, A C B ...), so over every 2n rounds
+    each loop runs in each position equally often, whatever the number n of loops. (Rotating
+    by r and reversing odd rounds cancels out for two loops: A B, then B A reversed, is
+    A B again, and the second loop would always run second.) After ``rounds`` rounds,
+    ``more(done)`` is asked before each further round, up to ``max_rounds`` (e.g. to fill a
+    time budget).
     """
     if rounds < 1 or block < 1:
         raise ValueError(f"rounds={rounds}, block={block}: both must be >= 1.")
@@ -64,7 +67,7 @@ def interleave(runners: Mapping[str, Callable[[int], list[float]]], *, rounds: i
     for r in range(last):
         if r >= warmup + rounds and (more is None or not more(r - warmup)):
             break
-        k = r % len(names)
+        k = (r // 2) % len(names)
         order = names[k:] + names[:k]
         if r % 2:
             order.reverse()
