@@ -20,6 +20,7 @@ from splitsync.tools.ledger.format import (
     rank_file,
     read_file,
     step_record,
+    steps_record,
 )
 
 SHIFT = 40
@@ -37,7 +38,7 @@ def test_step_records_round_trip_in_the_smallest_encoding(ids: np.ndarray, width
                                                           tmp_path: Path) -> None:
     ids = ids.astype(np.int64)
     rec = step_record(7, 1, 2, 0, ids)
-    body = len(rec) - 9 - 17  # record header, step header
+    body = len(rec) - 9 - 11 - 14  # record header, steps header, one table row
     if width is not None:
         assert body == width * len(ids)
     else:  # runs: 12 bytes each
@@ -50,13 +51,30 @@ def test_step_records_round_trip_in_the_smallest_encoding(ids: np.ndarray, width
     assert np.array_equal(step.ids, ids)
 
 
-def test_a_known_bound_skips_the_scan_and_falls_back_when_exceeded(tmp_path: Path) -> None:
+def test_many_steps_share_one_record_and_one_encoding(tmp_path: Path) -> None:
     head = MAGIC + json_record(b"M", {"rank": 0, "world_size": 1})
-    for ids, width, size in (([5, 6, 7, 9], 2, 8), ([70000, 1], 2, 8), ([1, 2, 3], 4, 12)):
-        rec = step_record(1, 0, 0, 0, ids, width)
-        assert len(rec) - 26 == size  # 70000 does not fit 2 bytes: 4 each after all
-        (_, step), = parse(head + rec, tmp_path).records
-        assert step.ids.tolist() == ids
+    rng = np.random.default_rng(1)
+    # 256 steps of 32 shuffled indices, the last step of an epoch padded by one
+    rows = [(s, s // 128, 32, int(s == 127)) for s in range(1, 257)]
+    ids = rng.integers(0, 60000, 256 * 32)
+    rec = steps_record(3, rows, ids)
+    assert len(rec) == 9 + 11 + 256 * 14 + 256 * 32 * 2  # 2.44 bytes a sample
+    steps = [r for _, r in parse(head + rec, tmp_path).records]
+    assert [(s.step, s.epoch, s.padded, s.loader) for s in steps] == [
+        (s, e, p, 3) for s, e, _, p in rows]
+    assert np.array_equal(np.concatenate([s.ids for s in steps]), ids)
+    # a stream's consecutive positions run on across steps: one run for 4 steps
+    rec = steps_record(0, [(s, 0, 8, 0) for s in (1, 2, 3, 4)], (2 << SHIFT) + np.arange(32))
+    assert len(rec) == 9 + 11 + 4 * 14 + 12
+    steps = [r for _, r in parse(head + rec, tmp_path).records]
+    assert [s.ids.tolist() for s in steps] == [
+        ((2 << SHIFT) + np.arange(8 * k, 8 * k + 8)).tolist() for k in range(4)]
+    with pytest.raises(ValueError, match="count 8 sample"):
+        steps_record(0, [(1, 0, 8, 0)], np.arange(7))
+    with pytest.raises(ValueError, match="negative"):
+        step_record(1, 0, 0, 0, [3, -1])
+    old = parse(b"SPLITSYNC-LEDGER 1\n" + head[len(MAGIC):], tmp_path)
+    assert old.error is not None and "ledger format 1" in old.error
 
 
 def test_a_cut_or_altered_file_is_unreadable_from_that_byte(tmp_path: Path) -> None:

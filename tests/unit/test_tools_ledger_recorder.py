@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +14,9 @@ from torch.utils.data import Dataset, IterableDataset
 import splitsync as ss
 from splitsync.data.stream import SHARD_SHIFT
 from splitsync.observe import Observer
+from splitsync.tools.ledger import recorder
 from splitsync.tools.ledger.audit import audit
-from splitsync.tools.ledger.format import rank_file, read_file
+from splitsync.tools.ledger.format import MAGIC, rank_file, read_file
 
 
 class Indexed(Dataset):
@@ -130,5 +132,35 @@ def test_steps_reach_the_file_before_the_checkpoint_that_commits_them(tmp_path: 
                 assert steps_on_disk() == []  # buffered: no system call per step
                 run.save()
                 assert steps_on_disk() == [1, 2, 3]  # written before the checkpoint
+                # encoded together: one record for the three steps, none per step
+                assert raw_kinds(rank_file(tmp_path / "ledger", 1, 0)) == list("MRPS")
         assert steps_on_disk() == [1, 2, 3]
     assert steps_on_disk() == [1, 2, 3, 4, 5]  # and the rest at close
+    assert raw_kinds(rank_file(tmp_path / "ledger", 1, 0)) == list("MRPSSC")
+
+
+def raw_kinds(path: Path) -> list[str]:
+    """The kind of every record in a ledger file, as written (a steps record once)."""
+    data = path.read_bytes()
+    pos, kinds = len(MAGIC), []
+    while pos < len(data):
+        kind, length, _ = struct.unpack_from("<cII", data, pos)
+        kinds.append(kind.decode())
+        pos += 9 + length
+    return kinds
+
+
+def test_a_bound_on_buffered_ids_writes_before_the_step_bound(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recorder, "FLUSH_IDS", 4)  # large batches: memory stays bounded
+    path = rank_file(tmp_path / "ledger", 1, 0)
+    with ss.init(seed=0, guards=False, ledger=True, run_dir=str(tmp_path)) as run:
+        model = run.model(nn.Linear(2, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        seen = []
+        for x, _ in run.loader(Indexed(), batch_size=2):
+            run.backward(model(x).sum())
+            run.step(opt)
+            seen.append([r.step for k, r in read_file(path).records if k == "S"])
+    assert seen == [[], [1, 2], [1, 2], [1, 2, 3, 4], [1, 2, 3, 4]]
+    assert raw_kinds(path) == list("MPSSSC")

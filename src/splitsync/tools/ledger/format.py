@@ -5,23 +5,24 @@ A ledger file (``ledger/launch-NNNNN/rank-NNNNN.ledger``) is a magic line, then 
     kind (1 byte) | payload length (u32) | crc32 of kind and payload (u32) | payload
 
 Kinds: ``M`` the launch (JSON), ``P`` a loader pass begins (JSON), ``R`` ``run.resume``
-(JSON), ``S`` the samples of one optimizer step from one loader and epoch (binary), ``C``
+(JSON), ``S`` the samples of one or more optimizer steps from one loader (binary), ``C``
 ``run.close`` (JSON). Each write is one ``os.write`` of whole records, so a killed process
 leaves whole records behind; a record cut short or altered fails its length or checksum and
 the file is reported unreadable from that byte on.
 
-A step record's ids are stored as u16, u32 or i64 values, whichever is the smallest that
-fits, or as runs (first id i64, length u32) when consecutive ids make that smaller: shuffled
-indices take 2 or 4 bytes a sample, a stream's consecutive positions a few bytes a batch.
+An ``S`` record holds a table of its steps, one 14-byte row per step and epoch (step, epoch,
+sample count, padded count), then all their sample ids back to back, as u16, u32 or i64
+values, whichever is the smallest that fits, or as runs (first id i64, length u32) when
+consecutive ids make that smaller: shuffled indices take 2 or 4 bytes a sample, a stream's
+consecutive positions a few bytes a batch. The recorder writes one such record per loader
+for all the steps it buffered, encoded in one go (numpy), so a step costs no encoding.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-import sys
 import zlib
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,16 +30,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LEDGER_DIR", "MAGIC", "width_for", "Step", "ParsedFile", "record", "json_record", "step_record", "parse",
-           "read_file", "rank_file", "launch_dir"]
+__all__ = ["LEDGER_DIR", "MAGIC", "ROW", "Step", "ParsedFile", "record", "json_record",
+           "steps_record", "step_record", "parse", "read_file", "rank_file", "launch_dir"]
 
 LEDGER_DIR = "ledger"  # under run_dir
-MAGIC = b"SPLITSYNC-LEDGER 1\n"
+MAGIC = b"SPLITSYNC-LEDGER 2\n"
+_OLD_MAGIC = b"SPLITSYNC-LEDGER 1\n"
 _HEAD = struct.Struct("<cII")  # kind, payload length, crc32
-_STEP = struct.Struct("<IHIHBI")  # step, loader, epoch, padded, encoding, count: 17 bytes
+_STEPS = struct.Struct("<HBII")  # loader, encoding, rows, ids: 11 bytes
+ROW = np.dtype([("step", "<u4"), ("epoch", "<u4"), ("count", "<u4"), ("padded", "<u2")])
 _U16, _U32, _I64, _RUNS = 0, 1, 2, 3
+_VALUES = {_U16: np.dtype("<u2"), _U32: np.dtype("<u4"), _I64: np.dtype("<i8")}
 _RUN = np.dtype([("first", "<i8"), ("length", "<u4")])
-_RUN_PACK = struct.Struct("<qI")
 
 
 def launch_dir(root: Path, launch: int) -> Path:
@@ -51,7 +54,7 @@ def rank_file(root: Path, launch: int, rank: int) -> Path:
 
 @dataclass(frozen=True)
 class Step:
-    """One step record: ``ids`` (int64) of ``loader``'s samples in ``epoch`` that ``step``
+    """One step's samples: ``ids`` (int64) of ``loader``'s samples in ``epoch`` that ``step``
     trained, the last ``padded`` of them padding repeats (DistributedSampler's)."""
 
     step: int
@@ -80,67 +83,83 @@ def json_record(kind: bytes, obj: dict[str, Any]) -> bytes:
     return record(kind, json.dumps(obj, sort_keys=True).encode())
 
 
-def width_for(n: int) -> int:
-    """Bytes per id for ids below ``n``."""
-    return 2 if n <= 1 << 16 else 4 if n <= 1 << 32 else 8
+def _encode(ids: np.ndarray) -> tuple[int, bytes]:
+    """(encoding, body) of non-negative int64 ``ids``: the smaller of values and runs."""
+    n = len(ids)
+    if n == 0:
+        return _U16, b""
+    if int(ids.min()) < 0:
+        raise ValueError(f"a sample id is negative ({int(ids.min())}); ids are indices or "
+                         "stream positions")
+    top = int(ids.max())
+    enc = _U16 if top < 1 << 16 else _U32 if top < 1 << 32 else _I64
+    breaks = np.flatnonzero(np.diff(ids) != 1) + 1  # where a run of consecutive ids ends
+    if (len(breaks) + 1) * _RUN.itemsize < n * _VALUES[enc].itemsize:
+        starts = np.r_[0, breaks]
+        runs = np.empty(len(starts), _RUN)
+        runs["first"] = ids[starts]
+        runs["length"] = np.diff(np.r_[starts, n])
+        return _RUNS, runs.tobytes()
+    return enc, ids.astype(_VALUES[enc]).tobytes()
 
 
-_CODES = {2: (_U16, "H"), 4: (_U32, "I"), 8: (_I64, "q")}
+def steps_record(loader: int, rows: np.ndarray | Sequence[tuple[int, int, int, int]],
+                 ids: np.ndarray) -> bytes:
+    """An ``S`` record of ``loader``'s steps: ``rows`` of (step, epoch, count, padded) in
+    order, ``ids`` the samples of every row back to back (``count`` each)."""
+    table = np.asarray(rows, dtype=ROW) if len(rows) else np.empty(0, ROW)
+    ids = np.asarray(ids, dtype=np.int64)
+    if int(table["count"].sum(dtype=np.int64)) != len(ids):
+        raise ValueError(f"the rows count {int(table['count'].sum())} sample(s) but "
+                         f"{len(ids)} id(s) were given")
+    enc, body = _encode(ids)
+    head = _STEPS.pack(loader, enc, len(table), len(ids))
+    return record(b"S", head + table.tobytes() + body)
 
 
 def step_record(step: int, loader: int, epoch: int, padded: int,
-                ids: Sequence[int] | np.ndarray, width: int | None = None) -> bytes:
-    """An ``S`` record of non-negative ``ids``. ``width``: store them as values of that many
-    bytes without looking for runs (an indexable dataset's ids, whose bound is known);
-    None: the smaller of values and runs. Plain Python on lists: a batch's worth is cheaper
-    than numpy's per-call overhead."""
-    if isinstance(ids, np.ndarray):
-        ids = ids.tolist()
-    n = len(ids)
-    enc = -1
-    if width is None:
-        width = width_for(max(ids) + 1 if n else 0)
-        starts = [0] + [i for i in range(1, n) if ids[i] != ids[i - 1] + 1] if n else []
-        if len(starts) * _RUN.itemsize < n * width:
-            ends = [*starts[1:], n]
-            body = b"".join(_RUN_PACK.pack(ids[a], b - a)
-                            for a, b in zip(starts, ends, strict=True))
-            enc = _RUNS
-    if enc < 0:
-        enc, code = _CODES[width]
-        try:
-            arr = array(code, ids)
-        except OverflowError:  # an id beyond the bound given: look at the ids themselves
-            return step_record(step, loader, epoch, padded, ids)
-        if sys.byteorder != "little":
-            arr.byteswap()
-        body = arr.tobytes()
-    return record(b"S", _STEP.pack(step, loader, epoch, padded, enc, n) + body)
+                ids: Sequence[int] | np.ndarray) -> bytes:
+    """An ``S`` record of one step (a convenience for tools and tests)."""
+    return steps_record(loader, [(step, epoch, len(ids), padded)], np.asarray(ids, np.int64))
 
 
-def _decode_step(payload: bytes) -> Step:
-    step, loader, epoch, padded, enc, n = _STEP.unpack_from(payload)
-    body = payload[_STEP.size:]
+def _decode_steps(payload: bytes) -> list[Step]:
+    loader, enc, rows, n = _STEPS.unpack_from(payload)
+    at = _STEPS.size + rows * ROW.itemsize
+    if len(payload) < at:
+        raise ValueError("a steps record is shorter than its table")
+    table = np.frombuffer(payload, ROW, rows, _STEPS.size)
+    counts = table["count"].astype(np.int64)
+    if int(counts.sum()) != n:
+        raise ValueError("a steps record's rows do not add up to its sample count")
+    body = payload[at:]
     if enc == _RUNS:
-        arr = np.frombuffer(body, dtype=_RUN)
-        lengths = arr["length"].astype(np.int64)
+        if len(body) % _RUN.itemsize:
+            raise ValueError("a steps record's runs are cut")
+        runs = np.frombuffer(body, dtype=_RUN)
+        lengths = runs["length"].astype(np.int64)
         if int(lengths.sum()) != n:
-            raise ValueError("a step record's runs do not add up to its sample count")
-        ids = (np.repeat(arr["first"] - np.r_[0, np.cumsum(lengths)[:-1]], lengths)
-               + np.arange(n, dtype=np.int64)) if n else np.empty(0, np.int64)
+            raise ValueError("a steps record's runs do not add up to its sample count")
+        ids = (np.repeat(runs["first"] - np.r_[0, np.cumsum(lengths)[:-1]], lengths)
+               + np.arange(n, dtype=np.int64))
+    elif enc in _VALUES:
+        if len(body) != n * _VALUES[enc].itemsize:
+            raise ValueError("a steps record's size does not match its sample count")
+        ids = np.frombuffer(body, dtype=_VALUES[enc]).astype(np.int64)
     else:
-        dtype = {_U16: "<u2", _U32: "<u4", _I64: "<i8"}[enc]
-        if len(body) != n * np.dtype(dtype).itemsize:
-            raise ValueError("a step record's size does not match its sample count")
-        ids = np.frombuffer(body, dtype=dtype).astype(np.int64)
-    return Step(step, loader, epoch, padded, ids)
+        raise ValueError(f"unknown id encoding {enc}")
+    parts = np.split(ids, np.cumsum(counts)[:-1]) if rows else []
+    return [Step(int(r["step"]), loader, int(r["epoch"]), int(r["padded"]), part)
+            for r, part in zip(table, parts, strict=True)]
 
 
 def parse(data: bytes, path: Path) -> ParsedFile:
     """Every whole, intact record of ``data``; ``error`` says where and why reading stopped."""
     out = ParsedFile(path, size=len(data))
     if not data.startswith(MAGIC):
-        out.error = ("not a splitsync ledger (bad magic line)" if len(data) >= len(MAGIC)
+        out.error = ("ledger format 1, written by an older splitsync: audit it with that "
+                     "version" if data.startswith(_OLD_MAGIC)
+                     else "not a splitsync ledger (bad magic line)" if len(data) >= len(MAGIC)
                      else f"truncated: {len(data)} byte(s), shorter than the magic line")
         return out
     pos = len(MAGIC)
@@ -160,7 +179,7 @@ def parse(data: bytes, path: Path) -> ParsedFile:
         try:
             k = kind.decode()
             if k == "S":
-                out.records.append(("S", _decode_step(payload)))
+                out.records.extend(("S", step) for step in _decode_steps(payload))
             elif k == "M":
                 out.meta = json.loads(payload)
             elif k in "PRC":

@@ -2,11 +2,13 @@
 
 ``init(ledger=True)`` attaches a :class:`Ledger`. It hears each batch's sample ids
 (``on_batch``), credits them to the optimizer step that follows (``on_step_end`` once the
-accumulation window steps), and keeps one record per step, appended to
-``run_dir/ledger/launch-NNNNN/rank-NNNNN.ledger`` with one ``os.write`` every
-``FLUSH_STEPS`` steps, before every ``run.save`` (``before_save``) and at ``run.close``. So
-every step a checkpoint commits is in the file before the checkpoint is: a killed process
-loses only records of steps after its last checkpoint, which the restart rolls back anyway.
+accumulation window steps) and keeps, per step, only a reference to those id lists. The
+buffered steps are encoded together (numpy: one table and one id array per loader, one
+checksum) and appended to ``run_dir/ledger/launch-NNNNN/rank-NNNNN.ledger`` with one
+``os.write`` after ``FLUSH_STEPS`` steps or ``FLUSH_IDS`` ids, whichever comes first, before
+every ``run.save`` (``before_save``) and at ``run.close``. So every step a checkpoint commits
+is in the file before the checkpoint is: a killed process loses only records of steps after
+its last checkpoint, which the restart rolls back anyway.
 ``run.resume`` writes the step the launch continues from, which is how ``splitsync audit``
 knows which earlier steps were rolled back.
 """
@@ -16,9 +18,11 @@ from __future__ import annotations
 import os
 import socket
 import time
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from splitsync.dist import comm
@@ -29,13 +33,17 @@ from splitsync.tools.ledger.format import (
     json_record,
     launch_dir,
     rank_file,
-    step_record,
-    width_for,
+    steps_record,
 )
 
-__all__ = ["Ledger", "LEDGER_DIR", "FLUSH_STEPS", "next_launch"]
+__all__ = ["Ledger", "LEDGER_DIR", "FLUSH_STEPS", "FLUSH_IDS", "next_launch"]
 
-FLUSH_STEPS = 64  # steps buffered between writes (a write per step costs a system call)
+# Steps, and sample ids, buffered between writes: a write per step would cost a system call
+# and an encoding per step. The ids bound keeps the buffer small with large batches (a held
+# id is a Python int, tens of bytes until it is encoded into 2 to 8).
+FLUSH_STEPS = 256
+FLUSH_IDS = 1 << 16
+
 
 def next_launch(root: Path) -> int:
     """One more than the highest launch under ``root`` (1 for the first)."""
@@ -75,10 +83,14 @@ class Ledger(Observer):
         self.step = 0
         self._loaders: dict[int, int] = {}  # id(loader) -> index, in order of first pass
         self._objs: list[Any] = []  # keeps indexed loaders alive, so ids are never reused
-        self._pending: dict[tuple[int, int], list[int]] = {}
-        self._widths: list[int | None] = []  # per loader: bytes per id, None for streams
+        # (loader, epoch) -> the id lists of batches delivered since the last step; padding
+        self._pending: dict[tuple[int, int], list[list[int]]] = {}
         self._padded: dict[tuple[int, int], int] = {}
-        self._buffer: list[bytes] = []
+        # steps not yet encoded: (step, its pending dict, its padded dict or None)
+        self._steps: list[tuple[int, dict[tuple[int, int], list[list[int]]],
+                                dict[tuple[int, int], int] | None]] = []
+        self._held = 0  # ids delivered since the last encoding
+        self._buffer: list[bytes] = []  # encoded records not yet written
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         meta = {"launch": launch, "rank": rank, "world_size": world_size,
                 "restart_count": restart_count, "seed": seed, "host": socket.gethostname(),
@@ -90,8 +102,6 @@ class Ledger(Observer):
         if idx is None:
             idx = self._loaders[id(loader)] = len(self._objs)
             self._objs.append(loader)
-            self._widths.append(None if loader.sampler is None
-                                else width_for(len(loader.dataset)))
         return idx
 
     # --- hooks -------------------------------------------------------------------------
@@ -99,6 +109,7 @@ class Ledger(Observer):
         info = describe_loader(loader)
         info["loader"] = self._index(loader)
         info["step"] = self.step
+        self._encode()  # the file keeps records in the order things happened
         self._buffer.append(json_record(b"P", info))
 
     def on_batch(self, loader: Any, ids: list[int]) -> None:
@@ -112,32 +123,34 @@ class Ledger(Observer):
             key = (idx, sampler.epoch)
             if loader.last_batch and sampler.padding:
                 self._padded[key] = sampler.padding
-        pending = self._pending.get(key)
-        if pending is None:
-            self._pending[key] = list(ids)
+        batches = self._pending.get(key)  # the lists themselves, copied only when encoded
+        if batches is None:
+            self._pending[key] = [ids]
         else:
-            pending.extend(ids)
+            batches.append(ids)
+        self._held += len(ids)
 
     def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None,
                     stepped: bool = True) -> None:
         if not stepped:  # an accumulation micro-step, or a step the GradScaler skipped:
             return  # the samples wait for the step that updates the model
         self.step += 1
-        if not self._pending:
+        pending = self._pending
+        if not pending:
             return
-        out = self._buffer
-        for (loader, epoch), ids in self._pending.items():
-            out.append(step_record(self.step, loader, epoch,
-                                   self._padded.pop((loader, epoch), 0), ids,
-                                   self._widths[loader]))
-        self._pending.clear()
-        if len(out) >= FLUSH_STEPS:
+        # Only references per step: the encoding waits for the next write, done in bulk.
+        padded = self._padded
+        if padded:
+            self._padded = {}
+        self._steps.append((self.step, pending, padded or None))
+        self._pending = {}
+        if len(self._steps) >= FLUSH_STEPS or self._held >= FLUSH_IDS:
             self._flush()
 
     def after_resume(self, state: Any) -> None:
         self.step = int(state.step)
-        self._pending.clear()  # delivered before the resume: not trained from its state
-        self._padded.clear()
+        self._pending = {}  # delivered before the resume: not trained from its state
+        self._padded = {}
         where = None if state.path is None else str(state.path)
         self._flush()
         self._write(json_record(b"R", {"step": self.step, "epoch": int(state.epoch),
@@ -164,6 +177,7 @@ class Ledger(Observer):
                 epoch = loader.epoch
             passes.append({"loader": idx, "epoch": epoch, "finished": bool(finished),
                            "untrained": int(getattr(loader, "untrained", 0))})
+        self._encode()  # the steps before the close record
         self._buffer.append(json_record(b"C", {"clean": clean, "step": self.step,
                                                 "passes": passes}))
         self._flush()
@@ -171,7 +185,30 @@ class Ledger(Observer):
         os.close(self._fd)
         self._fd = -1
 
+    def _encode(self) -> None:
+        """The buffered steps as one ``S`` record per loader, into the write buffer."""
+        steps = self._steps
+        if not steps:
+            return
+        self._steps = []
+        self._held = 0
+        rows: dict[int, list[tuple[int, int, int, int]]] = {}
+        lists: dict[int, list[list[int]]] = {}
+        for step, pending, padded in steps:
+            for key, batches in pending.items():
+                loader, epoch = key
+                if loader not in rows:
+                    rows[loader], lists[loader] = [], []
+                count = sum(map(len, batches))
+                rows[loader].append((step, epoch, count, padded.get(key, 0) if padded else 0))
+                lists[loader] += batches
+        for loader, table in rows.items():
+            total = sum(r[2] for r in table)
+            ids = np.fromiter(chain.from_iterable(lists[loader]), np.int64, total)
+            self._buffer.append(steps_record(loader, table, ids))
+
     def _flush(self) -> None:
+        self._encode()
         if self._buffer:
             data = b"".join(self._buffer)
             self._buffer.clear()
