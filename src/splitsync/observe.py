@@ -53,8 +53,7 @@ class Observer:
         """A loader made by ``run.loader`` yields a batch; ``ids`` (one per sample, in batch
         order) say which samples it holds: dataset indices for an indexable dataset (padded
         repeats included), ``shard * 2**40 + position`` in the shard's epoch order for a
-        stream (``splitsync.data.stream.sample_id``). A fresh list per batch, which observers
-        may keep but must not change (the ledger keeps it until it writes)."""
+        stream (``splitsync.data.stream.sample_id``)."""
 
     def epochs(self, start: int, stop: int) -> int:
         """``run.epochs(stop, start)``: the epoch to stop before (may be smaller)."""

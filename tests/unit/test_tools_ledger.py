@@ -38,7 +38,7 @@ def test_step_records_round_trip_in_the_smallest_encoding(ids: np.ndarray, width
                                                           tmp_path: Path) -> None:
     ids = ids.astype(np.int64)
     rec = step_record(7, 1, 2, 0, ids)
-    body = len(rec) - 9 - 11 - 14  # record header, steps header, one table row
+    body = len(rec) - 9 - 11 - 16  # record header, steps header, one table row
     if width is not None:
         assert body == width * len(ids)
     else:  # runs: 12 bytes each
@@ -58,14 +58,14 @@ def test_many_steps_share_one_record_and_one_encoding(tmp_path: Path) -> None:
     rows = [(s, s // 128, 32, int(s == 127)) for s in range(1, 257)]
     ids = rng.integers(0, 60000, 256 * 32)
     rec = steps_record(3, rows, ids)
-    assert len(rec) == 9 + 11 + 256 * 14 + 256 * 32 * 2  # 2.44 bytes a sample
+    assert len(rec) == 9 + 11 + 256 * 16 + 256 * 32 * 2  # 2.5 bytes a sample
     steps = [r for _, r in parse(head + rec, tmp_path).records]
     assert [(s.step, s.epoch, s.padded, s.loader) for s in steps] == [
         (s, e, p, 3) for s, e, _, p in rows]
     assert np.array_equal(np.concatenate([s.ids for s in steps]), ids)
     # a stream's consecutive positions run on across steps: one run for 4 steps
     rec = steps_record(0, [(s, 0, 8, 0) for s in (1, 2, 3, 4)], (2 << SHIFT) + np.arange(32))
-    assert len(rec) == 9 + 11 + 4 * 14 + 12
+    assert len(rec) == 9 + 11 + 4 * 16 + 12
     steps = [r for _, r in parse(head + rec, tmp_path).records]
     assert [s.ids.tolist() for s in steps] == [
         ((2 << SHIFT) + np.arange(8 * k, 8 * k + 8)).tolist() for k in range(4)]

@@ -164,3 +164,24 @@ def test_a_bound_on_buffered_ids_writes_before_the_step_bound(
             seen.append([r.step for k, r in read_file(path).records if k == "S"])
     assert seen == [[], [1, 2], [1, 2], [1, 2, 3, 4], [1, 2, 3, 4]]
     assert raw_kinds(path) == list("MPSSSC")
+
+
+def test_the_step_bound_counts_steps_since_the_last_write_across_passes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a pass's start encodes the steps before it (records stay in order) but writes nothing:
+    # the bound still counts those steps, so the buffer never grows past it
+    monkeypatch.setattr(recorder, "FLUSH_STEPS", 3)
+    path = rank_file(tmp_path / "ledger", 1, 0)
+    with ss.init(seed=0, guards=False, ledger=True, run_dir=str(tmp_path)) as run:
+        model = run.model(nn.Linear(2, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = run.loader(Indexed(), batch_size=2)  # 5 steps a pass
+        written = []
+        for _ in run.epochs(2):
+            for x, _ in loader:
+                run.backward(model(x).sum())
+                run.step(opt)
+                written.append(max((r.step for k, r in read_file(path).records if k == "S"),
+                                   default=0))
+    assert written == [0, 0, 3, 3, 3, 6, 6, 6, 9, 9]
+    assert raw_kinds(path) == list("MPSSPSSSC")

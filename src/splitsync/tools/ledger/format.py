@@ -10,8 +10,8 @@ Kinds: ``M`` the launch (JSON), ``P`` a loader pass begins (JSON), ``R`` ``run.r
 leaves whole records behind; a record cut short or altered fails its length or checksum and
 the file is reported unreadable from that byte on.
 
-An ``S`` record holds a table of its steps, one 14-byte row per step and epoch (step, epoch,
-sample count, padded count), then all their sample ids back to back, as u16, u32 or i64
+An ``S`` record holds a table of its steps, one row of four u32 per step and epoch (step,
+epoch, sample count, padded count), then all their sample ids back to back, as u16, u32 or i64
 values, whichever is the smallest that fits, or as runs (first id i64, length u32) when
 consecutive ids make that smaller: shuffled indices take 2 or 4 bytes a sample, a stream's
 consecutive positions a few bytes a batch. The recorder writes one such record per loader
@@ -38,7 +38,8 @@ MAGIC = b"SPLITSYNC-LEDGER 2\n"
 _OLD_MAGIC = b"SPLITSYNC-LEDGER 1\n"
 _HEAD = struct.Struct("<cII")  # kind, payload length, crc32
 _STEPS = struct.Struct("<HBII")  # loader, encoding, rows, ids: 11 bytes
-ROW = np.dtype([("step", "<u4"), ("epoch", "<u4"), ("count", "<u4"), ("padded", "<u2")])
+ROW = np.dtype([("step", "<u4"), ("epoch", "<u4"), ("count", "<u4"), ("padded", "<u4")])
+_COLUMNS = np.dtype("<u4")  # a row as it is built: the same 16 bytes
 _U16, _U32, _I64, _RUNS = 0, 1, 2, 3
 _VALUES = {_U16: np.dtype("<u2"), _U32: np.dtype("<u4"), _I64: np.dtype("<i8")}
 _RUN = np.dtype([("first", "<i8"), ("length", "<u4")])
@@ -107,11 +108,11 @@ def steps_record(loader: int, rows: np.ndarray | Sequence[tuple[int, int, int, i
                  ids: np.ndarray) -> bytes:
     """An ``S`` record of ``loader``'s steps: ``rows`` of (step, epoch, count, padded) in
     order, ``ids`` the samples of every row back to back (``count`` each)."""
-    table = np.asarray(rows, dtype=ROW) if len(rows) else np.empty(0, ROW)
+    table = np.array(rows, dtype=_COLUMNS).reshape(-1, 4)  # faster than a structured build
     ids = np.asarray(ids, dtype=np.int64)
-    if int(table["count"].sum(dtype=np.int64)) != len(ids):
-        raise ValueError(f"the rows count {int(table['count'].sum())} sample(s) but "
-                         f"{len(ids)} id(s) were given")
+    counted = int(table[:, 2].sum(dtype=np.int64))
+    if counted != len(ids):
+        raise ValueError(f"the rows count {counted} sample(s) but {len(ids)} id(s) were given")
     enc, body = _encode(ids)
     head = _STEPS.pack(loader, enc, len(table), len(ids))
     return record(b"S", head + table.tobytes() + body)

@@ -2,9 +2,9 @@
 
 ``init(ledger=True)`` attaches a :class:`Ledger`. It hears each batch's sample ids
 (``on_batch``), credits them to the optimizer step that follows (``on_step_end`` once the
-accumulation window steps) and keeps, per step, only a reference to those id lists. The
-buffered steps are encoded together (numpy: one table and one id array per loader, one
-checksum) and appended to ``run_dir/ledger/launch-NNNNN/rank-NNNNN.ledger`` with one
+accumulation window steps). Per batch it only extends a flat list of its loader's ids, per
+step it notes how many of them the step took. The buffered steps are encoded together (one
+numpy conversion, table and checksum per loader) and appended to ``run_dir/ledger/launch-NNNNN/rank-NNNNN.ledger`` with one
 ``os.write`` after ``FLUSH_STEPS`` steps or ``FLUSH_IDS`` ids, whichever comes first, before
 every ``run.save`` (``before_save``) and at ``run.close``. So every step a checkpoint commits
 is in the file before the checkpoint is: a killed process loses only records of steps after
@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -83,13 +82,16 @@ class Ledger(Observer):
         self.step = 0
         self._loaders: dict[int, int] = {}  # id(loader) -> index, in order of first pass
         self._objs: list[Any] = []  # keeps indexed loaders alive, so ids are never reused
-        # (loader, epoch) -> the id lists of batches delivered since the last step; padding
-        self._pending: dict[tuple[int, int], list[list[int]]] = {}
+        # per loader, the ids not yet encoded: the buffered steps' and then those delivered
+        # since the last step (counted in _pending by (loader, epoch), in delivery order)
+        self._flat: list[list[int]] = []
+        self._pending: dict[tuple[int, int], int] = {}
         self._padded: dict[tuple[int, int], int] = {}
-        # steps not yet encoded: (step, its pending dict, its padded dict or None)
-        self._steps: list[tuple[int, dict[tuple[int, int], list[list[int]]],
+        # steps not yet encoded: (step, its pending counts, its padded counts or None)
+        self._steps: list[tuple[int, dict[tuple[int, int], int],
                                 dict[tuple[int, int], int] | None]] = []
-        self._held = 0  # ids delivered since the last encoding
+        self._held = 0  # ids delivered since the last write (a bound on memory)
+        self._unwritten = 0  # steps taken since the last write
         self._buffer: list[bytes] = []  # encoded records not yet written
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         meta = {"launch": launch, "rank": rank, "world_size": world_size,
@@ -102,6 +104,7 @@ class Ledger(Observer):
         if idx is None:
             idx = self._loaders[id(loader)] = len(self._objs)
             self._objs.append(loader)
+            self._flat.append([])
         return idx
 
     # --- hooks -------------------------------------------------------------------------
@@ -123,12 +126,11 @@ class Ledger(Observer):
             key = (idx, sampler.epoch)
             if loader.last_batch and sampler.padding:
                 self._padded[key] = sampler.padding
-        batches = self._pending.get(key)  # the lists themselves, copied only when encoded
-        if batches is None:
-            self._pending[key] = [ids]
-        else:
-            batches.append(ids)
-        self._held += len(ids)
+        self._flat[idx].extend(ids)
+        n = len(ids)
+        pending = self._pending
+        pending[key] = pending.get(key, 0) + n
+        self._held += n
 
     def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None,
                     stepped: bool = True) -> None:
@@ -138,18 +140,21 @@ class Ledger(Observer):
         pending = self._pending
         if not pending:
             return
-        # Only references per step: the encoding waits for the next write, done in bulk.
+        # Only counts per step: the encoding waits for the next write, done in bulk.
         padded = self._padded
         if padded:
             self._padded = {}
         self._steps.append((self.step, pending, padded or None))
         self._pending = {}
-        if len(self._steps) >= FLUSH_STEPS or self._held >= FLUSH_IDS:
+        self._unwritten += 1
+        if self._unwritten >= FLUSH_STEPS or self._held >= FLUSH_IDS:
             self._flush()
 
     def after_resume(self, state: Any) -> None:
         self.step = int(state.step)
-        self._pending = {}  # delivered before the resume: not trained from its state
+        for (loader, _), n in self._pending.items():  # delivered before the resume: not
+            del self._flat[loader][len(self._flat[loader]) - n:]  # trained from its state
+        self._pending = {}
         self._padded = {}
         where = None if state.path is None else str(state.path)
         self._flush()
@@ -191,24 +196,25 @@ class Ledger(Observer):
         if not steps:
             return
         self._steps = []
-        self._held = 0
         rows: dict[int, list[tuple[int, int, int, int]]] = {}
-        lists: dict[int, list[list[int]]] = {}
         for step, pending, padded in steps:
-            for key, batches in pending.items():
+            for key, count in pending.items():
                 loader, epoch = key
-                if loader not in rows:
-                    rows[loader], lists[loader] = [], []
-                count = sum(map(len, batches))
-                rows[loader].append((step, epoch, count, padded.get(key, 0) if padded else 0))
-                lists[loader] += batches
+                table = rows.get(loader)
+                if table is None:
+                    table = rows[loader] = []
+                table.append((step, epoch, count, padded.get(key, 0) if padded else 0))
         for loader, table in rows.items():
+            flat = self._flat[loader]
             total = sum(r[2] for r in table)
-            ids = np.fromiter(chain.from_iterable(lists[loader]), np.int64, total)
+            ids = np.array(flat[:total], dtype=np.int64)  # one C-level conversion
+            del flat[:total]  # what remains: delivered since the last step
             self._buffer.append(steps_record(loader, table, ids))
 
     def _flush(self) -> None:
         self._encode()
+        self._held = sum(map(len, self._flat))  # those of the step under way stay
+        self._unwritten = 0
         if self._buffer:
             data = b"".join(self._buffer)
             self._buffer.clear()
