@@ -3,8 +3,9 @@
 ``init(ledger=True)`` attaches a :class:`Ledger`. It hears each batch's sample ids
 (``on_batch``), credits them to the optimizer step that follows (``on_step_end`` once the
 accumulation window steps). Per batch it only extends a flat list of its loader's ids, per
-step it notes how many of them the step took. The buffered steps are encoded together (one
-numpy conversion, table and checksum per loader) and appended to ``run_dir/ledger/launch-NNNNN/rank-NNNNN.ledger`` with one
+step it appends four numbers (step, epoch, how many ids, how many padded) to another: no
+object, no encoding per step. The buffered steps are encoded together (per loader, two
+numpy conversions and one checksum) and appended to ``run_dir/ledger/launch-NNNNN/rank-NNNNN.ledger`` with one
 ``os.write`` after ``FLUSH_STEPS`` steps or ``FLUSH_IDS`` ids, whichever comes first, before
 every ``run.save`` (``before_save``) and at ``run.close``. So every step a checkpoint commits
 is in the file before the checkpoint is: a killed process loses only records of steps after
@@ -85,11 +86,10 @@ class Ledger(Observer):
         # per loader, the ids not yet encoded: the buffered steps' and then those delivered
         # since the last step (counted in _pending by (loader, epoch), in delivery order)
         self._flat: list[list[int]] = []
+        # per loader, the buffered steps' table rows back to back: step, epoch, count, padded
+        self._rows: list[list[int]] = []
         self._pending: dict[tuple[int, int], int] = {}
         self._padded: dict[tuple[int, int], int] = {}
-        # steps not yet encoded: (step, its pending counts, its padded counts or None)
-        self._steps: list[tuple[int, dict[tuple[int, int], int],
-                                dict[tuple[int, int], int] | None]] = []
         self._held = 0  # ids delivered since the last write (a bound on memory)
         self._unwritten = 0  # steps taken since the last write
         self._buffer: list[bytes] = []  # encoded records not yet written
@@ -105,6 +105,7 @@ class Ledger(Observer):
             idx = self._loaders[id(loader)] = len(self._objs)
             self._objs.append(loader)
             self._flat.append([])
+            self._rows.append([])
         return idx
 
     # --- hooks -------------------------------------------------------------------------
@@ -140,12 +141,11 @@ class Ledger(Observer):
         pending = self._pending
         if not pending:
             return
-        # Only counts per step: the encoding waits for the next write, done in bulk.
-        padded = self._padded
-        if padded:
-            self._padded = {}
-        self._steps.append((self.step, pending, padded or None))
-        self._pending = {}
+        # Only numbers per step: the encoding waits for the next write, done in bulk.
+        step, padded, rows = self.step, self._padded, self._rows
+        for key, count in pending.items():
+            rows[key[0]] += (step, key[1], count, padded.pop(key, 0) if padded else 0)
+        pending.clear()
         self._unwritten += 1
         if self._unwritten >= FLUSH_STEPS or self._held >= FLUSH_IDS:
             self._flush()
@@ -154,8 +154,8 @@ class Ledger(Observer):
         self.step = int(state.step)
         for (loader, _), n in self._pending.items():  # delivered before the resume: not
             del self._flat[loader][len(self._flat[loader]) - n:]  # trained from its state
-        self._pending = {}
-        self._padded = {}
+        self._pending.clear()
+        self._padded.clear()
         where = None if state.path is None else str(state.path)
         self._flush()
         self._write(json_record(b"R", {"step": self.step, "epoch": int(state.epoch),
@@ -192,22 +192,14 @@ class Ledger(Observer):
 
     def _encode(self) -> None:
         """The buffered steps as one ``S`` record per loader, into the write buffer."""
-        steps = self._steps
-        if not steps:
-            return
-        self._steps = []
-        rows: dict[int, list[tuple[int, int, int, int]]] = {}
-        for step, pending, padded in steps:
-            for key, count in pending.items():
-                loader, epoch = key
-                table = rows.get(loader)
-                if table is None:
-                    table = rows[loader] = []
-                table.append((step, epoch, count, padded.get(key, 0) if padded else 0))
-        for loader, table in rows.items():
+        for loader, rows in enumerate(self._rows):
+            if not rows:
+                continue
+            table = np.array(rows, dtype=np.uint32).reshape(-1, 4)  # C-level conversions
+            rows.clear()
             flat = self._flat[loader]
-            total = sum(r[2] for r in table)
-            ids = np.array(flat[:total], dtype=np.int64)  # one C-level conversion
+            total = int(table[:, 2].sum(dtype=np.int64))
+            ids = np.array(flat[:total], dtype=np.int64)
             del flat[:total]  # what remains: delivered since the last step
             self._buffer.append(steps_record(loader, table, ids))
 
