@@ -168,8 +168,7 @@ def test_a_bound_on_buffered_ids_writes_before_the_step_bound(
 
 def test_the_step_bound_counts_steps_since_the_last_write_across_passes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # a pass's start encodes the steps before it (records stay in order) but writes nothing:
-    # the bound still counts those steps, so the buffer never grows past it
+    # a pass's start writes nothing: its record waits for the next write, with the steps
     monkeypatch.setattr(recorder, "FLUSH_STEPS", 3)
     path = rank_file(tmp_path / "ledger", 1, 0)
     with ss.init(seed=0, guards=False, ledger=True, run_dir=str(tmp_path)) as run:
@@ -184,4 +183,4 @@ def test_the_step_bound_counts_steps_since_the_last_write_across_passes(
                 written.append(max((r.step for k, r in read_file(path).records if k == "S"),
                                    default=0))
     assert written == [0, 0, 3, 3, 3, 6, 6, 6, 9, 9]
-    assert raw_kinds(path) == list("MPSSPSSSC")
+    assert raw_kinds(path) == list("MPSPSSSC")

@@ -8,7 +8,10 @@ Kinds: ``M`` the launch (JSON), ``P`` a loader pass begins (JSON), ``R`` ``run.r
 (JSON), ``S`` the samples of one or more optimizer steps from one loader (binary), ``C``
 ``run.close`` (JSON). Each write is one ``os.write`` of whole records, so a killed process
 leaves whole records behind; a record cut short or altered fails its length or checksum and
-the file is reported unreadable from that byte on.
+the file is reported unreadable from that byte on. A write holds the passes begun since the
+previous one, then the steps taken since (an ``S`` record per loader), then the ``R`` or
+``C`` record that called for it, if any: ``P`` and ``S`` records carry the step they belong
+to, so the audit needs no order between them.
 
 An ``S`` record holds a table of its steps, one row of four u32 per step and epoch (step,
 epoch, sample count, padded count), then all their sample ids back to back, as u16, u32 or i64

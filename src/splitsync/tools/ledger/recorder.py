@@ -2,14 +2,15 @@
 
 ``init(ledger=True)`` attaches a :class:`Ledger`. It hears each batch's sample ids
 (``on_batch``), credits them to the optimizer step that follows (``on_step_end`` once the
-accumulation window steps). Per batch it only extends a flat list of its loader's ids, per
+accumulation window steps). Per batch it only extends a flat list of its loader's ids; per
 step it appends four numbers (step, epoch, how many ids, how many padded) to another: no
-object, no encoding per step. The buffered steps are encoded together (per loader, two
-numpy conversions and one checksum) and appended to ``run_dir/ledger/launch-NNNNN/rank-NNNNN.ledger`` with one
-``os.write`` after ``FLUSH_STEPS`` steps or ``FLUSH_IDS`` ids, whichever comes first, before
-every ``run.save`` (``before_save``) and at ``run.close``. So every step a checkpoint commits
-is in the file before the checkpoint is: a killed process loses only records of steps after
-its last checkpoint, which the restart rolls back anyway.
+object kept and nothing encoded per step. The buffered passes and steps are encoded
+together (per loader two numpy conversions and one checksum) and appended to
+``run_dir/ledger/launch-NNNNN/rank-NNNNN.ledger`` with one ``os.write`` after
+``FLUSH_STEPS`` steps or ``FLUSH_IDS`` ids, whichever comes first, before every
+``run.save`` (``before_save``) and at ``run.close``. So every step a checkpoint commits is in
+the file before the checkpoint is: a killed process loses only records of steps after its
+last checkpoint, which the restart rolls back anyway.
 ``run.resume`` writes the step the launch continues from, which is how ``splitsync audit``
 knows which earlier steps were rolled back.
 """
@@ -40,8 +41,8 @@ __all__ = ["Ledger", "LEDGER_DIR", "FLUSH_STEPS", "FLUSH_IDS", "next_launch"]
 
 # Steps, and sample ids, buffered between writes: a write per step would cost a system call
 # and an encoding per step. The ids bound keeps the buffer small with large batches (a held
-# id is a Python int, tens of bytes until it is encoded into 2 to 8).
-FLUSH_STEPS = 256
+# id is a Python int, up to tens of bytes until it is encoded into 2 to 8).
+FLUSH_STEPS = 1024
 FLUSH_IDS = 1 << 16
 
 
@@ -92,7 +93,7 @@ class Ledger(Observer):
         self._padded: dict[tuple[int, int], int] = {}
         self._held = 0  # ids delivered since the last write (a bound on memory)
         self._unwritten = 0  # steps taken since the last write
-        self._buffer: list[bytes] = []  # encoded records not yet written
+        self._passes: list[dict[str, Any]] = []  # P records not yet written
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         meta = {"launch": launch, "rank": rank, "world_size": world_size,
                 "restart_count": restart_count, "seed": seed, "host": socket.gethostname(),
@@ -113,8 +114,7 @@ class Ledger(Observer):
         info = describe_loader(loader)
         info["loader"] = self._index(loader)
         info["step"] = self.step
-        self._encode()  # the file keeps records in the order things happened
-        self._buffer.append(json_record(b"P", info))
+        self._passes.append(info)  # encoded at the next write, with the steps
 
     def on_batch(self, loader: Any, ids: list[int]) -> None:
         idx = self._loaders.get(id(loader))
@@ -157,8 +157,7 @@ class Ledger(Observer):
         self._pending.clear()
         self._padded.clear()
         where = None if state.path is None else str(state.path)
-        self._flush()
-        self._write(json_record(b"R", {"step": self.step, "epoch": int(state.epoch),
+        self._flush(json_record(b"R", {"step": self.step, "epoch": int(state.epoch),
                                         "resumed": bool(state.resumed), "path": where,
                                         "world_size": state.world_size}))
 
@@ -182,16 +181,19 @@ class Ledger(Observer):
                 epoch = loader.epoch
             passes.append({"loader": idx, "epoch": epoch, "finished": bool(finished),
                            "untrained": int(getattr(loader, "untrained", 0))})
-        self._encode()  # the steps before the close record
-        self._buffer.append(json_record(b"C", {"clean": clean, "step": self.step,
-                                                "passes": passes}))
-        self._flush()
+        self._flush(json_record(b"C", {"clean": clean, "step": self.step, "passes": passes}))
         os.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
 
-    def _encode(self) -> None:
-        """The buffered steps as one ``S`` record per loader, into the write buffer."""
+    def _flush(self, last: bytes = b"") -> None:
+        """One write: the buffered passes, then every buffered step (one ``S`` record per
+        loader), then ``last``. All the numpy and JSON work of many steps happens here at
+        once, since after a stretch of training the first such call in a while is slow
+        (cold caches: tens of microseconds) and a call per pass or per step would pay it
+        each time. The audit orders passes and steps by the step numbers they carry."""
+        records = [json_record(b"P", info) for info in self._passes]
+        self._passes.clear()
         for loader, rows in enumerate(self._rows):
             if not rows:
                 continue
@@ -201,17 +203,12 @@ class Ledger(Observer):
             total = int(table[:, 2].sum(dtype=np.int64))
             ids = np.array(flat[:total], dtype=np.int64)
             del flat[:total]  # what remains: delivered since the last step
-            self._buffer.append(steps_record(loader, table, ids))
-
-    def _flush(self) -> None:
-        self._encode()
+            records.append(steps_record(loader, table, ids))
         self._held = sum(map(len, self._flat))  # those of the step under way stay
         self._unwritten = 0
-        if self._buffer:
-            data = b"".join(self._buffer)
-            self._buffer.clear()
-            self._write(data)
+        records.append(last)
+        self._write(b"".join(records))
 
     def _write(self, data: bytes) -> None:
-        if self._fd >= 0:
+        if self._fd >= 0 and data:
             os.write(self._fd, data)
