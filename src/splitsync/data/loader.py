@@ -181,11 +181,6 @@ class IndexTap:
             self.items.extend(values)
             yield values
 
-    def take(self, k: int) -> list[int]:
-        out = self.items[self.at : self.at + k]
-        self.at += k
-        return out
-
 
 class DeviceLoader:
     """A DataLoader whose batches arrive on the run's device and whose position is known."""
@@ -268,12 +263,14 @@ class DeviceLoader:
         tap = sampler.tap = IndexTap()
         size = self.loader.batch_size or 1
         last = len(sampler) - (total - 1) * size if not self.loader.drop_last else size
-        take = tap.take
         try:
             for batch in self.loader:
                 self.batches_seen += 1
                 self.last_batch = self.batches_seen == total
-                ids = take(last if self.last_batch else size)
+                # the batch's indices, taken from the tap inline: a call costs more than this
+                at, k = tap.at, last if self.last_batch else size
+                ids = tap.items[at : at + k]
+                tap.at = at + k
                 for obs in observers:
                     obs.on_batch(self, ids)
                 yield batch if self._cpu else move_to(batch, self.device)

@@ -94,6 +94,7 @@ class Ledger(Observer):
         self._held = 0  # ids delivered since the last write (a bound on memory)
         self._unwritten = 0  # steps taken since the last write
         self._passes: list[dict[str, Any]] = []  # P records not yet written
+        self._live: dict[int, tuple[tuple[int, int], list[int], Any]] = {}  # per pass
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         meta = {"launch": launch, "rank": rank, "world_size": world_size,
                 "restart_count": restart_count, "seed": seed, "host": socket.gethostname(),
@@ -115,23 +116,29 @@ class Ledger(Observer):
         info["loader"] = self._index(loader)
         info["step"] = self.step
         self._passes.append(info)  # encoded at the next write, with the steps
+        self._live[id(loader)] = self._pass_state(loader)
+
+    def _pass_state(self, loader: Any) -> tuple[tuple[int, int], list[int], Any]:
+        """What every batch of ``loader``'s pass shares: (loader, epoch), its id list and
+        its sampler (None for a stream). A pass's epoch is fixed when it begins (its order
+        is drawn then), so a batch need not look it up again."""
+        idx = self._index(loader)
+        sampler = loader.sampler
+        epoch = loader.epoch if sampler is None else sampler.epoch
+        return (idx, epoch), self._flat[idx], sampler
 
     def on_batch(self, loader: Any, ids: list[int]) -> None:
-        idx = self._loaders.get(id(loader))
-        if idx is None:
-            idx = self._index(loader)
-        sampler = loader.sampler
-        if sampler is None:  # a stream: never padded
-            key = (idx, loader.epoch)
-        else:
-            key = (idx, sampler.epoch)
-            if loader.last_batch and sampler.padding:
-                self._padded[key] = sampler.padding
-        self._flat[idx].extend(ids)
+        state = self._live.get(id(loader))
+        if state is None:  # a batch without a pass begun before it: look it up
+            state = self._live[id(loader)] = self._pass_state(loader)
+        key, flat, sampler = state
+        flat.extend(ids)
         n = len(ids)
         pending = self._pending
         pending[key] = pending.get(key, 0) + n
         self._held += n
+        if sampler is not None and loader.last_batch and sampler.padding:  # a stream: never
+            self._padded[key] = sampler.padding
 
     def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None,
                     stepped: bool = True) -> None:
