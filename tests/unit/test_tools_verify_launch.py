@@ -30,11 +30,12 @@ def test_ranks_start_from_the_fork_server() -> None:
 def test_a_programs_objects_are_not_torn_down_before_it_exits(tmp_path: Path) -> None:
     script = tmp_path / "teardown.py"
     script.write_text(TEARDOWN)
-    outcomes = run_all([Launch(1, (str(script), "run"), clean_env()),
-                        Launch(2, (str(script), "exit"), clean_env())], timeout=120)
-    assert outcomes[0].returncode == 0 and outcomes[1].returncode == 3, outcomes
-    assert outcomes[0].output.count("ran as ['run']") == 1
-    assert outcomes[1].output.count("ran as ['exit']") == 2  # both ranks, one log
+    # (a launch whose rank fails has its other ranks killed: the failing one runs alone)
+    outcomes = run_all([Launch(1, (str(script), "exit"), clean_env()),
+                        Launch(2, (str(script), "run"), clean_env())], timeout=120)
+    assert outcomes[0].returncode == 3 and outcomes[1].returncode == 0, outcomes
+    assert outcomes[0].output.count("ran as ['exit']") == 1
+    assert outcomes[1].output.count("ran as ['run']") == 2  # both ranks, one log
     assert "torn down" not in outcomes[0].output + outcomes[1].output
 
 
