@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
 from splitsync.testing import clean_env
 from splitsync.tools.verify.launch import Launch, run_all, start_method
 
@@ -27,6 +29,7 @@ def test_ranks_start_from_the_fork_server() -> None:
     assert start_method() == "forkserver"
 
 
+@pytest.mark.slow
 def test_a_programs_objects_are_not_torn_down_before_it_exits(tmp_path: Path) -> None:
     script = tmp_path / "teardown.py"
     script.write_text(TEARDOWN)
@@ -39,6 +42,7 @@ def test_a_programs_objects_are_not_torn_down_before_it_exits(tmp_path: Path) ->
     assert "torn down" not in outcomes[0].output + outcomes[1].output
 
 
+@pytest.mark.slow
 def test_a_plain_ddp_script_ends_while_this_process_runs_threads() -> None:
     """The forked-rank hang: ranks forked from a process with threads, a DDP script's
     reducer torn down on return; either alone hung about one launch in three."""
