@@ -8,17 +8,19 @@ A finding is silenced by a comment on its line (or any line of the flagged expre
 from __future__ import annotations
 
 import ast
+import gc
 import io
 import re
 import tokenize
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from splitsync.tools.lint.facts import Facts, build_facts
 from splitsync.tools.lint.flow import with_rank0_functions
-from splitsync.tools.lint.model import SEVERITIES, Finding, Rule
-from splitsync.tools.lint.project import file_project, local_imports, merge, with_project
+from splitsync.tools.lint.model import SEVERITIES, Finding, Project, Rule
+from splitsync.tools.lint.project import Disk, file_project, local_imports, merge, with_project
 from splitsync.tools.lint.registry import META_CODES, all_rules
 
 __all__ = ["check_source", "check_file", "check_paths", "iter_python_files", "Suppressions"]
@@ -83,8 +85,11 @@ def _span(node: ast.AST) -> tuple[int, int, int]:
     return line, col, end or line
 
 
-def _parse(source: str, path: str) -> Facts | Finding:
-    """The file's facts, or the SS000 finding saying why it cannot be read."""
+def _parse(source: str, path: str, tree: ast.Module | None = None) -> Facts | Finding:
+    """The file's facts, or the SS000 finding saying why it cannot be read (``tree``: the
+    source already parsed)."""
+    if tree is not None:
+        return build_facts(tree, path, source)
     try:
         tree = ast.parse(source, filename=path)
     except RecursionError:
@@ -160,15 +165,34 @@ def _read(path: Path) -> str | Finding:
                        "save it as UTF-8 (or fix its coding cookie).", str(path), 1, 1, 1)
 
 
-def _importers_beside(files: list[Path]) -> list[Path]:
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while trees are built and read.
+
+    Parsing allocates millions of AST nodes that live until the check ends; each allocation
+    burst triggers a collection that scans all the nodes kept so far, which cost more than
+    the parsing itself. The nodes hold no reference cycles (parents live in a dict), so
+    nothing is left for the collector to find; it runs again as soon as the check ends."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _importers_beside(files: list[Path], disk: Disk,
+                      parsed: dict[Path, tuple[str, ast.Module]]) -> list[Path]:
     """Scripts next to the named files that import one of them (``train.py`` beside a named
-    ``model.py``): a helper named alone is read with the scripts that use it."""
-    named = {f.resolve() for f in files}
+    ``model.py``): a helper named alone is read with the scripts that use it. Each sibling
+    parsed here is kept in ``parsed`` (by resolved path, with its text) for the analysis."""
+    named = {disk.resolve(f) for f in files}
     found: list[Path] = []
-    for folder in dict.fromkeys(f.resolve().parent for f in files):
+    for folder in dict.fromkeys(disk.resolve(f).parent for f in files):
         stems = {f.stem for f in named if f.parent == folder}
         for sibling in sorted(folder.glob("*.py")):
-            if sibling.resolve() in named:
+            if disk.resolve(sibling) in named:
                 continue
             try:
                 text = sibling.read_text(encoding="utf-8", errors="replace")
@@ -180,19 +204,62 @@ def _importers_beside(files: list[Path]) -> list[Path]:
                 tree = ast.parse(text)
             except (SyntaxError, ValueError, RecursionError):
                 continue
-            if local_imports(tree, sibling.resolve()) & named:
+            parsed[disk.resolve(sibling)] = (text, tree)
+            if local_imports(tree, disk.resolve(sibling), disk=disk) & named:
                 found.append(sibling)
     return found
 
 
-def _analyse(files: list[Path], rules: tuple[Rule, ...],
-             context: list[Path] = ()) -> dict[Path, list[Finding]]:  # type: ignore[assignment]
+def _load(path: Path, key: Path, disk: Disk,
+          parsed: dict[Path, tuple[str, ast.Module]]) -> tuple[Facts | Finding, set[Path]]:
+    """One file's facts (or why it cannot be read) and the local modules it imports."""
+    source = _read(path)
+    if isinstance(source, Finding):
+        return source, set()
+    text, tree = parsed.pop(key, ("", None))
+    # a sibling read as UTF-8 is parsed once; another encoding reads differently: parse again
+    facts = _parse(source, str(path), tree if text == source else None)
+    if isinstance(facts, Finding):
+        return facts, set()
+    return facts, local_imports(facts.tree, key, facts.of(ast.Import, ast.ImportFrom), disk)
+
+
+def projects_of(edges: dict[Path, set[Path]], parts: dict[Path, Project]) -> dict[Path, Project]:
+    """Each file's :class:`Project`: the parts of the files it is read with, i.e. what it
+    imports, the scripts that import it (and theirs), and everything those import."""
+    importers: dict[Path, set[Path]] = {key: set() for key in parts}
+    for key, targets in edges.items():
+        for target in targets & parts.keys():
+            importers[target].add(key)
+
+    def reach(start: Path, links: dict[Path, set[Path]]) -> set[Path]:
+        seen, todo = {start}, [start]
+        while todo:
+            for nxt in links.get(todo.pop(), set()) & parts.keys():
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    closures = {key: reach(key, edges) for key in parts}
+    projects = {}
+    for key in parts:
+        together = set().union(*(closures[a] for a in reach(key, importers)))
+        projects[key] = merge(parts[k] for k in sorted(together))
+    return projects
+
+
+def _analyse(files: list[Path], rules: tuple[Rule, ...], context: list[Path] = (),  # type: ignore[assignment]
+             disk: Disk | None = None,
+             parsed: dict[Path, tuple[str, ast.Module]] | None = None) -> dict[Path, list[Finding]]:
     """Findings per file for ``files`` and the local modules they import, each file read
     together with the modules it is connected to by imports. ``context`` files are read
     for what they show about the others; their own findings are not returned."""
-    hidden = {f.resolve() for f in context}
+    disk = Disk() if disk is None else disk
+    parsed = {} if parsed is None else parsed
+    hidden = {disk.resolve(f) for f in context}
     files = [*files, *context]
-    shown = {f.resolve(): f for f in files}
+    shown = {disk.resolve(f): f for f in files}
     facts: dict[Path, Facts] = {}
     failed: dict[Path, list[Finding]] = {}
     edges: dict[Path, set[Path]] = {}
@@ -201,35 +268,13 @@ def _analyse(files: list[Path], rules: tuple[Rule, ...],
         key = queue.pop()
         if key in facts or key in failed:
             continue
-        source = _read(shown.get(key, key))
-        parsed = source if isinstance(source, Finding) else _parse(source, str(shown.get(key, key)))
-        if isinstance(parsed, Finding):
-            failed[key] = [parsed]
+        loaded, edges[key] = _load(shown.get(key, key), key, disk, parsed)
+        if isinstance(loaded, Finding):
+            failed[key] = [loaded]
             continue
-        facts[key] = parsed
-        edges[key] = local_imports(parsed.tree, key, parsed.nodes)
+        facts[key] = loaded
         queue.extend(edges[key] - facts.keys())
-    # a file is read with what it imports and with the scripts that import it (and theirs)
-    importers: dict[Path, set[Path]] = {key: set() for key in facts}
-    for key, targets in edges.items():
-        for target in targets & facts.keys():
-            importers[target].add(key)
-
-    def reach(start: Path, links: dict[Path, set[Path]]) -> set[Path]:
-        seen, todo = {start}, [start]
-        while todo:
-            for nxt in links.get(todo.pop(), set()) & facts.keys():
-                if nxt not in seen:
-                    seen.add(nxt)
-                    todo.append(nxt)
-        return seen
-
-    closures = {key: reach(key, edges) for key in facts}
-    parts = {key: file_project(f) for key, f in facts.items()}  # each file read once
-    projects = {}
-    for key in facts:
-        together = set().union(*(closures[a] for a in reach(key, importers)))
-        projects[key] = merge(parts[k] for k in sorted(together))
+    projects = projects_of(edges, {key: file_project(f) for key, f in facts.items()})
     results = {k: v for k, v in failed.items() if k not in hidden}
     for key, f in facts.items():
         if key not in hidden:
@@ -241,7 +286,11 @@ def check_file(path: str | Path, rules: Iterable[Rule] | None = None) -> list[Fi
     """Findings for one file, read together with the local modules it imports."""
     rules = all_rules() if rules is None else tuple(rules)
     path = Path(path)
-    return _analyse([path], rules, _importers_beside([path])).get(path.resolve(), [])
+    disk: Disk = Disk()
+    parsed: dict[Path, tuple[str, ast.Module]] = {}
+    with _collector_paused():
+        context = _importers_beside([path], disk, parsed)
+        return _analyse([path], rules, context, disk, parsed).get(disk.resolve(path), [])
 
 
 def iter_python_files(paths: Iterable[str | Path]) -> Iterator[Path]:
@@ -266,9 +315,12 @@ def check_paths(paths: Iterable[str | Path],
     many files were checked."""
     rules = all_rules() if rules is None else tuple(rules)
     files = list(dict.fromkeys(iter_python_files(paths)))
-    results = _analyse(files, rules, _importers_beside(files))
-    named = {f.resolve() for f in files}
+    disk: Disk = Disk()
+    parsed: dict[Path, tuple[str, ast.Module]] = {}
+    with _collector_paused():
+        results = _analyse(files, rules, _importers_beside(files, disk, parsed), disk, parsed)
+    named = {disk.resolve(f) for f in files}
     extra = sorted(k for k in results if k not in named)  # imported modules outside `paths`
-    order = [f.resolve() for f in files] + extra
+    order = [disk.resolve(f) for f in files] + extra
     findings = [f for key in dict.fromkeys(order) for f in results.get(key, [])]
     return findings, len(order)
