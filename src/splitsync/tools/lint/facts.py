@@ -136,20 +136,31 @@ class Facts:
         last = full.rsplit(".", 1)[-1]
         return last in names and (full.startswith("torch.") or full == last)
 
+    def _calls_by(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+        """Positions in ``calls`` of torch calls by last name, and of method calls by method."""
+        memo = self.tree_index.memo
+        known = memo.get("calls")
+        if known is None or known[0] is not self.calls:  # type: ignore[index]
+            torch: dict[str, list[int]] = {}
+            methods: dict[str, list[int]] = {}
+            for at, (call, full) in enumerate(self.calls):
+                last = full.rsplit(".", 1)[-1]
+                if full.startswith("torch.") or full == last:
+                    torch.setdefault(last, []).append(at)
+                if isinstance(call.func, ast.Attribute):
+                    methods.setdefault(call.func.attr, []).append(at)
+            known = memo["calls"] = (self.calls, torch, methods)
+        return known[1], known[2]  # type: ignore[index]
+
     def torch_calls(self, *names: str) -> list[ast.Call]:
         """Calls of torch functions or classes named ``names`` (any import spelling)."""
-        wanted = set(names)
-        found = []
-        for call, full in self.calls:  # `full` is the call's resolved name, computed once
-            last = full.rsplit(".", 1)[-1]
-            if last in wanted and (full.startswith("torch.") or full == last):
-                found.append(call)
-        return found
+        by_name = self._calls_by()[0]
+        return [self.calls[at][0] for at in sorted({at for n in names for at in by_name.get(n, ())})]
 
     def method_calls(self, *attrs: str) -> list[ast.Call]:
         """Calls ``<anything>.attr(...)``."""
-        return [c for c, _ in self.calls
-                if isinstance(c.func, ast.Attribute) and c.func.attr in attrs]
+        by_attr = self._calls_by()[1]
+        return [self.calls[at][0] for at in sorted({at for a in attrs for at in by_attr.get(a, ())})]
 
     def is_run(self, expr: ast.AST) -> bool:
         """Is ``expr`` the splitsync Run handle (``run`` from ``splitsync.init``)?"""

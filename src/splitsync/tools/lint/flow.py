@@ -135,11 +135,15 @@ def guarded_by_rank0(facts: Facts, node: ast.AST) -> bool:
 
 def _call_sites(facts: Facts) -> dict[str, tuple[list[ast.Call], int]]:
     """Per function or method name: its call sites (``name(...)``, ``self.name(...)``) and
-    how many times the name is mentioned at all, from one pass over the tree."""
-    names = {n.name for n in facts.nodes if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    how many times the name is mentioned at all, from one pass over the tree (kept: it
+    depends on the tree alone). The lists are shared: read them, never change them."""
+    memo = facts.tree_index.memo
+    if "call_sites" in memo:
+        return memo["call_sites"]  # type: ignore[return-value]
+    names = {n.name for n in facts.of(ast.FunctionDef, ast.AsyncFunctionDef)}  # type: ignore[attr-defined]
     sites: dict[str, list[ast.Call]] = {name: [] for name in names}
     mentions: dict[str, int] = dict.fromkeys(names, 0)
-    for n in facts.nodes:
+    for n in facts.of(ast.Name, ast.Attribute) if names else ():
         name = None
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
             name = n.id
@@ -151,14 +155,15 @@ def _call_sites(facts: Facts) -> dict[str, tuple[list[ast.Call], int]]:
             parent = facts.parents.get(n)
             if isinstance(parent, ast.Call) and parent.func is n:
                 sites[name].append(parent)
-    return {name: (sites[name], mentions[name]) for name in names}
+    found = memo["call_sites"] = {name: (sites[name], mentions[name]) for name in names}
+    return found
 
 
 def rank0_flags(facts: Facts) -> frozenset[str]:
     """Names assigned only from rank-0 tests: ``should_log = accelerator.is_main_process``,
     ``self.can_checkpoint = self.is_local_main if local else self.is_main``."""
     flags: frozenset[str] = frozenset()
-    assigns = [n for n in facts.nodes if isinstance(n, ast.Assign)]
+    assigns = facts.of(ast.Assign)
     for _ in range(2):  # a flag computed from a flag
         found = set(flags)
         for node in assigns:

@@ -9,6 +9,8 @@ root; everything else (torch, third-party packages) is ignored. Nothing is impor
 from __future__ import annotations
 
 import ast
+import os
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -47,12 +49,29 @@ class Disk:
             self.answers[key] = path.exists()
         return self.answers[key]  # type: ignore[return-value]
 
+    def may_hold(self, folder: Path, name: str) -> bool:
+        """Could ``folder`` hold an entry called ``name``? A superset test (case and Unicode
+        form folded, as some filesystems do) that spares a lookup for every import of a
+        package that is not local (``torch``, ``numpy``) in every folder it is tried in."""
+        key = ("names", folder)
+        if key not in self.answers:
+            try:
+                self.answers[key] = frozenset(_fold(n) for n in os.listdir(folder))
+            except OSError:
+                self.answers[key] = None  # unreadable: every lookup asks the filesystem
+        names = self.answers[key]
+        return names is None or _fold(name) in names  # type: ignore[operator]
+
     def resolve(self, path: Path) -> Path:
         """``path.resolve()``, asked once."""
         key = ("resolve", path)
         if key not in self.answers:
             self.answers[key] = path.resolve()
         return self.answers[key]  # type: ignore[return-value]
+
+
+def _fold(name: str) -> str:
+    return unicodedata.normalize("NFKC", name).casefold()
 
 
 def _roots(path: Path, disk: Disk) -> list[Path]:
@@ -86,14 +105,18 @@ def _module_file(base: Path, dotted_name: str, disk: Disk) -> Path | None:
     return None
 
 
-def _candidates(path: Path, level: int, name: str, disk: Disk) -> tuple[Path, ...]:
-    """The files ``name`` could be, imported from ``path``'s folder (``level`` dots), in the
-    order they are tried; asked once per folder and name in a run."""
-    key = ("module", path.parent, level, name)
+def _candidates(path: Path, folder: str, level: int, name: str,
+                disk: Disk) -> tuple[Path, ...]:
+    """The files ``name`` could be, imported from ``path``'s folder (``folder``, as text) with
+    ``level`` dots, in the order they are tried; asked once per folder and name in a run."""
+    key = ("module", folder, level, name)
     if key in disk.answers:
         return disk.answers[key]  # type: ignore[return-value]
-    roots = _roots(path, disk)
-    ancestors = set(roots[1:]) - {_roots_own_top(path, disk)}
+    where = ("roots", folder)
+    if where not in disk.answers:
+        roots = _roots(path, disk)
+        disk.answers[where] = (roots, set(roots[1:]) - {_roots_own_top(path, disk)})
+    roots, ancestors = disk.answers[where]  # type: ignore[misc]
     if level:
         base = path.parent
         for _ in range(level - 1):
@@ -101,8 +124,11 @@ def _candidates(path: Path, level: int, name: str, disk: Disk) -> tuple[Path, ..
         bases = [base]
     else:
         bases = roots
+    head = name.split(".")[0]
     hits = []
     for base in bases:
+        if head and not (disk.may_hold(base, head) or disk.may_hold(base, head + ".py")):
+            continue  # neither `head/` nor `head.py` here: no candidate can be a file
         if base in ancestors and not disk.is_file(base / name.split(".")[0] / "__init__.py"):
             continue  # an ancestor folder resolves packages only, never a stray file
         hit = _module_file(base, name, disk)
@@ -120,6 +146,7 @@ def local_imports(tree: ast.Module, path: Path,
     disk = Disk() if disk is None else disk
     found: set[Path] = set()
     own = disk.resolve(path)
+    folder = str(path.parent)
     for node in ast.walk(tree) if nodes is None else nodes:
         names: list[tuple[int, str]] = []
         if isinstance(node, ast.Import):
@@ -131,7 +158,8 @@ def local_imports(tree: ast.Module, path: Path,
             names += [(node.level, f"{module}.{a.name}" if module else a.name)
                       for a in node.names]
         for level, name in names:
-            hit = next((h for h in _candidates(path, level, name, disk) if h != own), None)
+            hit = next((h for h in _candidates(path, folder, level, name, disk) if h != own),
+                       None)
             if hit is not None:
                 found.add(hit)
     return found
@@ -139,10 +167,8 @@ def local_imports(tree: ast.Module, path: Path,
 
 def overrides_print(facts: Facts) -> bool:
     """Does the file replace ``print`` for the whole process (``builtins.print = print``)?"""
-    for node in facts.nodes:
-        if not isinstance(node, ast.Assign):
-            continue
-        for target in node.targets:
+    for node in facts.of(ast.Assign):
+        for target in node.targets:  # type: ignore[attr-defined]
             if isinstance(target, ast.Attribute) and target.attr == "print" \
                     and isinstance(target.value, ast.Name) and target.value.id in _BUILTINS:
                 return True

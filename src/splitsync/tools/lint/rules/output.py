@@ -176,7 +176,7 @@ def unguarded_print(facts: Facts) -> Iterator[Hit]:
 def _buffers(facts: Facts) -> set[str]:
     """Names bound to in-memory buffers (``io.BytesIO()``): saving there writes no file."""
     names: set[str] = set()
-    for node in facts.nodes:
+    for node in facts.of(ast.Assign, ast.withitem):
         if isinstance(node, ast.Assign):
             value, targets = node.value, node.targets
         elif isinstance(node, ast.withitem) and node.optional_vars is not None:
@@ -244,7 +244,7 @@ def save_per_node(facts: Facts) -> Iterator[Hit]:
 
 def _loggers(facts: Facts) -> set[str]:
     names = {"logging"}
-    for node in facts.nodes:
+    for node in facts.of(ast.Assign):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
                 and facts.resolve(node.value.func) == "logging.getLogger":
             names.update(d for t in node.targets if (d := dotted(t)))
