@@ -12,11 +12,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from splitsync.tools.lint.facts import Facts
+from splitsync.tools.lint.index import TreeIndex, index_tree
 from splitsync.tools.lint.model import Finding, Project, Rule
 from splitsync.tools.lint.project import Disk, file_project, local_imports, merge, with_project
 from splitsync.tools.lint.reading import parse, read_source, run_rules
 
-__all__ = ["collector_paused", "importers_beside", "importers_in", "load", "projects_of",
+#: Siblings parsed while looking for a helper's importers: resolved path -> (text, index).
+Parsed = dict[Path, tuple[str, TreeIndex]]
+
+__all__ = ["Parsed", "collector_paused", "importers_beside", "importers_in", "load", "projects_of",
            "analyse"]
 
 
@@ -38,7 +42,7 @@ def collector_paused() -> Iterator[None]:
 
 
 def importers_beside(files: list[Path], disk: Disk,
-                     parsed: dict[Path, tuple[str, ast.Module]]) -> list[Path]:
+                     parsed: Parsed) -> list[Path]:
     """Scripts next to the named files that import one of them (``train.py`` beside a named
     ``model.py``): a helper named alone is read with the scripts that use it. Each sibling
     parsed here is kept in ``parsed`` (by resolved path, with its text) for the analysis."""
@@ -48,7 +52,7 @@ def importers_beside(files: list[Path], disk: Disk,
 
 
 def importers_in(folder: Path, named: set[Path], disk: Disk,
-                 parsed: dict[Path, tuple[str, ast.Module]]) -> list[Path]:
+                 parsed: Parsed) -> list[Path]:
     """The scripts of ``folder`` that import one of the ``named`` files (resolved paths)."""
     stems = {f.stem for f in named if f.parent == folder}
     found: list[Path] = []
@@ -65,21 +69,23 @@ def importers_in(folder: Path, named: set[Path], disk: Disk,
             tree = ast.parse(text)
         except (SyntaxError, ValueError, RecursionError):
             continue
-        parsed[disk.resolve(sibling)] = (text, tree)
-        if local_imports(tree, disk.resolve(sibling), disk=disk) & named:
+        index = index_tree(tree)  # kept with the text: reading the file later reuses both
+        parsed[disk.resolve(sibling)] = (text, index)
+        if local_imports(tree, disk.resolve(sibling), index.of(ast.Import, ast.ImportFrom),
+                         disk) & named:
             found.append(sibling)
     return found
 
 
 def load(path: Path, key: Path, disk: Disk,
-         parsed: dict[Path, tuple[str, ast.Module]]) -> tuple[Facts | Finding, set[Path]]:
+         parsed: Parsed) -> tuple[Facts | Finding, set[Path]]:
     """One file's facts (or why it cannot be read) and the local modules it imports."""
     source = read_source(path)
     if isinstance(source, Finding):
         return source, set()
-    text, tree = parsed.pop(key, ("", None))
+    text, index = parsed.pop(key, ("", None))
     # a sibling read as UTF-8 is parsed once; another encoding reads differently: parse again
-    facts = parse(source, str(path), tree if text == source else None)
+    facts = parse(source, str(path), index if text == source else None)
     if isinstance(facts, Finding):
         return facts, set()
     return facts, local_imports(facts.tree, key, facts.of(ast.Import, ast.ImportFrom), disk)
@@ -115,7 +121,7 @@ def projects_of(edges: dict[Path, set[Path]], parts: dict[Path, Project]) -> dic
 
 def analyse(files: list[Path], rules: tuple[Rule, ...], context: list[Path] = (),  # type: ignore[assignment]
              disk: Disk | None = None,
-             parsed: dict[Path, tuple[str, ast.Module]] | None = None) -> dict[Path, list[Finding]]:
+             parsed: Parsed | None = None) -> dict[Path, list[Finding]]:
     """Findings per file for ``files`` and the local modules they import, each file read
     together with the modules it is connected to by imports. ``context`` files are read
     for what they show about the others; their own findings are not returned."""

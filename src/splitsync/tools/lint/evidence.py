@@ -58,7 +58,7 @@ def launcher_functions(facts: Facts) -> frozenset[str]:
     """Functions that start the ranks (``mp.spawn(...)``, ``p.start()`` on a Process,
     ``subprocess.Popen``): their own lines run once, in the parent process."""
     found: set[str] = set()
-    processes = {dotted(t) for n in facts.nodes if isinstance(n, ast.Assign)
+    processes = {dotted(t) for n in facts.of(ast.Assign) if isinstance(n, ast.Assign)
                  and isinstance(n.value, ast.Call) and last_name(n.value) == "Process"
                  for t in n.targets}
     for call, full in facts.calls:

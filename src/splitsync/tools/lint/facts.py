@@ -270,9 +270,11 @@ def _runs_code(body: list[ast.stmt]) -> bool:
     return False
 
 
-def build_facts(tree: ast.Module, path: str, source: str = "") -> Facts:
-    """Read ``tree`` once; rank-0 function analysis is added by :mod:`splitsync.tools.lint.flow`."""
-    index = index_tree(tree)
+def build_facts(tree: ast.Module, path: str, source: str = "",
+                index: TreeIndex | None = None) -> Facts:
+    """Read ``tree`` once (``index``: its index, if already built); rank-0 function analysis
+    is added by :mod:`splitsync.tools.lint.flow`."""
+    index = index_tree(tree) if index is None or index.nodes[0] is not tree else index
     nodes, parents = index.nodes, index.parents
     calls = index.of(ast.Call)
     loaded = {n.id for n in index.of(ast.Name) if isinstance(n.ctx, ast.Load)}  # type: ignore[attr-defined]

@@ -13,7 +13,6 @@ fork of a caller that may hold threads or torch), and nothing but plain data cro
 
 from __future__ import annotations
 
-import ast
 import marshal
 import os
 import selectors
@@ -24,7 +23,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from splitsync.tools.lint.analysis import importers_in, load, projects_of
+from splitsync.tools.lint.analysis import Parsed, importers_in, load, projects_of
 from splitsync.tools.lint.facts import Facts
 from splitsync.tools.lint.model import Finding, Project, Rule
 from splitsync.tools.lint.project import Disk, file_project, with_project
@@ -73,7 +72,9 @@ def _unframe(buffer: bytearray) -> dict[str, Any] | None:
 
 
 class Pool:
-    """Worker processes reading files for one check run (closed by :meth:`close`)."""
+    """Readers for one check run: ``workers - 1`` worker processes, and this process, which
+    reads files too between handing out work (closed by :meth:`close`). Workers are numbered
+    ``0 .. count - 1``; the last is this process."""
 
     def __init__(self, workers: int) -> None:
         package = str(Path(__file__).resolve().parents[3])  # the folder holding `splitsync`
@@ -81,18 +82,21 @@ class Pool:
             p for p in (package, os.environ.get("PYTHONPATH", "")) if p)}
         self.procs = [subprocess.Popen(
             [sys.executable, "-m", "splitsync.tools.lint.worker"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, env=env) for _ in range(workers)]
+            stdout=subprocess.PIPE, env=env) for _ in range(workers - 1)]
+        self.count = len(self.procs) + 1
+        self.local = _Worker()
         self.selector = selectors.DefaultSelector()
         self.buffers = [bytearray() for _ in self.procs]
-        self.waiting: list[deque[dict[str, Any]]] = [deque() for _ in self.procs]
+        self.waiting: list[deque[dict[str, Any]]] = [deque() for _ in range(self.count)]
         for i, proc in enumerate(self.procs):
             self.selector.register(proc.stdout, selectors.EVENT_READ, i)  # type: ignore[arg-type]
 
     def send(self, worker: int, request: dict[str, Any]) -> None:
         """Queue ``request`` at ``worker`` (answered in the order sent)."""
-        stdin = self.procs[worker].stdin
-        stdin.write(_frame(request))  # type: ignore[union-attr]
-        stdin.flush()  # type: ignore[union-attr]
+        if worker < len(self.procs):
+            stdin = self.procs[worker].stdin
+            stdin.write(_frame(request))  # type: ignore[union-attr]
+            stdin.flush()  # type: ignore[union-attr]
         self.waiting[worker].append(request)
 
     def busy(self, worker: int) -> int:
@@ -100,10 +104,13 @@ class Pool:
         return len(self.waiting[worker])
 
     def answers(self) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
-        """Wait for at least one answer: (worker, request, answer) for each that came."""
+        """Wait for at least one answer: (worker, request, answer) for each that came. This
+        process answers one of its own requests per call, after taking what the worker
+        processes sent, so that they never wait long for more work."""
         came: list[tuple[int, dict[str, Any], dict[str, Any]]] = []
+        mine = self.waiting[-1]
         while not came:
-            for handle, _ in self.selector.select():
+            for handle, _ in self.selector.select(0 if mine else None):
                 worker = handle.data
                 chunk = os.read(self.procs[worker].stdout.fileno(), 1 << 20)  # type: ignore[union-attr]
                 if not chunk:
@@ -116,6 +123,9 @@ class Pool:
                     if "error" in answer:
                         raise RuntimeError(f"splitsync check: a worker failed: {answer['error']}")
                     came.append((worker, self.waiting[worker].popleft(), answer))
+            if mine:
+                request = mine.popleft()
+                came.append((self.count - 1, request, self.local.answer(request)))
         return came
 
     def close(self) -> None:
@@ -147,7 +157,7 @@ def analyse_in_pool(files: list[Path], rules: tuple[Rule, ...], workers: int,
 
 def _drive(pool: Pool, files: list[Path], rules: tuple[Rule, ...],
            disk: Disk) -> dict[Path, list[Finding]]:
-    count = len(pool.procs)
+    count = pool.count
     named = sorted(str(disk.resolve(f)) for f in files)
     folders = list(dict.fromkeys(disk.resolve(f).parent for f in files))
     for worker in range(count):
@@ -195,8 +205,8 @@ class _Loads:
         self.pool, self.shown = pool, shown
         self.todo: deque[Path] = deque(shown)
         self.seen = set(shown)
-        self.mine: list[deque[Path]] = [deque() for _ in pool.procs]  # parsed there already
-        self.waiting = [0] * len(pool.procs)
+        self.mine: list[deque[Path]] = [deque() for _ in range(pool.count)]  # parsed there already
+        self.waiting = [0] * pool.count
         self.owner: dict[Path, int] = {}
         self.hidden: set[Path] = set()
         self.edges: dict[Path, set[Path]] = {}
@@ -249,7 +259,7 @@ class _Worker:
 
     def __init__(self) -> None:
         self.disk = Disk()
-        self.parsed: dict[Path, tuple[str, ast.Module]] = {}
+        self.parsed: Parsed = {}
         self.facts: dict[str, Facts] = {}
         self.named: set[Path] = set()
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from splitsync.tools.lint.facts import Facts, build_facts
 from splitsync.tools.lint.flow import with_rank0_functions
+from splitsync.tools.lint.index import TreeIndex
 from splitsync.tools.lint.model import SEVERITIES, Finding, Rule
 from splitsync.tools.lint.registry import META_CODES, all_rules
 
@@ -81,11 +82,11 @@ def _span(node: ast.AST) -> tuple[int, int, int]:
     return line, col, end or line
 
 
-def parse(source: str, path: str, tree: ast.Module | None = None) -> Facts | Finding:
-    """The file's facts, or the SS000 finding saying why it cannot be read (``tree``: the
-    source already parsed)."""
-    if tree is not None:
-        return build_facts(tree, path, source)
+def parse(source: str, path: str, index: TreeIndex | None = None) -> Facts | Finding:
+    """The file's facts, or the SS000 finding saying why it cannot be read (``index``: the
+    source already parsed and indexed)."""
+    if index is not None:
+        return build_facts(index.nodes[0], path, source, index)  # type: ignore[arg-type]
     try:
         tree = ast.parse(source, filename=path)
     except RecursionError:

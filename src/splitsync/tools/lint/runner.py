@@ -7,12 +7,11 @@ Suppression comments (``# splitsync: ignore[SS501]``) are read by
 
 from __future__ import annotations
 
-import ast
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from splitsync.tools.lint.analysis import analyse, collector_paused, importers_beside
+from splitsync.tools.lint.analysis import Parsed, analyse, collector_paused, importers_beside
 from splitsync.tools.lint.model import Finding, Rule
 from splitsync.tools.lint.pool import analyse_in_pool, portable
 from splitsync.tools.lint.project import Disk, with_project
@@ -42,7 +41,7 @@ def check_file(path: str | Path, rules: Iterable[Rule] | None = None) -> list[Fi
     rules = all_rules() if rules is None else tuple(rules)
     path = Path(path)
     disk: Disk = Disk()
-    parsed: dict[Path, tuple[str, ast.Module]] = {}
+    parsed: Parsed = {}
     with collector_paused():
         context = importers_beside([path], disk, parsed)
         return analyse([path], rules, context, disk, parsed).get(disk.resolve(path), [])
@@ -65,15 +64,22 @@ def iter_python_files(paths: Iterable[str | Path]) -> Iterator[Path]:
 
 
 def workers_for(files: int, jobs: int | None = None) -> int:
-    """How many processes read ``files`` files: ``jobs`` when given, else one per core once
-    there are enough files to pay for starting them (a few files are read in this process)."""
+    """How many processes read ``files`` files: ``jobs`` when given, else one per idle core
+    (the cores this process may use, less the load average: on a busy machine the workers
+    would only take turns on the same cores) once there are enough files to pay for
+    starting them (a few files are read in this process)."""
     if jobs is not None:
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise ValueError(f"jobs={jobs!r}: give a number of processes >= 1 (1 reads every "
-                             "file in this process), or None to use one per core")
+                             "file in this process), or None to use one per idle core")
         return jobs
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(cores or 1, files // _FILES_PER_WORKER))
+    try:
+        busy = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average here (Windows): count every core idle
+        busy = 0.0
+    idle = round((cores or 1) - busy)
+    return max(1, min(idle, files // _FILES_PER_WORKER))
 
 
 def check_paths(paths: Iterable[str | Path], rules: Iterable[Rule] | None = None,
@@ -89,7 +95,7 @@ def check_paths(paths: Iterable[str | Path], rules: Iterable[Rule] | None = None
         if workers > 1 and portable(rules):
             results = analyse_in_pool(files, rules, workers, disk)
         else:
-            parsed: dict[Path, tuple[str, ast.Module]] = {}
+            parsed: Parsed = {}
             results = analyse(files, rules, importers_beside(files, disk, parsed), disk, parsed)
     named = {disk.resolve(f) for f in files}
     extra = sorted(k for k in results if k not in named)  # imported modules outside `paths`
