@@ -49,6 +49,18 @@ def is_rank_like(expr: ast.AST) -> bool:
     return isinstance(expr, ast.Name | ast.Attribute) and ("rank" in name or name in _LOCAL_IDS)
 
 
+def _call_rank_like(call: ast.Call) -> bool:
+    """``is_rank_like(call)``, without its overhead for the common call that casts nothing."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(
+        func, ast.Name) else None
+    if name in {"int", "str", "bool"} and call.args:
+        return is_rank_like(call)  # a cast: what it casts decides
+    if name is not None and "rank" in name.lower():
+        return True
+    return any(isinstance(a, ast.Constant) and "RANK" in str(a.value).upper() for a in call.args)
+
+
 def _marked(facts: Facts, found: Iterable[ast.AST]) -> frozenset[ast.AST]:
     """``found`` and every node above one of them: the nodes whose subtree holds one."""
     parents = facts.parents
@@ -71,8 +83,12 @@ def _rank_marked(facts: Facts) -> frozenset[ast.AST]:
             if "rank" in (i := n.id.lower()) or i in _LOCAL_IDS]  # type: ignore[attr-defined]
         found += [n for n in index.of(ast.Attribute)
                   if "rank" in (i := n.attr.lower()) or i in _LOCAL_IDS]  # type: ignore[attr-defined]
-        found += [n for kind in (ast.Subscript, ast.Call, ast.BinOp) for n in index.of(kind)
-                  if is_rank_like(n)]
+        found += [n for n in index.of(ast.Subscript)
+                  if isinstance(key := n.slice, ast.Constant)  # type: ignore[attr-defined]
+                  and "RANK" in str(key.value).upper()]
+        found += [n for n in index.of(ast.BinOp) if isinstance(n.op, ast.Mod)  # type: ignore[attr-defined]
+                  and is_rank_like(n)]
+        found += [n for n in index.of(ast.Call) if _call_rank_like(n)]  # type: ignore[arg-type]
         marked = index.memo["rank"] = _marked(facts, found)
     return marked  # type: ignore[return-value]
 
