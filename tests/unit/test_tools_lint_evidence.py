@@ -54,6 +54,8 @@ QUIET = [
     # device defaults in function parameters that every call overrides
     ("overridden_default.py", "SS101", "training_loop(torch.nn.Linear(2, 2), device=device)",
      "training_loop(torch.nn.Linear(2, 2))"),
+    # validation metrics summed over a sharded loader, then reduced across ranks
+    ("reduced_val_metric.py", "SS506", "    top1.all_reduce()\n", ""),
 ]
 
 
@@ -117,6 +119,7 @@ MISTAKES = [
     ("copy_and_truncate.py", "SS505", "shutil.copytree("),
     ("no_sync_one_branch.py", "SS602", "scaler.scale(loss).backward()"),
     ("copy_and_truncate.py", "SS505", 'log = open(os.path.join(args.out_dir, "log.txt"), "w")'),
+    ("unreduced_val_metric.py", "SS506", "return total_acc / len(val_loader)"),
 ]
 
 
@@ -145,3 +148,18 @@ def test_the_synchronising_last_micro_step_is_not_a_branch_without_no_sync() -> 
     rules = [r for r in UNGATED if r.code == "SS602"]
     assert check_source(fixed, "loop.py", rules) == []
     assert [f.code for f in check_source(source, "loop.py", rules)] == ["SS602"]
+
+
+def test_a_validation_loader_without_a_distributed_sampler_is_not_a_shard() -> None:
+    # every rank evaluating the whole set reports the model's accuracy: nothing to reduce
+    source = (CASES / "mistakes" / "unreduced_val_metric.py").read_text()
+    whole = source.replace("DataLoader(val_dataset, batch_size=args.batch_size, "
+                           "sampler=val_sampler)", "DataLoader(val_dataset, batch_size=16)")
+    assert whole != source
+    assert check_source(whole, "main.py", select_rules(["SS506"])) == []
+    # the same loop reduced through splitsync's collectives is quiet too
+    reduced = source.replace("        return total_acc / len(val_loader)",
+                             "        total_acc = run.sum(total_acc)\n"
+                             "        return total_acc / len(val_loader)")
+    assert check_source("import splitsync\nrun = splitsync.init()\n" + reduced, "main.py",
+                        select_rules(["SS506"])) == []

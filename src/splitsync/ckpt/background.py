@@ -75,6 +75,7 @@ class SaveJob:
     final: str = ""
     nbytes: int = 0  # what this rank writes (tensor bytes), for a full disk's message
     call: Call = direct
+    world_size: int = 0  # 1: no other rank to gather from or tell (0: unknown, ask)
 
 
 def _write_parts(job: SaveJob) -> tuple[dict[str, dict[str, Any]], str | None]:
@@ -100,7 +101,8 @@ def run_job(job: SaveJob) -> str:
     """Write this rank's files, then (rank 0) the manifest, commit and prune. Collective on
     ``job.group``; every rank returns the checkpoint's location or raises the same error."""
     files, err = _write_parts(job)
-    reports = gather((files, err), job.group, job.call)
+    alone = job.world_size == 1
+    reports = [(files, err)] if alone else gather((files, err), job.group, job.call)
     outcome: str | None = None
     if job.rank == 0:
         errors = [e for _, e in reports if e]
@@ -123,7 +125,8 @@ def run_job(job: SaveJob) -> str:
                                            0, job.storage.free_bytes())
                 if not committed:  # a committed one is complete: never removed here
                     job.storage.discard(job.work)
-    outcome = broadcast(outcome, job.group, job.call)
+    if not alone:
+        outcome = broadcast(outcome, job.group, job.call)
     if outcome is not None:
         raise CheckpointError(f"checkpoint save of step {job.step} failed on {outcome}. "
                               "It does not count; earlier checkpoints are untouched.")

@@ -44,15 +44,17 @@ def rank_file(rank: int) -> str:
 
 
 def collective_ok(rank: int, fn: Callable[[], None], what: str, only_rank0: bool = False,
-                  call: Callable[..., Any] = direct) -> None:
-    """Run ``fn`` (on rank 0 only, or everywhere) and raise on every rank if any rank failed."""
+                  call: Callable[..., Any] = direct, world_size: int = 0) -> None:
+    """Run ``fn`` (on rank 0 only, or everywhere) and raise on every rank if any rank failed
+    (``world_size`` 1: no other rank to hear from)."""
     err = None
     if rank == 0 or not only_rank0:
         try:
             fn()
         except Exception as e:  # reported to every rank below, then re-raised
             err = f"rank {rank}: {type(e).__name__}: {e}"
-    errors = [e for e in call("all_gather_object", comm.gather_object, err) if e]
+    outcomes = [err] if world_size == 1 else call("all_gather_object", comm.gather_object, err)
+    errors = [e for e in outcomes if e]
     if errors:
         raise CheckpointError(f"checkpoint {what} failed on {errors[0]}")
 
@@ -132,7 +134,7 @@ def build_job(reg: Registered, storage: Storage, loaders: Sequence[DeviceLoader]
             "object storage holds unsharded checkpoints only.")
     work = storage.work_name(step)
     collective_ok(reg.rank, lambda: storage.prepare(step), "prepare", only_rank0=True,
-                  call=call or direct)
+                  call=call or direct, world_size=reg.world_size)
     parts: dict[str, Any] = {
         rank_file(reg.rank): {"rng": capture_rng(reg.generators),
                               "generators": [g for _, g in positions]},
@@ -140,7 +142,7 @@ def build_job(reg: Registered, storage: Storage, loaders: Sequence[DeviceLoader]
     if reg.rank == 0:
         parts.setdefault(STATE_FILE, {}).update(
             objects={n: o.state_dict() for n, o in reg.others.items()}, extra=tensors)
-        if reg.generators is not None:  # the same on every rank: saved once
+        if reg.generators is not None and reg.generators.streams:  # same on every rank: once
             parts[STATE_FILE]["generators"] = reg.generators.capture(per_rank=False)
     if not blocking:
         parts = (stager or Stager()).stage(parts, reg.live())
@@ -165,4 +167,4 @@ def build_job(reg: Registered, storage: Storage, loaders: Sequence[DeviceLoader]
     return SaveJob(storage=storage, work=work, step=step, rank=reg.rank, keep=reg.keep,
                    body=body, parts=parts, after_parts=after, group=group,
                    final=storage.where(step_dirname(step)), nbytes=nbytes,
-                   call=call or direct)
+                   call=call or direct, world_size=reg.world_size)

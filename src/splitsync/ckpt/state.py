@@ -24,7 +24,7 @@ def capture_rng(generators: Generators | None = None) -> dict[str, Any]:
     """This process's python, numpy, torch and CUDA generator states (plain containers), and
     the run's per-rank ``run.generator`` streams."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if generators is not None:
+    if generators is not None and generators.streams:  # none made: nothing to capture
         state["generators"] = generators.capture(per_rank=True)
     try:
         import numpy as np

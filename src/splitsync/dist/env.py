@@ -164,39 +164,36 @@ def _read(env: Mapping[str, str]) -> DistEnv:
             master_addr=slurm_master_addr(env),
             master_port=_slurm_port(env),
         )
-    v = LAUNCHER_VARS["openmpi"]
-    if v.rank in env:
-        fix = "Launch with mpirun, or unset the OMPI_COMM_WORLD_* variables."
-        world = env_int(env, v.world_size, fix)
-        local_world = env_int(env, v.local_world_size, fix, default=world)
-        rank = env_int(env, v.rank, fix)
-        return DistEnv(
-            launcher="openmpi",
-            rank=rank,
-            local_rank=env_int(env, v.local_rank, fix, default=0),
-            world_size=world,
-            local_world_size=local_world,
-            node_rank=env_int(env, v.node_rank, fix, default=rank // max(local_world, 1)),
-            master_addr=env.get("MASTER_ADDR") or DEFAULT_MASTER_ADDR,
-            master_port=_port(env, DEFAULT_MASTER_PORT),
-        )
+    if LAUNCHER_VARS["openmpi"].rank in env:
+        return _mpi(env, "openmpi", "Launch with mpirun, or unset the OMPI_COMM_WORLD_* "
+                    "variables.")
     v = LAUNCHER_VARS["mpich"]
     if v.rank in env and v.world_size in env:
-        fix = "Launch with mpiexec (MPICH/Intel MPI), or unset the PMI_* variables."
-        world = env_int(env, v.world_size, fix)
-        local_world = env_int(env, v.local_world_size, fix, default=world)
-        rank = env_int(env, v.rank, fix)
-        return DistEnv(
-            launcher="mpich",
-            rank=rank,
-            local_rank=env_int(env, v.local_rank, fix, default=rank % max(local_world, 1)),
-            world_size=world,
-            local_world_size=local_world,
-            node_rank=rank // max(local_world, 1),
-            master_addr=env.get("MASTER_ADDR") or DEFAULT_MASTER_ADDR,
-            master_port=_port(env, DEFAULT_MASTER_PORT),
-        )
+        return _mpi(env, "mpich", "Launch with mpiexec (MPICH/Intel MPI), or unset the PMI_* "
+                    "variables.")
     return DistEnv(launcher="none")
+
+
+def _mpi(env: Mapping[str, str], launcher: str, fix: str) -> DistEnv:
+    """Open MPI's or MPICH's variables. A missing local rank or node rank is derived from
+    the rank and the processes per node (MPICH sets neither; Open MPI the local rank)."""
+    v = LAUNCHER_VARS[launcher]
+    world = env_int(env, v.world_size, fix)
+    local_world = env_int(env, v.local_world_size, fix, default=world)
+    rank = env_int(env, v.rank, fix)
+    per_node = max(local_world, 1)
+    local_default = 0 if launcher == "openmpi" else rank % per_node
+    return DistEnv(
+        launcher=launcher,
+        rank=rank,
+        local_rank=env_int(env, v.local_rank, fix, default=local_default),
+        world_size=world,
+        local_world_size=local_world,
+        node_rank=(env_int(env, v.node_rank, fix, default=rank // per_node) if v.node_rank
+                   else rank // per_node),
+        master_addr=env.get("MASTER_ADDR") or DEFAULT_MASTER_ADDR,
+        master_port=_port(env, DEFAULT_MASTER_PORT),
+    )
 
 
 def _validate(e: DistEnv) -> DistEnv:

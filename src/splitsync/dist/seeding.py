@@ -50,15 +50,16 @@ class Generators:
     def __init__(self, seed: int, rank: int) -> None:
         self.seed = seed
         self.rank = rank
-        self._made: dict[str, tuple[torch.Generator, bool]] = {}
+        #: name -> (generator, per_rank): the streams made so far
+        self.streams: dict[str, tuple[torch.Generator, bool]] = {}
         self._pending: dict[str, torch.Tensor] = {}  # restored before the stream was made
 
     def get(self, name: str, per_rank: bool, device: torch.device) -> torch.Generator:
         """The stream ``name``, made on first use (and set to a restored state, if any)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"run.generator(name={name!r}): give a non-empty string.")
-        if name in self._made:
-            gen, was = self._made[name]
+        if name in self.streams:
+            gen, was = self.streams[name]
             if was != per_rank:
                 raise ValueError(
                     f"run.generator(name={name!r}) was made with per_rank={was}; the same "
@@ -72,18 +73,18 @@ class Generators:
         pending = self._pending.pop(name, None)
         if pending is not None:
             gen.set_state(pending)
-        self._made[name] = (gen, per_rank)
+        self.streams[name] = (gen, per_rank)
         return gen
 
     def capture(self, per_rank: bool) -> dict[str, torch.Tensor]:
         """States of the per-rank (or the shared) streams, by name."""
-        return {n: g.get_state() for n, (g, pr) in self._made.items() if pr == per_rank}
+        return {n: g.get_state() for n, (g, pr) in self.streams.items() if pr == per_rank}
 
     def restore(self, states: Mapping[str, torch.Tensor]) -> None:
         """Set the streams to ``states``; a stream made later starts from its saved state."""
         for name, state in states.items():
-            if name in self._made:
-                self._made[name][0].set_state(state)
+            if name in self.streams:
+                self.streams[name][0].set_state(state)
             else:
                 self._pending[name] = state
 

@@ -18,6 +18,7 @@ from splitsync.strategies import (
     check_options,
     for_model,
     get_strategy,
+    mark,
     resolve,
 )
 from splitsync.train.actckpt import apply_activation_checkpointing
@@ -97,6 +98,7 @@ class Models:
         for obs in self._on_wrapped:
             wrapped = obs.on_wrapped(wrapped)
         self._strategies[wrapped] = strat
+        mark(wrapped, strat)
         self._made[wrapped] = Wrapped(strat, ctx, options, template, autocast, error)
         self.retired.record(before, wrapped, _why(strat, self.plan))
         return wrapped

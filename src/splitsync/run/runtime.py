@@ -79,8 +79,10 @@ class Run:
                                   self._models.retired.check)
         self._collectives = Collectives(device, self._data)
         self._generators = Generators(seed, self.rank)
+        # a background save's watch listens to run.step only: the other parts keep theirs
+        self._step_watch: tuple[Observer, ...] = ()
         self._checkpoints = Checkpoints(self.rank, self.world_size, self._data, config,
-                                        self.add_observer, self.remove_observer,
+                                        self._watch_steps, self._unwatch_steps,
                                         self._generators)
         self._logging = Logging(config, device, self.is_main,
                                 run_settings(config, self.world_size, seed, device, backend))
@@ -107,9 +109,20 @@ class Run:
     def _set_observers(self, observers: tuple[Observer, ...]) -> None:
         # Each part chooses its functions here, once, not per call.
         self._observers = observers
-        for part in (self._models, self._data, self._training, self._collectives,
-                     self._checkpoints, self._logging):
+        for part in (self._models, self._data, self._collectives, self._checkpoints,
+                     self._logging):
             part.set_observers(observers)
+        self._training.set_observers((*observers, *self._step_watch))
+
+    def _watch_steps(self, observer: Observer) -> None:
+        """Have ``run.step`` call ``observer`` too, until :meth:`_unwatch_steps` (a watch of
+        the core's own, not listed in ``observers``)."""
+        self._step_watch = (observer,)
+        self._training.set_observers((*self._observers, observer))
+
+    def _unwatch_steps(self, observer: Observer) -> None:
+        self._step_watch = tuple(o for o in self._step_watch if o is not observer)
+        self._training.set_observers((*self._observers, *self._step_watch))
 
     # --- model -------------------------------------------------------------------------
     def model(self, module: nn.Module, *, strategy: str | None = None,

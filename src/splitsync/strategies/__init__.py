@@ -19,8 +19,8 @@ from splitsync.strategies.base import Strategy, SyncSetter, WrapContext
 from splitsync.strategies.modules import unwrap
 
 __all__ = ["Strategy", "SyncSetter", "WrapContext", "STRATEGY_NAMES", "resolve",
-           "get_strategy", "for_model", "unwrap", "taking", "check_name", "known_options",
-           "check_options", "nearest"]
+           "get_strategy", "for_model", "mark", "unwrap", "taking", "check_name",
+           "known_options", "check_options", "nearest"]
 
 # Name -> module. The order is also the order in which for_model() asks "is this yours?":
 # a more specific wrapper (HSDP is an FSDP module too) goes before the general one.
@@ -32,6 +32,8 @@ _MODULES: Mapping[str, str] = {
     "dp": "splitsync.strategies.dp",
 }
 STRATEGY_NAMES: tuple[str, ...] = ("auto", *_MODULES)
+#: Set on the module ``run.model`` returns: the name of the strategy that made it.
+_MARK = "_splitsync_strategy"
 
 
 def check_name(name: object) -> str:
@@ -114,12 +116,24 @@ def check_options(requested: str, resolved: str, options: Mapping[str, Any], *, 
                     f"take {unknown}; it takes {takes}. " + " ".join(hints) + own)
 
 
+def mark(model: nn.Module, strategy: Strategy) -> None:
+    """Record on ``model`` (what ``run.model`` returns) the strategy that made it, so that
+    :func:`for_model` names it without asking every strategy (and importing each)."""
+    object.__setattr__(model, _MARK, strategy.name)  # not a submodule or parameter
+
+
 def for_model(model: nn.Module) -> Strategy:
     """The strategy whose wrapper ``model`` is (looking through ``torch.compile``).
 
-    A model no strategy claims is a plain module ("single"), unless its parameters are
-    DTensors (sharded by hand): its state is then read and written like FSDP's.
+    A module ``run.model`` made carries its strategy's name (:func:`mark`). Otherwise each
+    strategy is asked whether ``model`` is its wrapper; a model none claims is a plain module
+    ("single"), unless its parameters are DTensors (sharded by hand): its state is then read
+    and written like FSDP's.
     """
+    # the instance's own dict: a compiled wrapper forwards attribute reads to its module
+    name = vars(model).get(_MARK)
+    if isinstance(name, str) and name in _MODULES:
+        return get_strategy(name)
     inner = getattr(model, "_orig_mod", None)
     target = inner if isinstance(inner, nn.Module) else model
     for name in _MODULES:

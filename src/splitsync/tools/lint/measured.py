@@ -31,6 +31,7 @@ MEASURED: MappingProxyType[str, tuple[int, int, int, int]] = MappingProxyType({
     'SS503': (61, 0, 29, 0),
     'SS504': (8, 0, 1, 0),
     'SS505': (18, 3, 11, 1),
+    'SS506': (0, 0, 0, 0),
     'SS601': (23, 0, 18, 0),
     'SS602': (2, 0, 0, 0),
     'SS603': (1, 0, 0, 0),

@@ -7,7 +7,17 @@ from dataclasses import replace
 
 from splitsync.tools.lint.measured import MEASURED
 from splitsync.tools.lint.model import SEVERITIES, Rule
-from splitsync.tools.lint.rules import data, devices, indices, loop, moves, output, parallel, seeds
+from splitsync.tools.lint.rules import (
+    data,
+    devices,
+    indices,
+    loop,
+    metrics,
+    moves,
+    output,
+    parallel,
+    seeds,
+)
 
 __all__ = ["all_rules", "get_rule", "select_rules", "gate", "measured_text", "META_CODES",
            "META_HELP", "MIN_PRECISION"]
@@ -63,7 +73,7 @@ def _gated(rule: Rule) -> Rule:
 def all_rules(gated: bool = True) -> tuple[Rule, ...]:
     """All rules, sorted by code; ``gated`` caps each severity by its measured precision."""
     rules = (*devices.RULES, *indices.RULES, *moves.RULES, *parallel.RULES, *data.RULES,
-             *seeds.RULES, *output.RULES, *loop.RULES)
+             *seeds.RULES, *output.RULES, *metrics.RULES, *loop.RULES)
     if gated:
         rules = tuple(_gated(r) for r in rules)
     return tuple(sorted(rules, key=lambda r: r.code))
