@@ -185,3 +185,11 @@ def test_jobs_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--jobs 0: give a number of processes >= 1" in capsys.readouterr().err
     assert check.main(parser.parse_args([script, "--jobs", "1", "--json"])) == 0
     assert '"files_checked": 1' in capsys.readouterr().out
+
+
+def test_nodes_of_a_type_inside_a_node(facts_of: dict[Path, Any]) -> None:
+    for facts in facts_of.values():
+        for node in facts.of(ast.FunctionDef, ast.ClassDef, ast.If):
+            for kind in (ast.Assign, ast.Return, ast.Call):
+                walked = [n for n in ast.walk(node) if type(n) is kind]
+                assert sorted(map(id, facts.inside(node, kind))) == sorted(map(id, walked))

@@ -208,6 +208,10 @@ class Facts:
         """The nodes of these types, in source order (``facts.of(ast.Assign)``)."""
         return self.tree_index.of(*types)
 
+    def inside(self, node: ast.AST, kind: type) -> tuple[ast.AST, ...]:
+        """The nodes of type ``kind`` below ``node`` (and itself), in source order."""
+        return self.tree_index.inside(node, kind)
+
     def subtree(self, node: ast.AST) -> tuple[ast.AST, ...]:
         """``node`` and every node below it (what ``ast.walk(node)`` visits)."""
         return self.tree_index.subtree(node)

@@ -10,6 +10,7 @@ is a slice or a list that already exists.
 from __future__ import annotations
 
 import ast
+from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -42,6 +43,19 @@ class TreeIndex:
             return self.by_type.get(types[0], ())
         found = [n for t in types for n in self.by_type.get(t, ())]
         return tuple(sorted(found, key=self.position.__getitem__))
+
+    def inside(self, node: ast.AST, kind: type) -> tuple[ast.AST, ...]:
+        """The nodes of type ``kind`` in ``node``'s subtree (``node`` included), in source
+        order: ``[n for n in ast.walk(node) if type(n) is kind]``, in another order."""
+        at = self.position.get(node)
+        if at is None or self.nodes[at] is not node:
+            return tuple(n for n in ast.walk(node) if type(n) is kind)
+        found = self.of(kind)
+        key = f"positions:{kind.__name__}"
+        if key not in self.memo:
+            self.memo[key] = [self.position[n] for n in found]
+        starts: list[int] = self.memo[key]  # type: ignore[assignment]
+        return found[bisect_left(starts, at):bisect_left(starts, self.ends[at])]
 
     def owns(self, node: ast.AST) -> bool:
         """Is ``node`` a node of this tree (at the position the index gives it)?"""

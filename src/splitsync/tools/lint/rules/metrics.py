@@ -48,13 +48,13 @@ def _sampler_helpers(facts: Facts) -> set[str]:
     """Functions of the script that return a distributed sampler (``data_sampler(...)``)."""
     found = set()
     for name, fn in facts.functions.items():
-        inside = facts.subtree(fn)  # what ast.walk(fn) visits, without walking again
-        bound = {t.id for n in inside if isinstance(n, ast.Assign)
+        # the assignments and returns ast.walk(fn) would visit, from the tree index
+        bound = {t.id for n in facts.inside(fn, ast.Assign) if isinstance(n, ast.Assign)
                  and _is_dist_sampler_call(n.value) for t in n.targets if isinstance(t, ast.Name)}
         if any(isinstance(n, ast.Return) and n.value is not None and (
                 _is_dist_sampler_call(n.value)
                 or (isinstance(n.value, ast.Name) and n.value.id in bound))
-               for n in inside):
+               for n in facts.inside(fn, ast.Return)):
             found.add(name)
     return found
 
@@ -88,7 +88,7 @@ def _returned(fn: ast.FunctionDef | ast.AsyncFunctionDef, loaders: set[str],
     if facts is not None and not any(  # no return names a loader: nothing to walk for
             isinstance(n, ast.Return) and n.value is not None and _iterated(n.value) in loaders
             or isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple)
-            for n in facts.subtree(fn)):
+            for n in facts.inside(fn, ast.Return)):
         return []
     for node in ast.walk(fn):  # breadth first: the first such return decides
         if isinstance(node, ast.Return) and node.value is not None:
