@@ -64,22 +64,17 @@ def iter_python_files(paths: Iterable[str | Path]) -> Iterator[Path]:
 
 
 def workers_for(files: int, jobs: int | None = None) -> int:
-    """How many processes read ``files`` files: ``jobs`` when given, else one per idle core
-    (the cores this process may use, less the load average: on a busy machine the workers
-    would only take turns on the same cores) once there are enough files to pay for
-    starting them (a few files are read in this process)."""
+    """How many processes read ``files`` files: ``jobs`` when given, else one per core this
+    process may use once there are enough files to pay for starting them (a few files are
+    read in this process). The load of the machine is not guessed: the load average counts
+    this process's own recent work, and a wrong guess costs more than the workers save."""
     if jobs is not None:
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise ValueError(f"jobs={jobs!r}: give a number of processes >= 1 (1 reads every "
-                             "file in this process), or None to use one per idle core")
+                             "file in this process), or None to use one per core")
         return jobs
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    try:
-        busy = os.getloadavg()[0]
-    except (AttributeError, OSError):  # no load average here (Windows): count every core idle
-        busy = 0.0
-    idle = round((cores or 1) - busy)
-    return max(1, min(idle, files // _FILES_PER_WORKER))
+    return max(1, min(cores or 1, files // _FILES_PER_WORKER))
 
 
 def check_paths(paths: Iterable[str | Path], rules: Iterable[Rule] | None = None,
