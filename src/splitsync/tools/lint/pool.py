@@ -33,7 +33,7 @@ from splitsync.tools.lint.registry import all_rules
 __all__ = ["portable", "Pool", "analyse_in_pool", "worker_main"]
 
 #: Requests kept queued at each worker, so it never waits for the next file.
-_AHEAD = 16
+_AHEAD = 4
 
 
 def portable(rules: tuple[Rule, ...]) -> bool:
