@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated codes or prefixes to skip")
     parser.add_argument("--fail-on", choices=("error", "warning", "info"), default="error",
                         help="lowest severity that makes the exit status 1 (default: error)")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="processes reading the files (default: one per two cores when there "
+                        "are many files; 1: read them all in this process)")
     parser.add_argument("--list-rules", action="store_true", help="list every rule and exit")
     parser.add_argument("--explain", metavar="CODE", help="explain one rule and exit")
 
@@ -84,12 +87,16 @@ def main(args: argparse.Namespace) -> int:
               "Below 95% measured precision a rule reports at most `info`; `error` needs "
               "findings on the corpus and no false positive.")
         return 0
+    if args.jobs is not None and args.jobs < 1:
+        print(f"splitsync check: --jobs {args.jobs}: give a number of processes >= 1 (1 reads "
+              "every file in this process)", file=sys.stderr)
+        return 2
     if not args.paths:
         print("splitsync check: give at least one script or directory, e.g. "
               "`splitsync check train.py` (see --help)", file=sys.stderr)
         return 2
     try:
-        findings, files = check_paths(args.paths, rules)
+        findings, files = check_paths(args.paths, rules, jobs=args.jobs)
     except FileNotFoundError as err:
         print(f"splitsync check: {err}", file=sys.stderr)
         return 2

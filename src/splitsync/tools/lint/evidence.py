@@ -15,6 +15,7 @@ from functools import lru_cache
 
 from splitsync.tools.lint.facts import Facts, dotted, last_name
 from splitsync.tools.lint.flow import is_rank_like, nonmain_test, rank0_test
+from splitsync.tools.lint.ranks import rank_in
 
 __all__ = ["world_size_one", "cuda_only_reason", "parameterless", "launcher_functions", "logging_rank_limited",
            "logging_configured", "framework_of"]
@@ -57,7 +58,7 @@ def launcher_functions(facts: Facts) -> frozenset[str]:
     """Functions that start the ranks (``mp.spawn(...)``, ``p.start()`` on a Process,
     ``subprocess.Popen``): their own lines run once, in the parent process."""
     found: set[str] = set()
-    processes = {dotted(t) for n in facts.nodes if isinstance(n, ast.Assign)
+    processes = {dotted(t) for n in facts.of(ast.Assign) if isinstance(n, ast.Assign)
                  and isinstance(n.value, ast.Call) and last_name(n.value) == "Process"
                  for t in n.targets}
     for call, full in facts.calls:
@@ -78,7 +79,7 @@ def _under_rank_test(facts: Facts, node: ast.AST) -> bool:
     for parent in facts.ancestors(node):
         if isinstance(parent, ast.If | ast.IfExp) and (
                 rank0_test(parent.test) or nonmain_test(parent.test)
-                or any(is_rank_like(n) for n in ast.walk(parent.test))):
+                or rank_in(facts, parent.test)):
             return True
     return False
 
@@ -88,7 +89,7 @@ def _rank_level(facts: Facts) -> bool:
     for call, _ in facts.calls:
         name = last_name(call)
         args = [*call.args, *(k.value for k in call.keywords)]
-        if name in _LEVEL_CALLS and (any(is_rank_like(n) for a in args for n in ast.walk(a))
+        if name in _LEVEL_CALLS and (any(rank_in(facts, a) for a in args)
                                      or _under_rank_test(facts, call)):
             return True
         if name == "NullHandler" and _under_rank_test(facts, call):
@@ -100,12 +101,12 @@ def _rank_level(facts: Facts) -> bool:
 
 def _rank_in_format(facts: Facts) -> bool:
     """A logging Formatter subclass or format string that shows the rank on every line."""
-    for node in facts.nodes:
-        if isinstance(node, ast.ClassDef) and any(
-                "Formatter" in (last_name(b) or "") for b in node.bases):
-            if any(is_rank_like(n) for n in ast.walk(node)):
+    for cls in facts.of(ast.ClassDef):
+        if any("Formatter" in (last_name(b) or "") for b in cls.bases):  # type: ignore[attr-defined]
+            if rank_in(facts, cls):
                 return True
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+    for node in facts.of(ast.Constant):
+        if isinstance(node.value, str) \
                 and re.search(r"%\(rank\)|\{rank\}|\[rank", node.value, re.I):
             parent = facts.parents.get(node)
             if isinstance(parent, ast.Call | ast.keyword):

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+from splitsync.tools.lint.index import TreeIndex, index_tree
 from splitsync.tools.lint.model import Project
 
 __all__ = ["Facts", "build_facts", "dotted", "last_name", "in_order", "SCOPES", "SETUP_HELPER"]
@@ -84,6 +85,8 @@ class Facts:
     #: Names assigned only from rank-0 tests (``should_log = is_main_process()``).
     rank0_flags: frozenset[str] = field(default_factory=frozenset)
     project: Project = field(default_factory=Project)
+    #: The one walk of ``tree`` that ``nodes`` and ``parents`` come from.
+    index: TreeIndex | None = None
 
     @property
     def in_distributed_run(self) -> bool:
@@ -133,20 +136,31 @@ class Facts:
         last = full.rsplit(".", 1)[-1]
         return last in names and (full.startswith("torch.") or full == last)
 
+    def _calls_by(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+        """Positions in ``calls`` of torch calls by last name, and of method calls by method."""
+        memo = self.tree_index.memo
+        known = memo.get("calls")
+        if known is None or known[0] is not self.calls:  # type: ignore[index]
+            torch: dict[str, list[int]] = {}
+            methods: dict[str, list[int]] = {}
+            for at, (call, full) in enumerate(self.calls):
+                last = full.rsplit(".", 1)[-1]
+                if full.startswith("torch.") or full == last:
+                    torch.setdefault(last, []).append(at)
+                if isinstance(call.func, ast.Attribute):
+                    methods.setdefault(call.func.attr, []).append(at)
+            known = memo["calls"] = (self.calls, torch, methods)
+        return known[1], known[2]  # type: ignore[index]
+
     def torch_calls(self, *names: str) -> list[ast.Call]:
         """Calls of torch functions or classes named ``names`` (any import spelling)."""
-        wanted = set(names)
-        found = []
-        for call, full in self.calls:  # `full` is the call's resolved name, computed once
-            last = full.rsplit(".", 1)[-1]
-            if last in wanted and (full.startswith("torch.") or full == last):
-                found.append(call)
-        return found
+        by_name = self._calls_by()[0]
+        return [self.calls[at][0] for at in sorted({at for n in names for at in by_name.get(n, ())})]
 
     def method_calls(self, *attrs: str) -> list[ast.Call]:
         """Calls ``<anything>.attr(...)``."""
-        return [c for c, _ in self.calls
-                if isinstance(c.func, ast.Attribute) and c.func.attr in attrs]
+        by_attr = self._calls_by()[1]
+        return [self.calls[at][0] for at in sorted({at for a in attrs for at in by_attr.get(a, ())})]
 
     def is_run(self, expr: ast.AST) -> bool:
         """Is ``expr`` the splitsync Run handle (``run`` from ``splitsync.init``)?"""
@@ -183,12 +197,24 @@ class Facts:
 
     def walk_scope(self, scope: ast.AST) -> Iterator[ast.AST]:
         """Nodes of one scope in source order, not entering nested functions or classes."""
-        stack = list(reversed(list(ast.iter_child_nodes(scope))))
-        while stack:
-            child = stack.pop()
-            yield child
-            if not isinstance(child, (*SCOPES, ast.ClassDef)):
-                stack.extend(reversed(list(ast.iter_child_nodes(child))))
+        return self.tree_index.walk_scope(scope)
+
+    @property
+    def tree_index(self) -> TreeIndex:
+        """The index of ``tree`` (:func:`build_facts` makes it; built again if missing)."""
+        return self.index if self.index is not None else index_tree(self.tree)
+
+    def of(self, *types: type) -> tuple[ast.AST, ...]:
+        """The nodes of these types, in source order (``facts.of(ast.Assign)``)."""
+        return self.tree_index.of(*types)
+
+    def inside(self, node: ast.AST, kind: type) -> tuple[ast.AST, ...]:
+        """The nodes of type ``kind`` below ``node`` (and itself), in source order."""
+        return self.tree_index.inside(node, kind)
+
+    def subtree(self, node: ast.AST) -> tuple[ast.AST, ...]:
+        """``node`` and every node below it (what ``ast.walk(node)`` visits)."""
+        return self.tree_index.subtree(node)
 
     def main_block(self) -> ast.If | None:
         """The ``if __name__ == "__main__":`` block, if any."""
@@ -198,9 +224,9 @@ class Facts:
         return None
 
 
-def _aliases(nodes: tuple[ast.AST, ...]) -> dict[str, str]:
+def _aliases(index: TreeIndex) -> dict[str, str]:
     found: dict[str, str] = {}
-    for node in nodes:
+    for node in index.of(ast.Import, ast.ImportFrom):  # in source order: a later import wins
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.asname:
@@ -214,19 +240,21 @@ def _aliases(nodes: tuple[ast.AST, ...]) -> dict[str, str]:
     return found
 
 
-def _run_names(nodes: tuple[ast.AST, ...], init_calls: list[ast.Call],
+def _run_names(index: TreeIndex, init_calls: list[ast.Call],
                imports_splitsync: bool) -> set[str]:
     names = {"run"} if imports_splitsync else set()
     ids = {id(c) for c in init_calls}
-    for node in nodes:
-        if isinstance(node, ast.Assign) and id(node.value) in ids:
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, ast.withitem) and id(node.context_expr) in ids:
-            if isinstance(node.optional_vars, ast.Name):
-                names.add(node.optional_vars.id)
-        elif isinstance(node, ast.arg) and node.annotation is not None:
-            if (last_name(node.annotation) or "").endswith("Run"):
-                names.add(node.arg)
+    if ids:
+        for node in index.of(ast.Assign):
+            if id(node.value) in ids:  # type: ignore[attr-defined]
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))  # type: ignore[attr-defined]
+        for node in index.of(ast.withitem):
+            if id(node.context_expr) in ids and isinstance(node.optional_vars, ast.Name):  # type: ignore[attr-defined]
+                names.add(node.optional_vars.id)  # type: ignore[attr-defined]
+    for node in index.of(ast.arg):
+        if node.annotation is not None and (  # type: ignore[attr-defined]
+                last_name(node.annotation) or "").endswith("Run"):  # type: ignore[attr-defined]
+            names.add(node.arg)  # type: ignore[attr-defined]
     return names
 
 
@@ -246,35 +274,22 @@ def _runs_code(body: list[ast.stmt]) -> bool:
     return False
 
 
-def build_facts(tree: ast.Module, path: str, source: str = "") -> Facts:
-    """Read ``tree`` once; rank-0 function analysis is added by :mod:`splitsync.tools.lint.flow`."""
-    parents: dict[ast.AST, ast.AST] = {}
-    calls: list[ast.Call] = []
-    loaded: set[str] = set()
-    order: list[ast.AST] = []
-    stack: list[ast.AST] = [tree]
-    while stack:  # one pass: source order (as in_order) and every node's parent
-        node = stack.pop()
-        order.append(node)
-        children = list(ast.iter_child_nodes(node))
-        for child in children:
-            parents[child] = node
-        stack.extend(reversed(children))
-    nodes = tuple(order)
-    aliases = _aliases(nodes)
-    for node in nodes:
-        if isinstance(node, ast.Call):
-            calls.append(node)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            loaded.add(node.id)
-        elif isinstance(node, ast.Attribute):
-            loaded.add(node.attr)
+def build_facts(tree: ast.Module, path: str, source: str = "",
+                index: TreeIndex | None = None) -> Facts:
+    """Read ``tree`` once (``index``: its index, if already built); rank-0 function analysis
+    is added by :mod:`splitsync.tools.lint.flow`."""
+    index = index_tree(tree) if index is None or index.nodes[0] is not tree else index
+    nodes, parents = index.nodes, index.parents
+    calls = index.of(ast.Call)
+    loaded = {n.id for n in index.of(ast.Name) if isinstance(n.ctx, ast.Load)}  # type: ignore[attr-defined]
+    loaded.update(n.attr for n in index.of(ast.Attribute))  # type: ignore[attr-defined]
+    aliases = _aliases(index)
     facts = Facts(path=path, source=source, tree=tree, aliases=aliases, parents=parents, calls=(),
                   classes=frozenset(), functions={}, run_names=frozenset(), is_splitsync=False,
                   is_distributed=False, uses_spawn=False, is_script=False,
                   loaded_names=frozenset(loaded),
-                  nodes=nodes, lines=tuple(source.splitlines(keepends=True)))
-    resolved = tuple((c, facts.resolve(c.func) or "") for c in calls)
+                  nodes=nodes, lines=tuple(source.splitlines(keepends=True)), index=index)
+    resolved = tuple((c, facts.resolve(c.func) or "") for c in calls)  # type: ignore[attr-defined]
     facts = replace(facts, calls=resolved)
     init_calls = facts.init_calls()
     imports_ss = any(v == "splitsync" or v.startswith("splitsync.") for v in aliases.values())
@@ -282,7 +297,7 @@ def build_facts(tree: ast.Module, path: str, source: str = "") -> Facts:
                  if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)}
     # Signs the script runs as one of several processes: a process group (directly, through a
     # setup helper, or splitsync), a DDP/FSDP wrap, or the launcher's rank variables.
-    launched = any(isinstance(n, ast.Constant) and n.value in _LAUNCH_VARS for n in nodes)
+    launched = any(n.value in _LAUNCH_VARS for n in index.of(ast.Constant))  # type: ignore[attr-defined]
     helper = any(SETUP_HELPER.search(full.rsplit(".", 1)[-1]) for _, full in resolved)
     distributed = bool(init_calls or launched or helper or facts.torch_calls(
         "DistributedDataParallel", "FullyShardedDataParallel", "fully_shard", "init_process_group"))
@@ -290,9 +305,9 @@ def build_facts(tree: ast.Module, path: str, source: str = "") -> Facts:
     script = _runs_code(tree.body)
     return replace(
         facts,
-        classes=frozenset(n.name for n in nodes if isinstance(n, ast.ClassDef)),
+        classes=frozenset(n.name for n in index.of(ast.ClassDef)),  # type: ignore[attr-defined]
         functions=functions,
-        run_names=frozenset(_run_names(nodes, init_calls, imports_ss)),
+        run_names=frozenset(_run_names(index, init_calls, imports_ss)),
         is_splitsync=bool(init_calls),
         is_distributed=distributed and script,
         uses_spawn=spawn,

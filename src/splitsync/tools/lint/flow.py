@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from splitsync.tools.lint.facts import SCOPES, Facts, last_name
+from splitsync.tools.lint.ranks import constant_in, ident, is_rank_like, mentions_rank
 
 __all__ = ["is_rank_like", "rank0_test", "nonmain_test", "guarded_by_rank0", "with_rank0_functions",
            "availability_guarded", "loops_of", "conditional_between", "mentions_rank"]
@@ -27,42 +28,6 @@ _AVAILABILITY = ("cuda", "is_available", "gpu", "accelerator", "device_count", "
 #: distributed package): an early return on them leaves CUDA-only code behind.
 _DEVICE_WORDS = ("cuda", "gpu", "accelerator", "device_count", "mps", "xpu")
 _EXITS = frozenset({"exit", "_exit", "quit"})
-#: Names scripts use for the local rank when it doubles as the GPU index (PyTorch's tutorials).
-_LOCAL_IDS = frozenset({"gpu_id", "gpu", "device_id", "local_gpu"})
-
-
-def _ident(expr: ast.AST) -> str:
-    name = last_name(expr)
-    return name.lower() if name else ""
-
-
-def _strip_cast(expr: ast.AST) -> ast.AST:
-    while (isinstance(expr, ast.Call) and last_name(expr) in {"int", "str", "bool"}
-           and expr.args):
-        expr = expr.args[0]
-    return expr
-
-
-def is_rank_like(expr: ast.AST) -> bool:
-    """``rank``, ``args.local_rank``, ``dist.get_rank()``, ``int(os.environ["RANK"])`` ..."""
-    expr = _strip_cast(expr)
-    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mod):
-        return is_rank_like(expr.left)  # `rank % gpus_per_node`: the local rank
-    if isinstance(expr, ast.Subscript):
-        key = expr.slice
-        return isinstance(key, ast.Constant) and "RANK" in str(key.value).upper()
-    if isinstance(expr, ast.Call):
-        if "rank" in _ident(expr):
-            return True
-        return any(isinstance(a, ast.Constant) and "RANK" in str(a.value).upper()
-                   for a in expr.args)
-    ident = _ident(expr)
-    return isinstance(expr, ast.Name | ast.Attribute) and ("rank" in ident or ident in _LOCAL_IDS)
-
-
-def mentions_rank(nodes: list[ast.AST]) -> bool:
-    """Does any of ``nodes`` mention a rank (so the line is deliberately per rank)?"""
-    return any(is_rank_like(n) for root in nodes for n in ast.walk(root))
 
 
 def _is_zero(expr: ast.AST) -> bool:
@@ -71,7 +36,7 @@ def _is_zero(expr: ast.AST) -> bool:
 
 def _main_flag(expr: ast.AST) -> bool:
     return isinstance(expr, ast.Name | ast.Attribute | ast.Call) and bool(
-        _MAIN_FLAG.search(_ident(expr)))
+        _MAIN_FLAG.search(ident(expr)))
 
 
 def _compare(test: ast.Compare) -> tuple[ast.AST, ast.cmpop, ast.AST] | None:
@@ -170,11 +135,15 @@ def guarded_by_rank0(facts: Facts, node: ast.AST) -> bool:
 
 def _call_sites(facts: Facts) -> dict[str, tuple[list[ast.Call], int]]:
     """Per function or method name: its call sites (``name(...)``, ``self.name(...)``) and
-    how many times the name is mentioned at all, from one pass over the tree."""
-    names = {n.name for n in facts.nodes if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    how many times the name is mentioned at all, from one pass over the tree (kept: it
+    depends on the tree alone). The lists are shared: read them, never change them."""
+    memo = facts.tree_index.memo
+    if "call_sites" in memo:
+        return memo["call_sites"]  # type: ignore[return-value]
+    names = {n.name for n in facts.of(ast.FunctionDef, ast.AsyncFunctionDef)}  # type: ignore[attr-defined]
     sites: dict[str, list[ast.Call]] = {name: [] for name in names}
     mentions: dict[str, int] = dict.fromkeys(names, 0)
-    for n in facts.nodes:
+    for n in facts.of(ast.Name, ast.Attribute) if names else ():
         name = None
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
             name = n.id
@@ -186,14 +155,15 @@ def _call_sites(facts: Facts) -> dict[str, tuple[list[ast.Call], int]]:
             parent = facts.parents.get(n)
             if isinstance(parent, ast.Call) and parent.func is n:
                 sites[name].append(parent)
-    return {name: (sites[name], mentions[name]) for name in names}
+    found = memo["call_sites"] = {name: (sites[name], mentions[name]) for name in names}
+    return found
 
 
 def rank0_flags(facts: Facts) -> frozenset[str]:
     """Names assigned only from rank-0 tests: ``should_log = accelerator.is_main_process``,
     ``self.can_checkpoint = self.is_local_main if local else self.is_main``."""
     flags: frozenset[str] = frozenset()
-    assigns = [n for n in facts.nodes if isinstance(n, ast.Assign)]
+    assigns = facts.of(ast.Assign)
     for _ in range(2):  # a flag computed from a flag
         found = set(flags)
         for node in assigns:
@@ -330,11 +300,9 @@ def rank0_guards(facts: Facts, node: ast.AST, depth: int = 0) -> list[ast.AST]:
 def local_rank_names(facts: Facts) -> set[str]:
     """Names (``gpu_id``, ``self.gpu_id``) assigned from the launcher's ``LOCAL_RANK``."""
     names: set[str] = set()
-    for node in facts.nodes:
-        if isinstance(node, ast.Assign) and any(
-                isinstance(n, ast.Constant) and n.value == "LOCAL_RANK"
-                for n in ast.walk(node.value)):
-            names.update(n for t in node.targets if (n := last_name(t)))
+    for node in facts.of(ast.Assign):
+        if constant_in(facts, node.value, "LOCAL_RANK"):  # type: ignore[attr-defined]
+            names.update(n for t in node.targets if (n := last_name(t)))  # type: ignore[attr-defined]
     return names
 
 

@@ -9,30 +9,76 @@ root; everything else (torch, third-party packages) is ignored. Nothing is impor
 from __future__ import annotations
 
 import ast
+import os
+import unicodedata
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from splitsync.tools.lint.evidence import framework_of, logging_configured, logging_rank_limited
 from splitsync.tools.lint.facts import Facts, last_name
-from splitsync.tools.lint.flow import is_rank_like
 from splitsync.tools.lint.model import Project
+from splitsync.tools.lint.ranks import is_rank_like, rank_in
 from splitsync.tools.lint.rules.data import sharded
 
-__all__ = ["local_imports", "project_of", "file_project", "merge", "with_project", "overrides_print", "same_seed",
+__all__ = ["Disk", "local_imports", "project_of", "file_project", "merge", "with_project", "overrides_print", "same_seed",
            "is_seed_call"]
 
 _WRAPS = frozenset({"DistributedDataParallel", "FullyShardedDataParallel", "fully_shard"})
 _BUILTINS = frozenset({"builtins", "__builtin__", "__builtins__"})
 
 
-def _roots(path: Path) -> list[Path]:
+@dataclass(frozen=True)
+class Disk:
+    """What one check run has asked the filesystem: import resolution tests the same few
+    candidate paths for every file of a project, so each is looked up once per run."""
+
+    answers: dict[tuple[str, Path], object] = field(default_factory=dict)
+
+    def is_file(self, path: Path) -> bool:
+        """``path.is_file()``, asked once."""
+        key = ("is_file", path)
+        if key not in self.answers:
+            self.answers[key] = path.is_file()
+        return self.answers[key]  # type: ignore[return-value]
+
+    def exists(self, path: Path) -> bool:
+        """``path.exists()``, asked once."""
+        key = ("exists", path)
+        if key not in self.answers:
+            self.answers[key] = path.exists()
+        return self.answers[key]  # type: ignore[return-value]
+
+    def may_hold(self, folder: Path, name: str) -> bool:
+        """Could ``folder`` hold an entry called ``name``? A superset test (case and Unicode
+        form folded, as some filesystems do) that spares a lookup for every import of a
+        package that is not local (``torch``, ``numpy``) in every folder it is tried in."""
+        key = ("names", folder)
+        if key not in self.answers:
+            try:
+                self.answers[key] = frozenset(_fold(n) for n in os.listdir(folder))
+            except OSError:
+                self.answers[key] = None  # unreadable: every lookup asks the filesystem
+        names = self.answers[key]
+        return names is None or _fold(name) in names  # type: ignore[operator]
+
+    def resolve(self, path: Path) -> Path:
+        """``path.resolve()``, asked once."""
+        key = ("resolve", path)
+        if key not in self.answers:
+            self.answers[key] = path.resolve()
+        return self.answers[key]  # type: ignore[return-value]
+
+
+def _fold(name: str) -> str:
+    return unicodedata.normalize("NFKC", name).casefold()
+
+
+def _roots(path: Path, disk: Disk) -> list[Path]:
     """Where the script's absolute imports resolve: its folder and its package root."""
     folder = path.parent
     roots = [folder]
-    top = folder
-    while (top / "__init__.py").exists() and top.parent != top:
-        top = top.parent
+    top = _roots_own_top(path, disk)
     if top != folder:
         roots.append(top)
     # `python -m apps.x.train` run from the repository root: the script's folder is not a
@@ -43,62 +89,86 @@ def _roots(path: Path) -> list[Path]:
     return roots
 
 
-def _roots_own_top(path: Path) -> Path:
+def _roots_own_top(path: Path, disk: Disk) -> Path:
     """The package root of ``path`` (its folder when it is in no package)."""
     top = path.parent
-    while (top / "__init__.py").exists() and top.parent != top:
+    while disk.exists(top / "__init__.py") and top.parent != top:
         top = top.parent
     return top
 
 
-def _module_file(base: Path, dotted_name: str) -> Path | None:
+def _module_file(base: Path, dotted_name: str, disk: Disk) -> Path | None:
     target = base.joinpath(*dotted_name.split(".")) if dotted_name else base
     for candidate in (target.with_suffix(".py"), target / "__init__.py"):
-        if candidate.is_file():
+        if disk.is_file(candidate):
             return candidate
     return None
 
 
+def _candidates(path: Path, folder: str, level: int, name: str,
+                disk: Disk) -> tuple[Path, ...]:
+    """The files ``name`` could be, imported from ``path``'s folder (``folder``, as text) with
+    ``level`` dots, in the order they are tried; asked once per folder and name in a run."""
+    key = ("module", folder, level, name)
+    if key in disk.answers:
+        return disk.answers[key]  # type: ignore[return-value]
+    where = ("roots", folder)
+    if where not in disk.answers:
+        roots = _roots(path, disk)
+        disk.answers[where] = (roots, set(roots[1:]) - {_roots_own_top(path, disk)})
+    roots, ancestors = disk.answers[where]  # type: ignore[misc]
+    if level:
+        base = path.parent
+        for _ in range(level - 1):
+            base = base.parent
+        bases = [base]
+    else:
+        bases = roots
+    head = name.split(".")[0]
+    hits = []
+    for base in bases:
+        if head and not (disk.may_hold(base, head) or disk.may_hold(base, head + ".py")):
+            continue  # neither `head/` nor `head.py` here: no candidate can be a file
+        if base in ancestors and not disk.is_file(base / name.split(".")[0] / "__init__.py"):
+            continue  # an ancestor folder resolves packages only, never a stray file
+        hit = _module_file(base, name, disk)
+        if hit is not None:
+            hits.append(disk.resolve(hit))
+    disk.answers[key] = found = tuple(hits)
+    return found
+
+
 def local_imports(tree: ast.Module, path: Path,
-                  nodes: Iterable[ast.AST] | None = None) -> set[Path]:
-    """The project files ``tree`` (read from ``path``; ``nodes``: its nodes, if already
-    listed) imports."""
+                  nodes: Iterable[ast.AST] | None = None, disk: Disk | None = None) -> set[Path]:
+    """The project files ``tree`` (read from ``path``; ``nodes``: its nodes, or at least its
+    import statements, if already listed) imports. ``disk`` shares filesystem answers
+    between the files of one run."""
+    disk = Disk() if disk is None else disk
     found: set[Path] = set()
-    roots = _roots(path)
-    ancestors = set(roots[1:]) - {_roots_own_top(path)}
+    own = disk.resolve(path)
+    folder = str(path.parent)
     for node in ast.walk(tree) if nodes is None else nodes:
-        names: list[tuple[list[Path], str]] = []
+        names: list[tuple[int, str]] = []
         if isinstance(node, ast.Import):
-            names = [(roots, a.name) for a in node.names]
+            names = [(0, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = path.parent
-                for _ in range(node.level - 1):
-                    base = base.parent
-                bases = [base]
-            else:
-                bases = roots
             module = node.module or ""
-            names = [(bases, module)]
+            names = [(node.level, module)]
             # `from util import misc` imports a module, not a name
-            names += [(bases, f"{module}.{a.name}" if module else a.name) for a in node.names]
-        for bases, name in names:
-            for base in bases:
-                if base in ancestors and not (base / name.split(".")[0] / "__init__.py").is_file():
-                    continue  # an ancestor folder resolves packages only, never a stray file
-                hit = _module_file(base, name)
-                if hit is not None and hit.resolve() != path.resolve():
-                    found.add(hit.resolve())
-                    break
+            names += [(node.level, f"{module}.{a.name}" if module else a.name)
+                      for a in node.names]
+        for level, name in names:
+            hit = next((h for h in _candidates(path, folder, level, name, disk) if h != own),
+                       None)
+            if hit is not None:
+                found.add(hit)
     return found
 
 
 def overrides_print(facts: Facts) -> bool:
     """Does the file replace ``print`` for the whole process (``builtins.print = print``)?"""
-    for node in facts.nodes:
-        if not isinstance(node, ast.Assign):
-            continue
-        for target in node.targets:
+    for node in facts.of(ast.Assign):
+        for target in node.targets:  # type: ignore[attr-defined]
             if isinstance(target, ast.Attribute) and target.attr == "print" \
                     and isinstance(target.value, ast.Name) and target.value.id in _BUILTINS:
                 return True
@@ -116,9 +186,9 @@ def is_seed_call(call: ast.Call) -> bool:
 
 def _rank_derived(facts: Facts) -> set[str]:
     names: set[str] = set()
-    for node in facts.nodes:
-        if isinstance(node, ast.Assign) and any(is_rank_like(n) for n in ast.walk(node.value)):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    for node in facts.of(ast.Assign):
+        if rank_in(facts, node.value):  # type: ignore[attr-defined]
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))  # type: ignore[attr-defined]
     return names
 
 
@@ -139,7 +209,8 @@ def same_seed(facts: Facts) -> bool:
         if not is_seed_call(call) or not (call.args or call.keywords) \
                 or not _global_seed(facts, call):
             continue
-        parts = [n for a in [*call.args, *(k.value for k in call.keywords)] for n in ast.walk(a)]
+        parts = [n for a in [*call.args, *(k.value for k in call.keywords)]
+                 for n in facts.subtree(a)]
         if not any(is_rank_like(n) or (isinstance(n, ast.Name) and n.id in derived)
                    or "offset" in (last_name(n) or "") for n in parts):
             return True

@@ -1,247 +1,50 @@
-"""Run the rules over a source string, a file or a tree of files; apply suppression comments.
+"""Run the rules over a source string, a file or a tree of files.
 
-A finding is silenced by a comment on its line (or any line of the flagged expression):
-``# splitsync: ignore[SS501]``, ``# splitsync: ignore[SS501, SS204]`` or ``# splitsync: ignore``
-(every code). ``# splitsync: ignore-file[SS501]`` anywhere silences a code in the whole file.
+Suppression comments (``# splitsync: ignore[SS501]``) are read by
+:mod:`splitsync.tools.lint.reading`; files are read together with their local modules by
+:mod:`splitsync.tools.lint.analysis`.
 """
 
 from __future__ import annotations
 
-import ast
-import io
-import re
-import tokenize
+import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-from splitsync.tools.lint.facts import Facts, build_facts
-from splitsync.tools.lint.flow import with_rank0_functions
-from splitsync.tools.lint.model import SEVERITIES, Finding, Rule
-from splitsync.tools.lint.project import file_project, local_imports, merge, with_project
-from splitsync.tools.lint.registry import META_CODES, all_rules
+from splitsync.tools.lint.analysis import Parsed, analyse, collector_paused, importers_beside
+from splitsync.tools.lint.model import Finding, Rule
+from splitsync.tools.lint.pool import analyse_in_pool, portable
+from splitsync.tools.lint.project import Disk, with_project
+from splitsync.tools.lint.reading import Suppressions, parse, parse_suppressions, run_rules
+from splitsync.tools.lint.registry import all_rules
 
-__all__ = ["check_source", "check_file", "check_paths", "iter_python_files", "Suppressions"]
+__all__ = ["check_source", "check_file", "check_paths", "iter_python_files", "workers_for",
+           "Suppressions", "parse_suppressions"]
 
-_COMMENT = re.compile(r"#\s*splitsync:\s*ignore(-file)?\b(?:\[([^\]]*)\])?", re.IGNORECASE)
 _SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages", "build", "dist"})
-ALL = "*"
-
-
-@dataclass(frozen=True)
-class Suppressions:
-    """Codes silenced per line, codes silenced for the whole file, and malformed comments."""
-
-    lines: dict[int, frozenset[str]]
-    whole_file: frozenset[str]
-    unknown: tuple[tuple[int, int, str], ...]
-
-    def silences(self, code: str, first: int, last: int) -> bool:
-        """Is ``code`` silenced on any line from ``first`` to ``last``?"""
-        if code in self.whole_file or ALL in self.whole_file:
-            return True
-        return any(code in c or ALL in c for n in range(first, last + 1)
-                   if (c := self.lines.get(n)))
-
-
-def _comments(source: str) -> Iterator[tuple[int, int, str]]:
-    try:
-        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-            if tok.type == tokenize.COMMENT:
-                yield tok.start[0], tok.start[1] + 1, tok.string
-    except (tokenize.TokenError, SyntaxError):
-        return
-
-
-def parse_suppressions(source: str) -> Suppressions:
-    """Read ``# splitsync: ignore[...]`` comments from ``source``."""
-    if "splitsync" not in source:
-        return Suppressions({}, frozenset(), ())  # no comment can name us: skip tokenizing
-    known = {r.code for r in all_rules()} | set(META_CODES)
-    lines: dict[int, frozenset[str]] = {}
-    whole: set[str] = set()
-    unknown: list[tuple[int, int, str]] = []
-    for line, col, text in _comments(source):
-        match = _COMMENT.search(text)
-        if match is None:
-            continue
-        codes = {c.strip().upper() for c in (match.group(2) or "").split(",") if c.strip()}
-        for code in sorted(codes - known):
-            unknown.append((line, col, code))
-        codes = (codes & known) if match.group(2) is not None else {ALL}
-        if match.group(1):
-            whole |= codes
-        else:
-            lines[line] = lines.get(line, frozenset()) | frozenset(codes)
-    return Suppressions(lines, frozenset(whole), tuple(unknown))
-
-
-def _span(node: ast.AST) -> tuple[int, int, int]:
-    line = getattr(node, "lineno", 1)
-    col = getattr(node, "col_offset", 0) + 1
-    end = getattr(node, "end_lineno", line) if isinstance(node, ast.expr) else line
-    return line, col, end or line
-
-
-def _parse(source: str, path: str) -> Facts | Finding:
-    """The file's facts, or the SS000 finding saying why it cannot be read."""
-    try:
-        tree = ast.parse(source, filename=path)
-    except RecursionError:
-        return Finding("SS000", META_CODES["SS000"], "error",
-                       f"cannot parse {path}: it is nested too deeply for Python's parser.",
-                       "split the deepest expression into smaller statements.",
-                       path, 1, 1, 1)
-    except (SyntaxError, ValueError) as err:
-        line = getattr(err, "lineno", None) or 1
-        return Finding("SS000", META_CODES["SS000"], "error",
-                       f"cannot parse {path}: {getattr(err, 'msg', err)}; no rule was checked.",
-                       "fix the syntax error (Python would refuse to run the script too).",
-                       path, line, getattr(err, "offset", None) or 1, line)
-    return build_facts(tree, path, source)
-
-
-def _weaker(hit: str | None, rule: str) -> str:
-    """A hit may lower its rule's severity, never raise it past the rule's (gated) level."""
-    if hit is None:
-        return rule
-    return max(hit, rule, key=SEVERITIES.index)
-
-
-def _run_rules(facts: Facts, rules: tuple[Rule, ...]) -> list[Finding]:
-    facts = with_rank0_functions(facts)  # after the project is known: helpers run per rank too
-    path = facts.path
-    quiet = parse_suppressions(facts.source)
-    found: dict[tuple[str, int, int], Finding] = {}
-    for rule in rules:
-        try:
-            hits = list(rule.check(facts))
-        except Exception as err:  # one broken rule must not hide the others' findings
-            found[("SS002", 1, 1)] = Finding(
-                "SS002", META_CODES["SS002"], "warning",
-                f"rule {rule.code} ({rule.name}) failed on {path}: {type(err).__name__}: {err}; "
-                "the other rules still ran.",
-                f"report this file to splitsync; silence with `--ignore {rule.code}`.",
-                path, 1, 1, 1)
-            continue
-        for hit in hits:
-            line, col, end = _span(hit.node)
-            if quiet.silences(rule.code, line, end):
-                continue
-            found.setdefault((rule.code, line, col), Finding(
-                rule.code, rule.name, _weaker(hit.severity, rule.severity), hit.message, hit.fix, path,
-                line, col, end))
-    if "SS001" not in quiet.whole_file:
-        for line, col, code in quiet.unknown:
-            found[("SS001", line, col)] = Finding(
-                "SS001", META_CODES["SS001"], "warning",
-                f"`# splitsync: ignore[{code}]` names no rule, so it silences nothing.",
-                "use a code from `splitsync check --list-rules`.", path, line, col, line)
-    return sorted(found.values(), key=lambda f: (f.line, f.column, f.code))
+#: Named files per extra process: starting a worker costs about as much as reading a dozen.
+_FILES_PER_WORKER = 12
 
 
 def check_source(source: str, path: str = "<string>",
                  rules: Iterable[Rule] | None = None) -> list[Finding]:
     """All findings for one script's text (read alone, imports not followed), sorted by line."""
     rules = all_rules() if rules is None else tuple(rules)
-    facts = _parse(source, path)
+    facts = parse(source, path)
     if isinstance(facts, Finding):
         return [facts]
-    return _run_rules(with_project(facts), rules)
-
-
-def _read(path: Path) -> str | Finding:
-    try:
-        with tokenize.open(path) as fh:
-            return fh.read()
-    except (SyntaxError, UnicodeDecodeError) as err:
-        return Finding("SS000", META_CODES["SS000"], "error",
-                       f"cannot read {path} as Python source: {err}.",
-                       "save it as UTF-8 (or fix its coding cookie).", str(path), 1, 1, 1)
-
-
-def _importers_beside(files: list[Path]) -> list[Path]:
-    """Scripts next to the named files that import one of them (``train.py`` beside a named
-    ``model.py``): a helper named alone is read with the scripts that use it."""
-    named = {f.resolve() for f in files}
-    found: list[Path] = []
-    for folder in dict.fromkeys(f.resolve().parent for f in files):
-        stems = {f.stem for f in named if f.parent == folder}
-        for sibling in sorted(folder.glob("*.py")):
-            if sibling.resolve() in named:
-                continue
-            try:
-                text = sibling.read_text(encoding="utf-8", errors="replace")
-            except OSError:
-                continue
-            if not any(stem in text for stem in stems):
-                continue  # cheap test before parsing: it never names the helper
-            try:
-                tree = ast.parse(text)
-            except (SyntaxError, ValueError, RecursionError):
-                continue
-            if local_imports(tree, sibling.resolve()) & named:
-                found.append(sibling)
-    return found
-
-
-def _analyse(files: list[Path], rules: tuple[Rule, ...],
-             context: list[Path] = ()) -> dict[Path, list[Finding]]:  # type: ignore[assignment]
-    """Findings per file for ``files`` and the local modules they import, each file read
-    together with the modules it is connected to by imports. ``context`` files are read
-    for what they show about the others; their own findings are not returned."""
-    hidden = {f.resolve() for f in context}
-    files = [*files, *context]
-    shown = {f.resolve(): f for f in files}
-    facts: dict[Path, Facts] = {}
-    failed: dict[Path, list[Finding]] = {}
-    edges: dict[Path, set[Path]] = {}
-    queue = list(shown)
-    while queue:
-        key = queue.pop()
-        if key in facts or key in failed:
-            continue
-        source = _read(shown.get(key, key))
-        parsed = source if isinstance(source, Finding) else _parse(source, str(shown.get(key, key)))
-        if isinstance(parsed, Finding):
-            failed[key] = [parsed]
-            continue
-        facts[key] = parsed
-        edges[key] = local_imports(parsed.tree, key, parsed.nodes)
-        queue.extend(edges[key] - facts.keys())
-    # a file is read with what it imports and with the scripts that import it (and theirs)
-    importers: dict[Path, set[Path]] = {key: set() for key in facts}
-    for key, targets in edges.items():
-        for target in targets & facts.keys():
-            importers[target].add(key)
-
-    def reach(start: Path, links: dict[Path, set[Path]]) -> set[Path]:
-        seen, todo = {start}, [start]
-        while todo:
-            for nxt in links.get(todo.pop(), set()) & facts.keys():
-                if nxt not in seen:
-                    seen.add(nxt)
-                    todo.append(nxt)
-        return seen
-
-    closures = {key: reach(key, edges) for key in facts}
-    parts = {key: file_project(f) for key, f in facts.items()}  # each file read once
-    projects = {}
-    for key in facts:
-        together = set().union(*(closures[a] for a in reach(key, importers)))
-        projects[key] = merge(parts[k] for k in sorted(together))
-    results = {k: v for k, v in failed.items() if k not in hidden}
-    for key, f in facts.items():
-        if key not in hidden:
-            results[key] = _run_rules(with_project(f, projects[key]), rules)
-    return results
+    return run_rules(with_project(facts), rules)
 
 
 def check_file(path: str | Path, rules: Iterable[Rule] | None = None) -> list[Finding]:
     """Findings for one file, read together with the local modules it imports."""
     rules = all_rules() if rules is None else tuple(rules)
     path = Path(path)
-    return _analyse([path], rules, _importers_beside([path])).get(path.resolve(), [])
+    disk: Disk = Disk()
+    parsed: Parsed = {}
+    with collector_paused():
+        context = importers_beside([path], disk, parsed)
+        return analyse([path], rules, context, disk, parsed).get(disk.resolve(path), [])
 
 
 def iter_python_files(paths: Iterable[str | Path]) -> Iterator[Path]:
@@ -260,15 +63,38 @@ def iter_python_files(paths: Iterable[str | Path]) -> Iterator[Path]:
                                     "of scripts to check)")
 
 
-def check_paths(paths: Iterable[str | Path],
-                rules: Iterable[Rule] | None = None) -> tuple[list[Finding], int]:
+def workers_for(files: int, jobs: int | None = None) -> int:
+    """How many processes read ``files`` files: ``jobs`` when given, else one per two cores
+    this process may use, once there are enough files to pay for starting them (a few files
+    are read in this process). Two logical cores are usually two threads of one physical
+    core (a cloud machine's vCPUs are): a second process there made reading the files little
+    faster, and slower when other work was running, while each process costs a start."""
+    if jobs is not None:
+        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+            raise ValueError(f"jobs={jobs!r}: give a number of processes >= 1 (1 reads every "
+                             "file in this process), or None to use one per core")
+        return jobs
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min((cores or 1) // 2, files // _FILES_PER_WORKER))
+
+
+def check_paths(paths: Iterable[str | Path], rules: Iterable[Rule] | None = None,
+                jobs: int | None = None) -> tuple[list[Finding], int]:
     """Findings for every file under ``paths`` and the local modules they import, and how
-    many files were checked."""
+    many files were checked. ``jobs``: processes reading the files (None: one per core for
+    many files, this process alone for a few); the findings do not depend on it."""
     rules = all_rules() if rules is None else tuple(rules)
     files = list(dict.fromkeys(iter_python_files(paths)))
-    results = _analyse(files, rules, _importers_beside(files))
-    named = {f.resolve() for f in files}
+    workers = workers_for(len(files), jobs)
+    disk: Disk = Disk()
+    with collector_paused():
+        if workers > 1 and portable(rules):
+            results = analyse_in_pool(files, rules, workers, disk)
+        else:
+            parsed: Parsed = {}
+            results = analyse(files, rules, importers_beside(files, disk, parsed), disk, parsed)
+    named = {disk.resolve(f) for f in files}
     extra = sorted(k for k in results if k not in named)  # imported modules outside `paths`
-    order = [f.resolve() for f in files] + extra
+    order = [disk.resolve(f) for f in files] + extra
     findings = [f for key in dict.fromkeys(order) for f in results.get(key, [])]
     return findings, len(order)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from splitsync.tools.lint.facts import SETUP_HELPER, Facts, dotted, last_name
 from splitsync.tools.lint.flow import is_rank_like, loops_of
 from splitsync.tools.lint.model import Hit, Rule
+from splitsync.tools.lint.ranks import rank_in
 
 __all__ = ["RULES", "sharded", "seeded_per_rank"]
 
@@ -37,13 +38,10 @@ def _sharded(facts: Facts) -> bool:
     """Is the data split between ranks anywhere in the script?"""
     if any(last_name(c) in _SHARDERS for c, _ in facts.calls) or facts.run_calls("loader"):
         return True
-    for node in facts.nodes:  # manual shards: data[rank::world_size], Subset(..rank..)
-        if isinstance(node, ast.Slice) and any(
-                part is not None and any(is_rank_like(n) for n in ast.walk(part))
-                for part in (node.lower, node.step)):
+    for node in facts.of(ast.Slice):  # manual shards: data[rank::world_size], Subset(..rank..)
+        if rank_in(facts, node.lower) or rank_in(facts, node.step):  # type: ignore[attr-defined]
             return True
-    if any(last_name(c) == "Subset" and any(is_rank_like(n) for n in ast.walk(c))
-           for c, _ in facts.calls):
+    if any(last_name(c) == "Subset" and rank_in(facts, c) for c, _ in facts.calls):
         return True
     for call, full in facts.calls:  # a dataset told its rank shards itself: MyData(rank=rank)
         name = last_name(call) or ""
@@ -77,9 +75,9 @@ def _seeded_per_rank(facts: Facts) -> bool:
     """Random batches drawn after seeding with the rank (nanoGPT's `seed + rank`): each rank
     samples its own data, which shards it as well as a sampler does."""
     derived: set[str] = set()
-    for node in facts.nodes:
-        if isinstance(node, ast.Assign) and any(is_rank_like(n) for n in ast.walk(node.value)):
-            derived.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    for node in facts.of(ast.Assign):
+        if rank_in(facts, node.value):  # type: ignore[attr-defined]
+            derived.update(t.id for t in node.targets if isinstance(t, ast.Name))  # type: ignore[attr-defined]
     for call, _ in facts.calls:
         if "seed" not in (last_name(call) or "").lower():
             continue

@@ -119,7 +119,7 @@ def hard_coded_cuda(facts: Facts) -> Iterator[Hit]:
         yield Hit(call, f"`{facts.text(call)}` hard-codes CUDA with `.cuda()`: on a machine without "
                   "an NVIDIA GPU it raises (\"Torch not compiled with CUDA enabled\" / \"No CUDA "
                   "GPUs are available\").", f"{_PORTABLE} instead of `.cuda()`.")
-    for node in facts.nodes:
+    for node in facts.of(ast.Constant, ast.BinOp, ast.JoinedStr):  # what cuda_literal reads
         literal = cuda_literal(node)
         where = _device_position(facts, node) if literal else None
         if where is None or availability_guarded(facts, node) or _overridden_default(facts, node):
@@ -144,7 +144,7 @@ def hard_coded_cuda(facts: Facts) -> Iterator[Hit]:
             yield Hit(c, f"`{facts.text(c)}` runs unconditionally: on a machine without GPUs it raises.",
                       "call it only under `if torch.cuda.is_available():` "
                       "(splitsync.init() does this for you).")
-    for node in facts.nodes:
+    for node in facts.of(ast.BinOp):
         if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod | ast.FloorDiv)
                 and isinstance(node.right, ast.Call)
                 and facts.resolve(node.right.func) == "torch.cuda.device_count"
@@ -236,8 +236,7 @@ def _describe(place: str, line: int | None) -> str:
 
 def device_mismatch(facts: Facts) -> Iterator[Hit]:
     """SS102: ``model(x)`` where the model and ``x`` were put on different devices."""
-    scopes = [facts.tree, *(n for n in facts.nodes
-                            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))]
+    scopes = [facts.tree, *facts.of(ast.FunctionDef, ast.AsyncFunctionDef)]
     for scope in scopes:
         if scope is not facts.tree:
             text = "".join(facts.lines[scope.lineno - 1:scope.end_lineno])  # type: ignore[attr-defined]
@@ -249,7 +248,7 @@ def device_mismatch(facts: Facts) -> Iterator[Hit]:
         checked: set[int] = set()
         for node in facts.walk_scope(scope):
             # calls on the right of `x = model(x)` are checked before `x` is rebound
-            inner = ast.walk(node.value) if isinstance(node, ast.Assign) else [node]
+            inner = facts.subtree(node.value) if isinstance(node, ast.Assign) else [node]
             for call in inner:
                 if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) \
                         and call.args and id(call) not in checked:

@@ -48,12 +48,13 @@ def _sampler_helpers(facts: Facts) -> set[str]:
     """Functions of the script that return a distributed sampler (``data_sampler(...)``)."""
     found = set()
     for name, fn in facts.functions.items():
-        bound = {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign)
+        # the assignments and returns ast.walk(fn) would visit, from the tree index
+        bound = {t.id for n in facts.inside(fn, ast.Assign) if isinstance(n, ast.Assign)
                  and _is_dist_sampler_call(n.value) for t in n.targets if isinstance(t, ast.Name)}
         if any(isinstance(n, ast.Return) and n.value is not None and (
                 _is_dist_sampler_call(n.value)
                 or (isinstance(n.value, ast.Name) and n.value.id in bound))
-               for n in ast.walk(fn)):
+               for n in facts.inside(fn, ast.Return)):
             found.add(name)
     return found
 
@@ -81,9 +82,15 @@ def _target_names(node: ast.Assign | ast.AnnAssign) -> list[str]:
     return names
 
 
-def _returned(fn: ast.FunctionDef | ast.AsyncFunctionDef, loaders: set[str]) -> list[bool]:
+def _returned(fn: ast.FunctionDef | ast.AsyncFunctionDef, loaders: set[str],
+              facts: Facts | None = None) -> list[bool]:
     """Which positions of what ``fn`` returns are sharded loaders (``return train, val``)."""
-    for node in ast.walk(fn):
+    if facts is not None and not any(  # no return names a loader: nothing to walk for
+            isinstance(n, ast.Return) and n.value is not None and _iterated(n.value) in loaders
+            or isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple)
+            for n in facts.inside(fn, ast.Return)):
+        return []
+    for node in ast.walk(fn):  # breadth first: the first such return decides
         if isinstance(node, ast.Return) and node.value is not None:
             values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
             flags = [_iterated(v) in loaders for v in values]
@@ -100,7 +107,7 @@ def _sharded_loaders(facts: Facts) -> set[str]:
     loaders: set[str] = set()
     makers: dict[str, list[bool]] = {}
     for _ in range(2):  # the second pass sees the helpers that return loaders
-        for node in facts.nodes:
+        for node in facts.of(ast.Assign, ast.AnnAssign):
             if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
                 continue
             value = node.value
@@ -118,7 +125,7 @@ def _sharded_loaders(facts: Facts) -> set[str]:
                 elif name in makers:
                     loaders.update(_unpacked(node, makers[name]))
         makers = {name: flags for name, fn in facts.functions.items()
-                  if (flags := _returned(fn, loaders))}
+                  if (flags := _returned(fn, loaders, facts))}
     return loaders
 
 
@@ -261,7 +268,7 @@ def unreduced_eval_metric(facts: Facts) -> Iterator[Hit]:
     loaders = _sharded_loaders(facts)
     if not loaders:
         return
-    for node in facts.nodes:
+    for node in facts.of(ast.For, ast.AsyncFor):
         if not isinstance(node, ast.For | ast.AsyncFor):
             continue
         name = _iterated(node.iter)

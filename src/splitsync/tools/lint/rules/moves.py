@@ -66,12 +66,11 @@ def discarded_move(facts: Facts) -> Iterator[Hit]:
     """SS103: ``x.to(device)`` as a statement on a tensor: the moved copy is lost."""
     loaders = _loader_names(facts)
     # only scopes with a candidate statement (`name.to(...)` alone) are worth reading
-    wanted = {id(facts.scope(n)) for n in facts.nodes
+    wanted = {id(facts.scope(n)) for n in facts.of(ast.Expr)
               if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
               and isinstance(n.value.func, ast.Attribute) and n.value.func.attr in _MOVES
               and isinstance(n.value.func.value, ast.Name)}
-    scopes = [s for s in (facts.tree, *(n for n in facts.nodes
-                                       if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)))
+    scopes = [s for s in (facts.tree, *facts.of(ast.FunctionDef, ast.AsyncFunctionDef))
               if id(s) in wanted]
     for scope in scopes:
         tensors = _tensor_names(facts, scope, loaders)
@@ -137,7 +136,7 @@ def _context_call(facts: Facts, call: ast.Call, wrapped: set[str]) -> str | None
 def context_as_statement(facts: Facts) -> Iterator[Hit]:
     """SS105: ``torch.cuda.device(rank)`` as a statement: a context manager nobody enters."""
     wrapped = _wrapped_models(facts)
-    for node in facts.nodes:
+    for node in facts.of(ast.Expr):
         if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
             continue
         name = _context_call(facts, node.value, wrapped)

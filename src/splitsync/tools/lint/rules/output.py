@@ -12,12 +12,12 @@ from splitsync.tools.lint.facts import Facts, dotted, last_name
 from splitsync.tools.lint.flow import (
     guarded_by_rank0,
     is_local_rank_test,
-    is_rank_like,
     local_rank_names,
     mentions_rank,
     rank0_guards,
 )
 from splitsync.tools.lint.model import Hit, Rule
+from splitsync.tools.lint.ranks import rank_in
 
 __all__ = ["RULES"]
 
@@ -85,11 +85,12 @@ def _rank_derived(facts: Facts, scope: ast.AST) -> set[str]:
     for _ in range(3):  # `local = int(os.environ["LOCAL_RANK"])`, then `device = f"..{local}"`
         before = len(names)
         for loop in loops:  # `for path in files[rank::world]`: each rank its own items
-            if any(is_rank_like(n) for n in ast.walk(loop.iter)):
+            if rank_in(facts, loop.iter):
                 names.update(t.id for t in ast.walk(loop.target) if isinstance(t, ast.Name))
         for node in assigns:
-            if any(is_rank_like(n) or (isinstance(n, ast.Name) and n.id in names)
-                   for n in ast.walk(node.value)):  # type: ignore[arg-type]
+            if rank_in(facts, node.value) or (names and any(
+                    isinstance(n, ast.Name) and n.id in names
+                    for n in facts.subtree(node.value))):  # type: ignore[arg-type]
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 names.update(t.id for t in targets if isinstance(t, ast.Name))
         if len(names) == before:
@@ -99,13 +100,15 @@ def _rank_derived(facts: Facts, scope: ast.AST) -> set[str]:
 
 def _names_rank(facts: Facts, call: ast.Call, cache: dict[int, set[str]]) -> bool:
     parts = [*call.args, *call.keywords]
-    if mentions_rank(parts) or any(last_name(n) == "getpid" for p in parts for n in ast.walk(p)):
+    if mentions_rank(parts, facts) or any(
+            last_name(n) == "getpid" for p in parts for n in facts.subtree(p)):
         return True  # the rank or the process id: the line says which process wrote it
     scope = facts.scope(call)
     if id(scope) not in cache:
         cache[id(scope)] = _rank_derived(facts, scope)
     derived = cache[id(scope)]
-    return any(isinstance(n, ast.Name) and n.id in derived for p in parts for n in ast.walk(p))
+    return bool(derived) and any(isinstance(n, ast.Name) and n.id in derived
+                                 for p in parts for n in facts.subtree(p))
 
 
 def _is_print(stmt: ast.stmt) -> bool:
@@ -173,7 +176,7 @@ def unguarded_print(facts: Facts) -> Iterator[Hit]:
 def _buffers(facts: Facts) -> set[str]:
     """Names bound to in-memory buffers (``io.BytesIO()``): saving there writes no file."""
     names: set[str] = set()
-    for node in facts.nodes:
+    for node in facts.of(ast.Assign, ast.withitem):
         if isinstance(node, ast.Assign):
             value, targets = node.value, node.targets
         elif isinstance(node, ast.withitem) and node.optional_vars is not None:
@@ -198,7 +201,7 @@ def _saves(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST | None]]:
             continue
         target = c.args[1] if len(c.args) > 1 else next(
             (k.value for k in c.keywords if k.arg in {"f", "filename"}), None)
-        if target is not None and (mentions_rank([target]) or dotted(target) in buffers
+        if target is not None and (mentions_rank([target], facts) or dotted(target) in buffers
                                    or last_name(target) == "BytesIO"):
             continue
         yield c, target
@@ -241,7 +244,7 @@ def save_per_node(facts: Facts) -> Iterator[Hit]:
 
 def _loggers(facts: Facts) -> set[str]:
     names = {"logging"}
-    for node in facts.nodes:
+    for node in facts.of(ast.Assign):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
                 and facts.resolve(node.value.func) == "logging.getLogger":
             names.update(d for t in node.targets if (d := dotted(t)))
@@ -258,7 +261,7 @@ def unguarded_logging(facts: Facts) -> Iterator[Hit]:
         name = "logging" if facts.resolve(receiver) == "logging" else dotted(receiver)
         if name not in loggers or not _every_rank(facts, call):
             continue
-        if mentions_rank([*call.args, *call.keywords]):
+        if mentions_rank([*call.args, *call.keywords], facts):
             continue
         alt = " or `run.logger`, whose lines carry the rank" if facts.is_splitsync else ""
         yield Hit(call, f"`{facts.text(call)}` {facts.scope_name(call)} logs on every rank: each "
@@ -285,7 +288,7 @@ def shared_file_writes(facts: Facts) -> Iterator[Hit]:
         if not tree and not (full == "open" and _write_mode(call)):
             continue
         target = call.args[-1] if tree and call.args else (call.args[0] if call.args else None)
-        if target is None or mentions_rank([target]) or not _every_rank(facts, call):
+        if target is None or mentions_rank([target], facts) or not _every_rank(facts, call):
             continue
         if _names_rank(facts, call, {}):
             continue  # the path is built from the rank: one file per process
