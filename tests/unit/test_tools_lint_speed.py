@@ -158,10 +158,10 @@ def test_process_count(monkeypatch: pytest.MonkeyPatch) -> None:
     assert workers_for(3) == 1 and workers_for(10_000, jobs=1) == 1
     assert workers_for(3, jobs=2) == 2
     monkeypatch.setattr(runner.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
-    assert workers_for(10_000) == 4  # one per two logical cores
+    assert workers_for(10_000) == 8  # one per core
     assert workers_for(30) == 2 and workers_for(23) == 1  # a dozen files per process at least
     monkeypatch.setattr(runner.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    assert workers_for(10_000) == 1  # two vCPUs: one process
+    assert workers_for(10_000) == 2
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="jobs=.*number of processes >= 1"):
             workers_for(100, jobs=bad)  # type: ignore[arg-type]

@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-on", choices=("error", "warning", "info"), default="error",
                         help="lowest severity that makes the exit status 1 (default: error)")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
-                        help="processes reading the files (default: one per two cores when there "
+                        help="processes reading the files (default: one per core when there "
                         "are many files; 1: read them all in this process)")
     parser.add_argument("--list-rules", action="store_true", help="list every rule and exit")
     parser.add_argument("--explain", metavar="CODE", help="explain one rule and exit")
