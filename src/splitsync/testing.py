@@ -26,10 +26,16 @@ from typing import Any
 from splitsync.dist.env import TORCHRUN, launched_env
 from splitsync.dist.group import free_port
 
-__all__ = ["spawn", "SpawnError", "clean_env", "LAUNCHER_PREFIXES"]
+__all__ = ["spawn", "SpawnError", "clean_env", "LAUNCHER_PREFIXES", "FORKSERVER_PRELOAD"]
 
 # What the fork server imports once, before it forks ranks: the bulk of a rank's start time.
-_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "splitsync.run.runtime")
+# One list for every user of this process's fork server (verify's launcher too): whichever
+# starts it first, its ranks find these imported. torch.distributed.checkpoint alone costs a
+# rank about a second of CPU to import.
+FORKSERVER_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel",
+                      "torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
+                      "torch.distributed.fsdp", "splitsync.run.runtime", "splitsync.ckpt",
+                      "splitsync.strategies")
 
 LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "TORCHELASTIC_", "PMIX_")
 LAUNCHER_VARS = (
@@ -89,7 +95,7 @@ def _context(start_method: str) -> Any:
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
         # Takes effect when this process first starts its fork server; later calls reuse it.
-        ctx.set_forkserver_preload(["__main__", *_PRELOAD])
+        ctx.set_forkserver_preload(["__main__", *FORKSERVER_PRELOAD])
     return ctx
 
 

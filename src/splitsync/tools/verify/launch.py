@@ -28,6 +28,7 @@ from multiprocessing.process import BaseProcess
 from typing import IO, Union
 
 from splitsync.dist.ports import free_port
+from splitsync.testing import FORKSERVER_PRELOAD
 
 __all__ = ["Outcome", "Launch", "run_all", "start_method"]
 
@@ -67,13 +68,6 @@ class Launch:
     world: int
     target: tuple[str, ...]
     env: Mapping[str, str]
-
-
-# Imported once by the fork server rather than in every rank: what a splitsync run
-# imports lazily and costs most (torch.distributed.checkpoint alone is about a second of CPU).
-_PRELOAD = ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
-            "torch.distributed.fsdp", "splitsync.ckpt", "splitsync.run.runtime",
-            "splitsync.strategies")
 
 
 def start_method() -> str:
@@ -150,7 +144,7 @@ def _start(launch: Launch, log: IO[str], how: str) -> list[Rank]:
         if how == "forkserver":
             ctx = mp.get_context("forkserver")
             # the preload takes effect if this call starts the server (later calls reuse it)
-            ctx.set_forkserver_preload(["torch", *_PRELOAD])
+            ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
             # not a daemon: a daemon may not start processes (DataLoader workers, say)
             proc = ctx.Process(target=_served, args=(launch.target, env, log.name))
             proc.start()
