@@ -17,17 +17,13 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from splitsync.data.permute import Permutation
+from splitsync.data.order import ORDERS, PassOrder
 from splitsync.dist.device import move_to
 
 if TYPE_CHECKING:
     from splitsync.data.build import LoaderHooks
 
-__all__ = ["ShardSampler", "DeviceLoader", "loader_kwargs_from", "ORDERS"]
-
-# "bijection": a seeded permutation computed per index (memory and epoch start flat in n);
-# "randperm": torch.randperm's order, identical to torch's DistributedSampler (O(n) memory).
-ORDERS = ("bijection", "randperm")
+__all__ = ["ShardSampler", "DeviceLoader", "loader_kwargs_from", "ORDERS", "PassOrder"]
 
 
 class ShardSampler(DistributedSampler):
@@ -67,6 +63,7 @@ class ShardSampler(DistributedSampler):
         # When set, every index handed out is also kept here (in the main process, where
         # the DataLoader draws indices), so a loader can say which samples a batch holds.
         self.tap: IndexTap | None = None
+        self._pass: PassOrder | None = None  # the current pass's order, made when asked
         self._set_sizes()
 
     def _set_sizes(self) -> None:
@@ -78,55 +75,26 @@ class ShardSampler(DistributedSampler):
     def global_order(self) -> list[int]:
         """The epoch's order over the whole dataset (same on every rank); O(n), for inspection."""
         n = len(self.dataset)  # type: ignore[arg-type]
-        if not self.shuffle:
-            return list(range(n))
-        if self.order == "bijection":
-            return list(Permutation(n, self.seed, self.epoch).iter_positions(0, n, 1))
-        g = torch.Generator()
-        g.manual_seed(self.seed + self.epoch)
-        return torch.randperm(n, generator=g).tolist()
+        whole = PassOrder(n, self.seed, self.epoch, self.shuffle, self.order, 0, 0, 1, n)
+        return whole.indices(0, n).tolist()
+
+    def pass_order(self) -> PassOrder:
+        """The pass this sampler hands out now (its epoch, its start, this rank): what
+        iterating it yields, position by position. One object per pass, shared with the
+        iteration, so the indices it gives later are the ones the pass handed out."""
+        cur, n = self._pass, len(self.dataset)  # type: ignore[arg-type]
+        if (cur is None or cur.epoch != self.epoch or cur.start != self.start or cur.n != n
+                or cur.num_samples != self.num_samples):
+            cur = self._pass = PassOrder(n, self.seed, self.epoch, self.shuffle, self.order,
+                                         self.start, self.rank, self.num_replicas,
+                                         self.num_samples)
+        return cur
 
     def __iter__(self) -> Iterator[int]:
+        order = iter(self.pass_order())
         if self.tap is not None:  # to the tap a chunk at a time: no per-index Python of ours
-            return chain.from_iterable(self.tap.feed(self._iter_indices()))
-        return self._iter_indices()
-
-    def _iter_indices(self) -> Iterator[int]:
-        if self.order == "bijection":
-            return self._iter_bijection()
-        rest = self.global_order()[self.start :]
-        if self.drop_last:
-            rest = rest[: self.total_size]
-        elif rest and len(rest) < self.total_size:
-            reps = math.ceil(self.total_size / len(rest))
-            rest = (rest * reps)[: self.total_size]  # pad like DistributedSampler
-        return iter(rest[self.rank : self.total_size : self.num_replicas])
-
-    def _iter_bijection(self) -> Iterator[int]:
-        # Same positions as the list path: rank r reads padded positions r, r+W, ... of the
-        # remaining order; a padded position q wraps to q mod remaining, as the list repeats.
-        n = len(self.dataset)  # type: ignore[arg-type]
-        remaining = n - self.start
-        if remaining <= 0 or self.total_size == 0:
-            return
-        real_stop = min(self.total_size, remaining)
-        spans = ((self.rank, real_stop), (self._first_pad(real_stop), self.total_size))
-        perm = Permutation(n, self.seed, self.epoch) if self.shuffle else None
-        for lo, hi in spans:
-            if lo >= hi:
-                continue
-            if perm is None:
-                yield from (self.start + q % remaining for q in range(lo, hi, self.num_replicas))
-            elif hi <= remaining:
-                yield from perm.iter_positions(self.start + lo, self.start + hi, self.num_replicas)
-            else:  # padding: few positions (< world size), computed one by one
-                yield from (perm[self.start + q % remaining]
-                            for q in range(lo, hi, self.num_replicas))
-
-    def _first_pad(self, real_stop: int) -> int:
-        """This rank's first position at or beyond ``real_stop`` (the padded tail)."""
-        w, r = self.num_replicas, self.rank
-        return real_stop + (r - real_stop) % w
+            return chain.from_iterable(self.tap.feed(order))
+        return order
 
     def __len__(self) -> int:
         return self.num_samples
@@ -193,6 +161,10 @@ class DeviceLoader:
         self.world_size = world_size
         self.batches_seen = 0  # in the current pass
         self.last_batch = False
+        # Passes begun, and the batches the one before the current pass yielded: with the
+        # sampler's pass_order, which samples any pass delivered, no per-batch bookkeeping.
+        self.passes = 0
+        self.previous_pass_batches = 0
         self._cpu = device.type == "cpu"
         # Where the current pass began, for checkpoints: a mid-pass resume must restore the
         # generator to this state so the new iterator draws the same worker base seed.
@@ -231,7 +203,8 @@ class DeviceLoader:
         return start + min(per_rank * self.world_size, len(self.dataset) - start)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
-        self.batches_seen = 0
+        self.previous_pass_batches, self.batches_seen = self.batches_seen, 0
+        self.passes += 1
         self.last_batch = False
         gen = self.loader.generator
         self.pass_epoch = self.sampler.epoch if self.sampler is not None else 0
