@@ -53,7 +53,18 @@ class Observer:
         """A loader made by ``run.loader`` yields a batch; ``ids`` (one per sample, in batch
         order) say which samples it holds: dataset indices for an indexable dataset (padded
         repeats included), ``shard * 2**40 + position`` in the shard's epoch order for a
-        stream (``splitsync.data.stream.sample_id``)."""
+        stream (``splitsync.data.stream.sample_id``). Overriding it costs every batch of
+        every loader a call; see :meth:`on_stream_batch` for a cheaper way."""
+
+    def on_stream_batch(self, loader: Any, ids: list[int]) -> None:
+        """A stream loader made by ``run.loader`` yields a batch (``ids`` as for
+        :meth:`on_batch`). Map-style loaders never call it: which samples one of their
+        passes delivered is known afterwards, without per-batch work, from the
+        ``loader.sampler.pass_order()`` read when the pass begins (``on_loader_iter``) and
+        the batches it yielded (``loader.batches_seen``; ``loader.previous_pass_batches``
+        once the next pass has begun): batch k holds the pass's positions
+        ``k * batch_size`` to ``(k + 1) * batch_size``. Override this instead of
+        :meth:`on_batch` to hear only the ids that cannot be known that way."""
 
     def epochs(self, start: int, stop: int) -> int:
         """``run.epochs(stop, start)``: the epoch to stop before (may be smaller)."""

@@ -50,6 +50,7 @@ class LoaderHooks:
         self.on_iter: tuple[Any, ...] = ()  # observers overriding on_loader_iter
         self.on_batch: tuple[Any, ...] = ()  # observers overriding on_batch (ids computed
         # only while there are some)
+        self.on_stream_batch: tuple[Any, ...] = ()  # those overriding on_stream_batch
         self.adjust: tuple[Any, ...] = ()  # observers overriding loader_kwargs
         self.collective: Callable[..., Any] = direct
         self.active: Any = None  # the loader whose pass is under way

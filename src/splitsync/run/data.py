@@ -34,6 +34,7 @@ class Loaders:
         hooks.adjust = overriding(observers, "loader_kwargs")
         hooks.on_iter = overriding(observers, "on_loader_iter")
         hooks.on_batch = overriding(observers, "on_batch")
+        hooks.on_stream_batch = overriding(observers, "on_stream_batch")
         hooks.collective = chain_around(observers) or direct
         self._epochs = overriding(observers, "epochs")
         self._on_epoch = overriding(observers, "on_epoch")

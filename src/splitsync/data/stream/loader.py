@@ -151,10 +151,12 @@ class StreamLoader:
                 for s, _, c in counts:
                     self._consumed[s] += c
                 self.batches_seen += 1
-                if hooks is not None and hooks.on_batch:
+                if hooks is not None and (hooks.on_batch or hooks.on_stream_batch):
                     ids = batch_ids(counts)
                     for obs in hooks.on_batch:
                         obs.on_batch(self, ids)
+                    for obs in hooks.on_stream_batch:
+                        obs.on_stream_batch(self, ids)
                 yield batch if cpu else move_to(batch, self.device)
             if n < window:
                 left = sum(_size(b) for b, _ in held[n:])
