@@ -184,3 +184,136 @@ def test_the_step_bound_counts_steps_since_the_last_write_across_passes(
                                    default=0))
     assert written == [0, 0, 3, 3, 3, 6, 6, 6, 9, 9]
     assert raw_kinds(path) == list("MPSPSSSC")
+
+
+class Stepped(Observer):
+    """Which run.step calls really stepped (the core's word), in order."""
+
+    def __init__(self) -> None:
+        self.stepped: list[bool] = []
+
+    def on_step_end(self, optimizer: object, norm: object, stepped: bool = True) -> None:
+        self.stepped.append(stepped)
+
+
+def by_step(path: Path) -> dict[tuple[int, int, int], list[int]]:
+    """The ledger's ids per (step, loader, epoch), in order."""
+    out: dict[tuple[int, int, int], list[int]] = {}
+    for kind, r in read_file(path).records:
+        if kind == "S":
+            out.setdefault((r.step, r.loader, r.epoch), []).extend(r.ids.tolist())
+    return out
+
+
+def test_map_style_batches_cost_the_ledger_no_call(tmp_path: Path) -> None:
+    with ss.init(seed=0, guards=False, ledger=True, run_dir=str(tmp_path)) as run:
+        loader = run.loader(Indexed(), batch_size=3, shuffle=True)
+        assert loader.hooks.on_batch == ()  # nobody hears map-style batches one by one
+        assert [type(o).__name__ for o in loader.hooks.on_stream_batch] == ["Ledger"]
+        for _ in loader:
+            assert loader.sampler is not None and loader.sampler.tap is None  # no ids drawn
+
+
+def test_steps_get_what_each_pass_delivered_before_them(tmp_path: Path) -> None:
+    # accumulate=2 over 5 batches a pass: a window spans two passes; an evaluation pass
+    # with no step goes to the next step; a pass left after 3 batches, another begun
+    with ss.init(seed=0, guards=False, ledger=True, run_dir=str(tmp_path), accumulate=2) as run:
+        watch = run.add_observer(Stepped())
+        model = run.model(nn.Linear(2, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        train = run.loader(Indexed(), batch_size=2, shuffle=True)
+        evaluate = run.loader(Indexed(), batch_size=4)
+        truth: dict[tuple[int, int, int], list[int]] = {}
+        held: list[tuple[int, int, list[int]]] = []  # delivered since the last real step
+
+        def step(x: torch.Tensor) -> None:
+            run.backward(model(x).sum())
+            run.step(opt)
+            if watch.stepped[-1]:
+                n = sum(watch.stepped)
+                for k, epoch, ids in held:
+                    truth.setdefault((n, k, epoch), []).extend(ids)
+                held.clear()
+
+        for epoch in run.epochs(2):
+            for x, i in train:
+                held.append((0, epoch, i.tolist()))
+                step(x)
+            for _, i in evaluate:
+                held.append((1, epoch, i.tolist()))
+        train.set_epoch(2)
+        for k, (x, i) in enumerate(train):
+            held.append((0, 2, i.tolist()))
+            step(x)
+            if k == 2:
+                break
+        for x, i in train:  # a new pass of epoch 2 from its start
+            held.append((0, 2, i.tolist()))
+            step(x)
+    assert sum(watch.stepped) == 9 and not held
+    assert by_step(rank_file(tmp_path / "ledger", 1, 0)) == truth
+    assert (3, 0, 0) in truth and (3, 0, 1) in truth  # the window across passes
+    assert (3, 1, 0) in truth  # the evaluation pass, at the step after it
+
+
+def test_a_resume_drops_what_was_delivered_before_it(tmp_path: Path) -> None:
+    with ss.init(seed=0, guards=False, ledger=True, run_dir=str(tmp_path)) as run:
+        model = run.model(nn.Linear(2, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        run.resume(tmp_path / "ckpt", model=model, optimizer=opt)
+        loader = run.loader(Indexed(), batch_size=2)  # unshuffled: batch k holds 2k, 2k+1
+        evaluate = run.loader(Indexed(), batch_size=5)
+        it = iter(loader)
+        for _ in range(2):
+            x, _ = next(it)
+            run.backward(model(x).sum())
+            run.step(opt)
+        run.save()
+        next(it)  # delivered, never stepped on
+        for _ in evaluate:  # a whole pass delivered, never stepped on
+            pass
+        state = run.resume(tmp_path / "ckpt", model=model, optimizer=opt)
+        assert state.step == 2
+        x, _ = next(it)
+        run.backward(model(x).sum())
+        run.step(opt)
+    assert by_step(rank_file(tmp_path / "ledger", 1, 0)) == {
+        (1, 0, 0): [0, 1], (2, 0, 0): [2, 3], (3, 0, 0): [6, 7]}
+
+
+class Nine(Dataset):
+    def __len__(self) -> int:
+        return 9
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def test_padding_short_batches_and_a_write_between_passes(tmp_path: Path) -> None:
+    # rank 1 of 2 over 9 samples: 4 of its own and 1 padding repeat, batches of 2, 2, 1
+    from splitsync.data.build import LoaderHooks, make_loader
+
+    ledger = recorder.Ledger(tmp_path, rank=1, world_size=2)
+    hooks = LoaderHooks()
+    hooks.on_iter = (ledger,)
+    loader = make_loader(Nine(), 2, shuffle=True, drop_last=False, num_workers=0,
+                         collate_fn=None, rank=1, world_size=2, seed=3,
+                         device=torch.device("cpu"), hooks=hooks)
+    got = []
+    for i in loader:
+        got.append(i.tolist())
+        ledger.on_step_end(None, None)  # type: ignore[arg-type]
+    ledger.on_step_end(None, None)  # type: ignore[arg-type]  # steps with nothing new
+    ledger.on_step_end(None, None, stepped=False)  # type: ignore[arg-type]
+    it = iter(loader)
+    got.append(next(it).tolist())  # a batch, then another pass before the step
+    it = iter(loader)
+    ledger.before_save(None)  # a write: that batch is not the written steps' yet
+    got.append(next(it).tolist())
+    ledger.on_step_end(None, None)  # type: ignore[arg-type]
+    ledger.on_close(True)
+    steps = [r for k, r in read_file(ledger.path).records if k == "S"]
+    assert [(s.step, len(s.ids), s.padded) for s in steps] == [
+        (1, 2, 0), (2, 2, 0), (3, 1, 1), (5, 4, 0)]
+    assert [s.ids.tolist() for s in steps] == [*got[:3], got[3] + got[4]]
+    assert got[2] == loader.sampler.global_order()[:1]  # the padding repeats the first

@@ -1,16 +1,19 @@
 """The sample ledger: per optimizer step and rank, which samples ``run.loader`` delivered.
 
-``init(ledger=True)`` attaches a :class:`Ledger`. It hears each batch's sample ids
-(``on_batch``), credits them to the optimizer step that follows (``on_step_end`` once the
-accumulation window steps). Per batch it only extends a flat list of its loader's ids; per
-step it appends four numbers (step, epoch, how many ids, how many padded) to another: no
-object kept and nothing encoded per step. The buffered passes and steps are encoded
-together (per loader two numpy conversions and one checksum) and appended to
-``run_dir/ledger/launch-NNNNN/rank-NNNNN.ledger`` with one ``os.write`` after
-``FLUSH_STEPS`` steps or ``FLUSH_IDS`` ids, whichever comes first, before every
-``run.save`` (``before_save``) and at ``run.close``. So every step a checkpoint commits is in
-the file before the checkpoint is: a killed process loses only records of steps after its
-last checkpoint, which the restart rolls back anyway.
+``init(ledger=True)`` attaches a :class:`Ledger`. It credits the samples each loader
+delivered to the optimizer step that follows (``on_step_end`` once the accumulation window
+steps). A map-style loader costs it no call per batch: at a step it reads how far the pass
+got (``loader.batches_seen``) and keeps a range of the pass's positions; the sampler's
+order for the pass turns ranges into ids when they are written (see
+:mod:`splitsync.tools.ledger.passes`). A stream's batches bring their ids
+(``on_stream_batch``), kept in a flat list. Per step it appends four numbers (step, epoch,
+how many ids, how many padded) to a list: no object kept and nothing encoded per step.
+The buffered passes and steps are encoded together (per loader two numpy conversions and
+one checksum) and appended to ``run_dir/ledger/launch-NNNNN/rank-NNNNN.ledger`` with one
+``os.write`` after ``FLUSH_STEPS`` steps or ``FLUSH_IDS`` ids, whichever comes first,
+before every ``run.save`` (``before_save``) and at ``run.close``. So every step a checkpoint
+commits is in the file before the checkpoint is: a killed process loses only records of
+steps after its last checkpoint, which the restart rolls back anyway.
 ``run.resume`` writes the step the launch continues from, which is how ``splitsync audit``
 knows which earlier steps were rolled back.
 """
@@ -36,12 +39,13 @@ from splitsync.tools.ledger.format import (
     rank_file,
     steps_record,
 )
+from splitsync.tools.ledger.passes import MapPass, ids_of
 
 __all__ = ["Ledger", "LEDGER_DIR", "FLUSH_STEPS", "FLUSH_IDS", "next_launch"]
 
 # Steps, and sample ids, buffered between writes: a write per step would cost a system call
-# and an encoding per step. The ids bound keeps the buffer small with large batches (a held
-# id is a Python int, up to tens of bytes until it is encoded into 2 to 8).
+# and an encoding per step. The ids bound keeps each write's work small with large batches
+# (and a stream's buffer: a held id is a Python int until it is encoded into 2 to 8 bytes).
 FLUSH_STEPS = 1024
 FLUSH_IDS = 1 << 16
 
@@ -84,17 +88,23 @@ class Ledger(Observer):
         self.step = 0
         self._loaders: dict[int, int] = {}  # id(loader) -> index, in order of first pass
         self._objs: list[Any] = []  # keeps indexed loaders alive, so ids are never reused
-        # per loader, the ids not yet encoded: the buffered steps' and then those delivered
-        # since the last step (counted in _pending by (loader, epoch), in delivery order)
+        # Per loader, the ids not yet written. A stream's are held (its batches' ids, the
+        # buffered steps' and then those delivered since the last step); a map-style
+        # loader's are ranges of its passes' positions, [order, lo, hi], turned into ids
+        # only when written: its batches cost nothing.
         self._flat: list[list[int]] = []
+        self._segs: list[list[list[Any]]] = []
         # per loader, the buffered steps' table rows back to back: step, epoch, count, padded
         self._rows: list[list[int]] = []
-        self._pending: dict[tuple[int, int], int] = {}
-        self._padded: dict[tuple[int, int], int] = {}
-        self._held = 0  # ids delivered since the last write (a bound on memory)
+        # samples delivered but not yet credited to a step, in order: [loader, epoch,
+        # count, padded] (a stream's batches, and a map-style pass's last batches when
+        # another pass began before the step)
+        self._pending: list[list[int]] = []
+        self._maps: list[MapPass] = []  # the map-style loaders' current passes
+        self._held = 0  # ids delivered since the last write (a bound on each write)
         self._unwritten = 0  # steps taken since the last write
         self._passes: list[dict[str, Any]] = []  # P records not yet written
-        self._live: dict[int, tuple[tuple[int, int], list[int], Any]] = {}  # per pass
+        self._streams: dict[int, tuple[int, int]] = {}  # id(stream) -> (loader, epoch)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         meta = {"launch": launch, "rank": rank, "world_size": world_size,
                 "restart_count": restart_count, "seed": seed, "host": socket.gethostname(),
@@ -107,66 +117,126 @@ class Ledger(Observer):
             idx = self._loaders[id(loader)] = len(self._objs)
             self._objs.append(loader)
             self._flat.append([])
+            self._segs.append([])
             self._rows.append([])
         return idx
 
     # --- hooks -------------------------------------------------------------------------
     def on_loader_iter(self, loader: Any) -> None:
         info = describe_loader(loader)
-        info["loader"] = self._index(loader)
+        idx = info["loader"] = self._index(loader)
         info["step"] = self.step
         self._passes.append(info)  # encoded at the next write, with the steps
-        self._live[id(loader)] = self._pass_state(loader)
-
-    def _pass_state(self, loader: Any) -> tuple[tuple[int, int], list[int], Any]:
-        """What every batch of ``loader``'s pass shares: (loader, epoch), its id list and
-        its sampler (None for a stream). A pass's epoch is fixed when it begins (its order
-        is drawn then), so a batch need not look it up again."""
-        idx = self._index(loader)
         sampler = loader.sampler
-        epoch = loader.epoch if sampler is None else sampler.epoch
-        return (idx, epoch), self._flat[idx], sampler
+        if sampler is None:  # a stream: its batches' ids come with them (on_stream_batch)
+            self._streams[id(loader)] = (idx, loader.epoch)
+            return
+        old = next((p for p in self._maps if p.loader is loader), None)
+        if old is not None:  # its last batches, delivered since the last step
+            self._maps.remove(old)
+            upto = old.delivered(loader.previous_pass_batches)
+            if loader.passes == old.number + 1 and upto > old.credited:  # (else passes went
+                self._add_pending(idx, old.epoch, *self._take(old, upto))  # by unheard)
+        self._maps.append(MapPass(loader, idx, sampler.pass_order()))
 
-    def on_batch(self, loader: Any, ids: list[int]) -> None:
-        state = self._live.get(id(loader))
-        if state is None:  # a batch without a pass begun before it: look it up
-            state = self._live[id(loader)] = self._pass_state(loader)
-        key, flat, sampler = state
-        flat.extend(ids)
-        n = len(ids)
-        pending = self._pending
-        pending[key] = pending.get(key, 0) + n
+    def _take(self, p: MapPass, upto: int) -> tuple[int, int]:
+        """Positions ``p.credited`` to ``upto`` of ``p`` join the ids to write; returns how
+        many, and how many of them are padding repeats."""
+        seg = p.seg
+        if seg is None:  # the pass's open range (always its loader's last one): extended
+            seg = p.seg = [p.order, p.credited, upto]
+            self._segs[p.idx].append(seg)
+        else:
+            seg[2] = upto
+        n = upto - p.credited
+        padded = p.padded(p.credited, upto)
+        p.credited = upto
         self._held += n
-        if sampler is not None and loader.last_batch and sampler.padding:  # a stream: never
-            self._padded[key] = sampler.padding
+        return n, padded
+
+    def _add_pending(self, idx: int, epoch: int, n: int, padded: int) -> None:
+        pending = self._pending
+        last = pending[-1] if pending else None
+        if last is not None and last[0] == idx and last[1] == epoch and not last[3]:
+            last[2] += n  # the same loader and epoch: one row, its padding at its end
+            last[3] = padded
+        else:
+            pending.append([idx, epoch, n, padded])
+
+    def on_stream_batch(self, loader: Any, ids: list[int]) -> None:
+        key = self._streams.get(id(loader))
+        if key is None:  # a batch without a pass begun before it: look it up
+            key = self._streams[id(loader)] = (self._index(loader), loader.epoch)
+        self._flat[key[0]].extend(ids)
+        self._add_pending(key[0], key[1], len(ids), 0)
+        self._held += len(ids)
 
     def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None,
                     stepped: bool = True) -> None:
         if not stepped:  # an accumulation micro-step, or a step the GradScaler skipped:
             return  # the samples wait for the step that updates the model
-        self.step += 1
-        pending = self._pending
-        if not pending:
+        step = self.step = self.step + 1
+        # Only numbers per step: no ids, and the encoding waits for the next write, in bulk.
+        pending, rows = self._pending, self._rows
+        took = False
+        for p in self._maps:  # how far each map-style pass got: its batches, counted
+            loader = p.loader
+            upto = loader.batches_seen * p.size
+            if upto <= p.credited or loader.passes != p.number:  # (a pass begun unheard)
+                continue
+            seg = p.seg
+            if seg is not None and upto <= p.real and not pending:  # the usual step, inline
+                rows[p.idx] += (step, p.epoch, upto - p.credited, 0)
+                self._held += upto - p.credited
+                seg[2] = p.credited = upto
+                took = True
+                continue
+            upto = min(upto, p.total)  # a short last batch
+            if upto <= p.credited:
+                continue
+            n, padded = self._take(p, upto)
+            if pending:  # after what was delivered before it: in order
+                self._add_pending(p.idx, p.epoch, n, padded)
+            else:
+                rows[p.idx] += (step, p.epoch, n, padded)
+                took = True
+        if pending:
+            for idx, epoch, count, padded in pending:
+                rows[idx] += (step, epoch, count, padded)
+            pending.clear()
+        elif not took:
             return
-        # Only numbers per step: the encoding waits for the next write, done in bulk.
-        step, padded, rows = self.step, self._padded, self._rows
-        for key, count in pending.items():
-            rows[key[0]] += (step, key[1], count, padded.pop(key, 0) if padded else 0)
-        pending.clear()
         self._unwritten += 1
         if self._unwritten >= FLUSH_STEPS or self._held >= FLUSH_IDS:
             self._flush()
 
     def after_resume(self, state: Any) -> None:
         self.step = int(state.step)
-        for (loader, _), n in self._pending.items():  # delivered before the resume: not
-            del self._flat[loader][len(self._flat[loader]) - n:]  # trained from its state
+        # what was delivered before the resume was not trained from its state: dropped
+        for idx, _, n, _ in self._pending:
+            flat = self._flat[idx]
+            if flat:
+                del flat[len(flat) - n:]
+            else:
+                self._drop_last_positions(idx, n)
         self._pending.clear()
-        self._padded.clear()
+        for p in self._maps:
+            p.credited = p.delivered(p.loader.batches_seen)
+            p.seg = None
         where = None if state.path is None else str(state.path)
         self._flush(json_record(b"R", {"step": self.step, "epoch": int(state.epoch),
                                         "resumed": bool(state.resumed), "path": where,
                                         "world_size": state.world_size}))
+
+    def _drop_last_positions(self, idx: int, n: int) -> None:
+        segs = self._segs[idx]
+        while n > 0 and segs:
+            seg = segs[-1]
+            k = min(seg[2] - seg[1], n)
+            seg[2] -= k
+            n -= k
+            if seg[2] == seg[1]:
+                segs.pop()
 
     def before_save(self, step: int | None) -> None:
         self._flush()  # in the page cache before the checkpoint commits: a kill keeps them
@@ -206,12 +276,19 @@ class Ledger(Observer):
                 continue
             table = np.array(rows, dtype=np.uint32).reshape(-1, 4)  # C-level conversions
             rows.clear()
-            flat = self._flat[loader]
             total = int(table[:, 2].sum(dtype=np.int64))
-            ids = np.array(flat[:total], dtype=np.int64)
-            del flat[:total]  # what remains: delivered since the last step
+            flat = self._flat[loader]
+            if self._objs[loader].sampler is None:  # a stream: its ids, held
+                ids = np.array(flat[:total], dtype=np.int64)
+                del flat[:total]  # what remains: delivered since the last step
+            else:
+                ids = ids_of(self._segs[loader], total)
             records.append(steps_record(loader, table, ids))
-        self._held = sum(map(len, self._flat))  # those of the step under way stay
+        for p in self._maps:
+            p.seg = None  # their ranges were written or cut: the next credit opens one
+        # what remains: delivered since the last step
+        self._held = sum(map(len, self._flat)) + sum(
+            seg[2] - seg[1] for segs in self._segs for seg in segs)
         self._unwritten = 0
         records.append(last)
         self._write(b"".join(records))
