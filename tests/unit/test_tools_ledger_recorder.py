@@ -214,9 +214,15 @@ def test_map_style_batches_cost_the_ledger_no_call(tmp_path: Path) -> None:
             assert loader.sampler is not None and loader.sampler.tap is None  # no ids drawn
 
 
-def test_steps_get_what_each_pass_delivered_before_them(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flush", [None, (2, 5)])
+def test_steps_get_what_each_pass_delivered_before_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flush: tuple[int, int] | None) -> None:
     # accumulate=2 over 5 batches a pass: a window spans two passes; an evaluation pass
-    # with no step goes to the next step; a pass left after 3 batches, another begun
+    # with no step goes to the next step; a pass left after 3 batches, another begun;
+    # and the same with writes every 2 steps or 5 ids, cutting runs of steps in between
+    if flush is not None:
+        monkeypatch.setattr(recorder, "FLUSH_STEPS", flush[0])
+        monkeypatch.setattr(recorder, "FLUSH_IDS", flush[1])
     with ss.init(seed=0, guards=False, ledger=True, run_dir=str(tmp_path), accumulate=2) as run:
         watch = run.add_observer(Stepped())
         model = run.model(nn.Linear(2, 1))

@@ -6,7 +6,9 @@ iteration reads) gives the index at every position of the rank's pass, and batch
 positions ``k * batch_size`` to ``(k + 1) * batch_size``. So the ledger needs no call per
 batch: at a step it reads how many batches the pass has yielded (``loader.batches_seen``)
 and keeps a range of positions, ``[order, lo, hi]``; the ids are computed from the ranges
-only when they are written, one vectorised call per pass order.
+only when they are written, one vectorised call per pass order. Consecutive steps that
+each take as many samples of one pass (nearly all of them) are kept as a run: a step that
+extends it stores three numbers, and the run's table rows are made when it ends.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class MapPass:
     gone to steps so far."""
 
     __slots__ = ("loader", "idx", "order", "epoch", "size", "total", "real", "number",
-                 "credited", "seg")
+                 "credited", "seg", "run_first", "run_last", "run_n", "next")
 
     def __init__(self, loader: Any, idx: int, order: PassOrder) -> None:
         self.loader = loader
@@ -38,6 +40,31 @@ class MapPass:
         self.number = loader.passes  # which pass of the loader (see previous_pass_batches)
         self.credited = 0
         self.seg: list[Any] | None = None  # its open [order, lo, hi], extended step by step
+        # The open run: steps run_first to run_last took run_n samples each (no padding),
+        # and nothing else of this loader; its rows are made only when it ends (close_run).
+        self.run_first = self.run_last = -2  # -2: no open run
+        self.run_n = 0
+        self.next = -1  # credited + run_n while a run is open: where a step extends it to
+
+    def open_run(self, step: int, n: int) -> None:
+        """``step`` took the last ``n`` positions credited: a run begins with it."""
+        self.run_first = self.run_last = step
+        self.run_n = n
+        self.next = self.credited + n
+
+    def close_run(self, rows: list[int]) -> int:
+        """Append the open run's rows (step, epoch, run_n, 0 each) to ``rows`` and end it;
+        returns the samples its steps after the first took (the first was counted)."""
+        if self.run_last < 0:
+            return 0
+        e, n = self.epoch, self.run_n
+        for step in range(self.run_first, self.run_last + 1):
+            rows += (step, e, n, 0)
+        assert self.seg is not None
+        self.seg[2] = self.credited  # the run grew the range without touching it
+        grown = (self.run_last - self.run_first) * n
+        self.run_first = self.run_last = -2
+        return grown
 
     def delivered(self, batches: int) -> int:
         """Samples of the pass in its first ``batches`` batches."""

@@ -101,8 +101,8 @@ class Ledger(Observer):
         # another pass began before the step)
         self._pending: list[list[int]] = []
         self._maps: list[MapPass] = []  # the map-style loaders' current passes
-        self._held = 0  # ids delivered since the last write (a bound on each write)
-        self._unwritten = 0  # steps taken since the last write
+        self._held = 0  # about the ids delivered since the last write (open runs aside)
+        self._flush_at = FLUSH_STEPS  # the step after which the next write comes
         self._passes: list[dict[str, Any]] = []  # P records not yet written
         self._streams: dict[int, tuple[int, int]] = {}  # id(stream) -> (loader, epoch)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -134,6 +134,7 @@ class Ledger(Observer):
         old = next((p for p in self._maps if p.loader is loader), None)
         if old is not None:  # its last batches, delivered since the last step
             self._maps.remove(old)
+            self._held += old.close_run(self._rows[idx])
             upto = old.delivered(loader.previous_pass_batches)
             if loader.passes == old.number + 1 and upto > old.credited:  # (else passes went
                 self._add_pending(idx, old.epoch, *self._take(old, upto))  # by unheard)
@@ -170,6 +171,8 @@ class Ledger(Observer):
         self._flat[key[0]].extend(ids)
         self._add_pending(key[0], key[1], len(ids), 0)
         self._held += len(ids)
+        if self._held >= FLUSH_IDS:
+            self._flush_at = 0  # a write at the end of the next step
 
     def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None,
                     stepped: bool = True) -> None:
@@ -177,40 +180,47 @@ class Ledger(Observer):
             return  # the samples wait for the step that updates the model
         step = self.step = self.step + 1
         # Only numbers per step: no ids, and the encoding waits for the next write, in bulk.
-        pending, rows = self._pending, self._rows
-        took = False
+        pending = self._pending
         for p in self._maps:  # how far each map-style pass got: its batches, counted
             loader = p.loader
             upto = loader.batches_seen * p.size
             if upto <= p.credited or loader.passes != p.number:  # (a pass begun unheard)
                 continue
-            seg = p.seg
-            if seg is not None and upto <= p.real and not pending:  # the usual step, inline
-                rows[p.idx] += (step, p.epoch, upto - p.credited, 0)
-                self._held += upto - p.credited
-                seg[2] = p.credited = upto
-                took = True
+            if upto == p.next and step == p.run_last + 1 and upto <= p.real and not pending:
+                p.run_last = step  # as many samples as the steps before: the run grows
+                p.credited = upto
+                p.next = upto + p.run_n
                 continue
-            upto = min(upto, p.total)  # a short last batch
-            if upto <= p.credited:
-                continue
-            n, padded = self._take(p, upto)
-            if pending:  # after what was delivered before it: in order
-                self._add_pending(p.idx, p.epoch, n, padded)
-            else:
-                rows[p.idx] += (step, p.epoch, n, padded)
-                took = True
+            self._credit(p, step, upto)
         if pending:
+            rows = self._rows
             for idx, epoch, count, padded in pending:
                 rows[idx] += (step, epoch, count, padded)
             pending.clear()
-        elif not took:
-            return
-        self._unwritten += 1
-        if self._unwritten >= FLUSH_STEPS or self._held >= FLUSH_IDS:
+        if step >= self._flush_at:
             self._flush()
 
+    def _credit(self, p: MapPass, step: int, upto: int) -> None:
+        """The general case of a step taking ``p``'s positions up to ``upto``."""
+        self._held += p.close_run(self._rows[p.idx])
+        upto = min(upto, p.total)  # a short last batch
+        if upto <= p.credited:
+            return
+        n, padded = self._take(p, upto)
+        if self._pending:  # after what was delivered before it: in order
+            self._add_pending(p.idx, p.epoch, n, padded)
+        elif not padded:  # a run begins: the steps after it that take as many extend it
+            p.open_run(step, n)
+            room = FLUSH_IDS - self._held  # n more ids a step: the bound's write in time
+            self._flush_at = min(self._flush_at, step + max(0, -(-room // n)))
+        else:
+            self._rows[p.idx] += (step, p.epoch, n, padded)
+        if self._held >= FLUSH_IDS:
+            self._flush_at = step
+
     def after_resume(self, state: Any) -> None:
+        for p in self._maps:
+            self._held += p.close_run(self._rows[p.idx])
         self.step = int(state.step)
         # what was delivered before the resume was not trained from its state: dropped
         for idx, _, n, _ in self._pending:
@@ -269,6 +279,8 @@ class Ledger(Observer):
         once, since after a stretch of training the first such call in a while is slow
         (cold caches: tens of microseconds) and a call per pass or per step would pay it
         each time. The audit orders passes and steps by the step numbers they carry."""
+        for p in self._maps:
+            p.close_run(self._rows[p.idx])  # (what they held is counted afresh below)
         records = [json_record(b"P", info) for info in self._passes]
         self._passes.clear()
         for loader, rows in enumerate(self._rows):
@@ -289,7 +301,7 @@ class Ledger(Observer):
         # what remains: delivered since the last step
         self._held = sum(map(len, self._flat)) + sum(
             seg[2] - seg[1] for segs in self._segs for seg in segs)
-        self._unwritten = 0
+        self._flush_at = self.step + FLUSH_STEPS
         records.append(last)
         self._write(b"".join(records))
 
