@@ -124,7 +124,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 
     Raises :class:`SpawnError` naming the ranks that failed (with their tracebacks) or did
     not finish within ``timeout`` seconds, with the Python stacks of every thread of those
     ranks and of the processes they forked (sent SIGUSR1 first, where there is one); every
-    child is killed in both cases.
+    child, and what it forked, is killed in both cases.
     """
     if world_size < 1:
         raise ValueError(f"world_size={world_size}: need at least one rank.")
@@ -169,6 +169,9 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 
     finally:
         for p in procs:
             if p.is_alive():
+                # what the rank forked (DataLoader workers) first: orphans would live on
+                for pid in _descendants(p.pid):
+                    _signal(pid, signal.SIGKILL)
                 p.kill()
             p.join(timeout=5)
         shutil.rmtree(dumps, ignore_errors=True)
@@ -202,6 +205,13 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass  # gone meanwhile
+
+
 def _stacks(procs: list[Any], hung: list[int], dumps: str, wait: float = 3.0) -> str:
     """Every thread's stack in the hung ranks and what they forked, for the error."""
     if _DUMP_SIGNAL is None:
@@ -209,11 +219,13 @@ def _stacks(procs: list[Any], hung: list[int], dumps: str, wait: float = 3.0) ->
     for r in hung:
         pid = procs[r].pid
         for p in (pid, *_descendants(pid)):
-            try:
-                os.kill(p, _DUMP_SIGNAL)
-            except OSError:
-                pass  # gone meanwhile
-    time.sleep(wait)  # the handlers write at once; give a loaded machine a moment
+            _signal(p, _DUMP_SIGNAL)
+    paths = [os.path.join(dumps, f"rank{r}.txt") for r in hung]
+    until = time.monotonic() + wait  # the handlers write at once; a loaded machine lags
+    while time.monotonic() < until and not all(
+            os.path.exists(p) and os.path.getsize(p) for p in paths):
+        time.sleep(0.05)
+    time.sleep(0.2)  # the workers those ranks forked write to the same files
     parts = []
     for r in hung:
         try:
