@@ -14,10 +14,14 @@ of importing torch again; ``start_method="spawn"`` starts each rank from scratch
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
 import pickle
 import queue
+import shutil
+import signal
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -58,7 +62,16 @@ def clean_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _child(call: bytes, rank: int, world: int, port: int, env: dict[str, str], out: Any) -> None:
+# Where a hung rank's stacks come from: the parent sends this signal on timeout, and the rank
+# (and any worker it forked, which inherits the handler) writes every thread's Python stack.
+_DUMP_SIGNAL = getattr(signal, "SIGUSR1", None)
+
+
+def _child(call: bytes, rank: int, world: int, port: int, env: dict[str, str], out: Any,
+           dump: str) -> None:
+    if _DUMP_SIGNAL is not None:
+        stacks = open(dump, "w")  # noqa: SIM115 - open until this process exits
+        faulthandler.register(_DUMP_SIGNAL, file=stacks, all_threads=True)
     os.environ.clear()
     os.environ.update(env)
     os.environ.update(launched_env(rank, world, port))
@@ -109,7 +122,9 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 
     ``"spawn"`` starts each from scratch.
 
     Raises :class:`SpawnError` naming the ranks that failed (with their tracebacks) or did
-    not finish within ``timeout`` seconds; every child is killed in both cases.
+    not finish within ``timeout`` seconds, with the Python stacks of every thread of those
+    ranks and of the processes they forked (sent SIGUSR1 first, where there is one); every
+    child, and what it forked, is killed in both cases.
     """
     if world_size < 1:
         raise ValueError(f"world_size={world_size}: need at least one rank.")
@@ -118,17 +133,20 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 
     port = free_port()
     child_env = clean_env(env)
     call = pickle.dumps((fn, args))
+    dumps = tempfile.mkdtemp(prefix="splitsync-spawn-")
     procs = [
-        ctx.Process(target=_child, args=(call, r, world_size, port, child_env, out),
+        ctx.Process(target=_child, args=(call, r, world_size, port, child_env, out,
+                                         os.path.join(dumps, f"rank{r}.txt")),
                     daemon=False)  # ranks may start DataLoader workers
         for r in range(world_size)
     ]
-    for p in procs:
-        p.start()
     results: dict[int, Any] = {}
     failures: dict[int, str] = {}
-    deadline = time.monotonic() + timeout
+    stacks = ""
+    for p in procs:
+        p.start()
     try:
+        deadline = time.monotonic() + timeout
         while len(results) + len(failures) < world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -145,15 +163,76 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 
                 results[rank] = pickle.loads(value)  # our own child's bytes
             else:
                 failures[rank] = value
+        hung = [r for r in range(world_size) if r not in results and r not in failures]
+        if hung and not failures:
+            stacks = _stacks(procs, hung, dumps)
     finally:
         for p in procs:
             if p.is_alive():
+                # what the rank forked (DataLoader workers) first: orphans would live on
+                for pid in _descendants(p.pid):
+                    _signal(pid, signal.SIGKILL)
                 p.kill()
             p.join(timeout=5)
+        shutil.rmtree(dumps, ignore_errors=True)
     if failures:
         first = min(failures)
         raise SpawnError(f"rank(s) {sorted(failures)} failed; rank {first}:\n{failures[first]}")
     missing = sorted(set(range(world_size)) - set(results))
     if missing:
-        raise SpawnError(f"rank(s) {missing} did not finish within {timeout:.0f}s (hang?)")
+        raise SpawnError(f"rank(s) {missing} did not finish within {timeout:.0f}s (hang?)"
+                         + stacks)
     return [results[r] for r in range(world_size)]
+
+
+def _descendants(pid: int) -> list[int]:
+    """Processes forked below ``pid`` (Linux's /proc; none elsewhere)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    kids = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            found.extend(kids)
+            todo.extend(kids)
+    return found
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass  # gone meanwhile
+
+
+def _stacks(procs: list[Any], hung: list[int], dumps: str, wait: float = 3.0) -> str:
+    """Every thread's stack in the hung ranks and what they forked, for the error."""
+    if _DUMP_SIGNAL is None:
+        return ""
+    for r in hung:
+        pid = procs[r].pid
+        for p in (pid, *_descendants(pid)):
+            _signal(p, _DUMP_SIGNAL)
+    paths = [os.path.join(dumps, f"rank{r}.txt") for r in hung]
+    until = time.monotonic() + wait  # the handlers write at once; a loaded machine lags
+    while time.monotonic() < until and not all(
+            os.path.exists(p) and os.path.getsize(p) for p in paths):
+        time.sleep(0.05)
+    time.sleep(0.2)  # the workers those ranks forked write to the same files
+    parts = []
+    for r in hung:
+        try:
+            with open(os.path.join(dumps, f"rank{r}.txt")) as f:
+                text = f.read()
+        except OSError:
+            text = ""
+        parts.append(f"\n--- stacks of rank {r} and the processes it forked ---\n"
+                     + (text[-8000:] or "(none written)\n"))
+    return "".join(parts)

@@ -57,6 +57,7 @@ def two_ranks(rank: int, world: int, root: str) -> dict[str, Any]:
             out["kinds"] = [type(h).__name__ for h in handles]
             out["final"] = _full(model)
         out["dirs"] = sorted(p.name for p in Path(root).iterdir() if p.name.startswith("step"))
+        run_barrier()  # every rank has listed the folder before rank 0 changes it
         if rank == 0:  # keep the background checkpoint for the other world sizes, then go
             shutil.copytree(root, root + "-bg")  # back to step 4 and train on: bit-equal
             shutil.rmtree(Path(root) / "step-000006")

@@ -73,8 +73,8 @@ def _train(run, strategy: str, accumulate: int, tmp: str) -> dict:
                 if start[k].is_floating_point())
     out = Path(tmp) / f"{strategy}-{accumulate}.safetensors"
     run.export(out, model=ema)
-    if strategy == "fsdp":  # a sharded (DCP) checkpoint holds the EMA with no extra argument
-        run.resume(Path(tmp) / "ck", model=model, optimizer=opt)
+    if strategy == "fsdp" and accumulate == 2:  # a sharded (DCP) checkpoint holds the EMA
+        run.resume(Path(tmp) / "ck", model=model, optimizer=opt)  # with no extra argument
         run.save(step=3)
     shards = [p for p in ema.parameters() if isinstance(p, DTensor)]
     return {
@@ -100,10 +100,10 @@ def ema_rank(rank: int, world: int, tmp: str) -> list:
     import splitsync as ss
 
     results = []
-    holder = ss.init(seed=0)  # one process group (and so one device mesh) for all four runs
+    holder = ss.init(seed=0)  # one process group (and so one device mesh) for every run
     try:
-        # FSDP-family EMAs at accumulate=1 are checked under hsdp (test_tools_plan_memory_ranks.py)
-        for strategy, accumulate in (("ddp", 1), ("ddp", 2), ("fsdp", 2)):
+        # the last one trained saves the checkpoint the restart below resumes
+        for strategy, accumulate in (("ddp", 1), ("ddp", 2), ("fsdp", 1), ("fsdp", 2)):
             with ss.init(seed=0, strategy=strategy, accumulate=accumulate) as run:
                 results.append((strategy, accumulate, _train(run, strategy, accumulate, tmp)))
         with ss.init(seed=0, strategy="fsdp") as run:  # a restart: fresh weights, then resume
@@ -125,6 +125,7 @@ def test_ema_follows_the_formula_on_real_steps_under_ddp_and_fsdp(tmp_path: Path
     per_rank = spawn(ema_rank, 2, str(tmp_path), timeout=200)
     *trained, (_, step, resumed) = per_rank[0]
     assert step == 3
+    assert [(s, a) for s, a, _ in trained] == [("ddp", 1), ("ddp", 2), ("fsdp", 1), ("fsdp", 2)]
     saved = trained[-1][2]["expected"]  # fsdp, accumulate=2: the EMA that was saved
     # parameters; BatchNorm's running stats differ by rank under FSDP (the model's too) and
     # a checkpoint keeps one rank's

@@ -84,3 +84,4 @@ def _hang(rank: int, world: int) -> None:
 def test_spawn_times_out_instead_of_hanging() -> None:
     with pytest.raises(SpawnError, match=r"did not finish|failed"):
         spawn(_hang, 2, timeout=8)  # ranks start in ~0.1 s from the fork server
+

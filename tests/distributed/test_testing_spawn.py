@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from torch.utils.data import DataLoader, Dataset
 
-from splitsync.testing import spawn
+from splitsync.testing import SpawnError, spawn
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,3 +36,54 @@ def test_fn_module_is_imported_with_the_ranks_environment(tmp_path: Path,
                                             "SPLITSYNC_TEST_MARK": "yes"})
     assert got == [("yes", "yes"), ("yes", "yes")]
     sys.modules.pop("envmark_mod", None)
+
+
+
+class _Stuck(Dataset):
+    """A dataset whose worker never returns: stands for a deadlocked DataLoader worker."""
+
+    def __init__(self, mark: str) -> None:
+        self.mark = mark
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        Path(self.mark).write_text(str(os.getpid()))
+        time.sleep(600)
+        return i
+
+
+def _stuck_in_a_named_place(rank: int, world: int, mark: str) -> None:
+    if rank == 1:  # waits on a worker that waits forever: both stacks must be shown
+        for _ in DataLoader(_Stuck(mark), num_workers=1, multiprocessing_context="fork"):
+            pass
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    """Has ``pid`` exited (a kill takes effect a moment after it is sent)?"""
+    until = time.monotonic() + within
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # exited, not yet reaped
+                    return True
+        except FileNotFoundError:
+            return True
+        if time.monotonic() > until:
+            return False
+        time.sleep(0.05)
+
+
+def test_spawn_timeout_shows_the_hung_ranks_stacks_and_kills_their_workers(
+        tmp_path: Path) -> None:
+    mark = tmp_path / "worker.pid"
+    with pytest.raises(SpawnError) as err:
+        spawn(_stuck_in_a_named_place, 2, str(mark), timeout=8)
+    text = str(err.value)
+    assert "rank(s) [1] did not finish" in text
+    assert "stacks of rank 1" in text and "stacks of rank 0" not in text
+    assert "_stuck_in_a_named_place" in text  # the rank's frame, in the DataLoader's wait
+    assert "__getitem__" in text  # the frame of the worker it forked
+    if sys.platform.startswith("linux"):
+        assert _gone(int(mark.read_text())), "the rank's DataLoader worker outlived it"

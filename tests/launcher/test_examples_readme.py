@@ -51,3 +51,15 @@ def test_every_example_is_launched_by_a_test() -> None:
     assert examples
     untested = [str(p.relative_to(ROOT)) for p in examples if p.name not in tests]
     assert not untested, f"examples no test runs: {untested}"
+
+
+def test_feature_table_names_hsdp_offload_checkpointing_ema_and_the_memory_planner() -> None:
+    table = _section("Features")
+    names = ['strategy="hsdp"', "replicate=", "shard=", "offload=True",
+             "activation_checkpointing=", "run.ema(model, decay=", "run.export(path, model=ema)",
+             "splitsync plan --memory", "--model", "--batch-size", "--input-shape",
+             "--optimizer", "--strategies", "+offload", "+act-ckpt", "--sizes", "--memory-gb",
+             "--json", "`strategy`", "`devices`", "`params_bytes`", "`grads_bytes`",
+             "`optimizer_bytes`", "`activations_bytes`", "`peak_bytes`"]
+    missing = [n for n in names if n not in table]
+    assert not missing, f"the README's feature table does not name {missing}"

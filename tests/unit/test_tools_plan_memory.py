@@ -85,3 +85,30 @@ def test_a_7b_transformer_plans_on_fake_tensors() -> None:
     (fsdp,) = plan(facts, [Variant("fsdp")], [8])
     assert fsdp.params_bytes == pytest.approx(4 * facts.numel / 8, rel=0.01)
     assert fsdp.optimizer_bytes == pytest.approx(8 * facts.numel / 8, rel=0.01)
+
+
+def test_cli_says_which_choices_fit_and_honours_the_optimizer(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--memory", "--model", "splitsync.bench.memmodels:mlp", "--input-shape", "64",
+            "--batch-size", "4", "--sizes", "2,4"]
+    assert plan_cmd.main(_args(*base, "--strategies", "ddp,fsdp,fsdp+offload", "--json")) == 0
+    rows = {(r["strategy"], r["devices"]): r for r in json.loads(capsys.readouterr().out)}
+    assert all(r["fits"] is None for r in rows.values())  # no --memory-gb: no verdict
+    # a budget between fsdp's peak at 4 devices and at 2: some fit, some do not
+    gb = (rows["fsdp", 4]["peak_bytes"] + rows["fsdp", 2]["peak_bytes"]) / 2e9
+    assert plan_cmd.main(_args(*base, "--strategies", "ddp,fsdp,fsdp+offload",
+                               "--memory-gb", str(gb))) == 0
+    text = capsys.readouterr().out
+    fit = sorted(k for k, r in rows.items() if r["peak_bytes"] <= gb * 1e9)
+    assert fit == [("fsdp", 4), ("fsdp+offload", 2), ("fsdp+offload", 4)]
+    assert f"- fit in {gb:g} GB: fsdp at 4, fsdp+offload at 2, fsdp+offload at 4" in text
+    assert "| ddp          | 2 |" in text and text.count("| no ") == 3
+    assert plan_cmd.main(_args(*base, "--strategies", "fsdp", "--memory-gb", "1e-6")) == 0
+    assert "fit in 1e-06 GB: none; add devices" in capsys.readouterr().out
+    # --optimizer (default AdamW): plain SGD keeps no state
+    assert plan_cmd.main(_args(*base, "--strategies", "ddp", "--optimizer", "SGD",
+                               "--json")) == 0
+    sgd = json.loads(capsys.readouterr().out)
+    assert [r["optimizer_bytes"] for r in sgd] == [0, 0]
+    adamw = rows["ddp", 2]  # two moments per element, and a step counter per parameter
+    assert adamw["optimizer_bytes"] == pytest.approx(2 * adamw["params_bytes"], rel=1e-3)

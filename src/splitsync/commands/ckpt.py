@@ -32,9 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     ins = sub.add_parser("inspect", help="steps present, who wrote them, what they hold, sizes, "
                          "whether their checksums verify")
-    ins.add_argument("dir", metavar="DIR", help=_DIR)
-    ins.add_argument("--step", type=int, default=None, metavar="N", help="only step N")
-    ins.add_argument("--json", action="store_true", help="print JSON for machines")
+    _reader_arguments(ins)
     ins.add_argument("--quick", action="store_true",
                      help="check manifests and file sizes only, not checksums (reads no "
                           "file; what a step holds is listed by name)")
@@ -66,9 +64,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="remove PREFIX from every parameter name (a wrapper module's "
                            "attribute, e.g. 'model.')")
     ver = sub.add_parser("verify", help="check manifests and checksums; exit code 0 or 1")
-    ver.add_argument("dir", metavar="DIR", help=_DIR)
-    ver.add_argument("--step", type=int, default=None, metavar="N", help="only step N")
-    ver.add_argument("--json", action="store_true", help="print JSON for machines")
+    _reader_arguments(ver)
+
+
+def _reader_arguments(parser: argparse.ArgumentParser) -> None:
+    """What ``inspect`` and ``verify`` both take."""
+    parser.add_argument("dir", metavar="DIR", help=_DIR)
+    parser.add_argument("--step", type=int, default=None, metavar="N", help="only step N")
+    parser.add_argument("--json", action="store_true", help="print JSON for machines")
 
 
 def _size(n: int) -> str:
