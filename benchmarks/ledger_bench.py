@@ -6,8 +6,8 @@ step is so short that any per-step cost shows) through one Run made with
 (``splitsync.bench.harness.interleave``: every variant in every position equally often):
 "ledger off", "ledger off again" (an A/A control: the method's own bias and spread, measured
 in the same sitting) and "ledger on". Before each block the ledger is attached or detached
-and the loader starts a fresh pass, since a pass decides at its start whether it reports
-its batches' sample ids. All variants share the model, the data and the machine's noise.
+and the loader starts a fresh pass, since the ledger follows the passes it saw begin. All
+variants share the model, the data and the machine's noise.
 
 Printed: each variant's median and the median of per-round ratios of block medians with its
 95% interval, for the wall time of a step (what the issue's 1% is about) and for the
@@ -63,7 +63,7 @@ def _rank(rank: int, world: int, workload: str, rounds: int, block: int, light_r
                     run.add_observer(ledger)
                 elif not attached:
                     run.remove_observer(ledger)
-                loop._it = loop._epoch_iter()  # a fresh pass: it reports ids iff attached
+                loop._it = loop._epoch_iter()  # a fresh pass: the ledger follows it iff attached
                 return train_steps(name, steps) if train else fetch_and_step(steps)
             return run_block
 

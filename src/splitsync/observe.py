@@ -62,7 +62,8 @@ class Observer:
         passes delivered is known afterwards, without per-batch work, from the
         ``loader.sampler.pass_order()`` read when the pass begins (``on_loader_iter``) and
         the batches it yielded (``loader.batches_seen``; ``loader.previous_pass_batches``
-        once the next pass has begun): batch k holds the pass's positions
+        once the next pass has begun, ``loader.passes`` counting the passes begun): batch
+        k holds the pass's positions
         ``k * batch_size`` to ``(k + 1) * batch_size``. Override this instead of
         :meth:`on_batch` to hear only the ids that cannot be known that way."""
 
