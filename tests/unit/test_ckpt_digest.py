@@ -144,3 +144,45 @@ def test_unknown_algorithm_or_wrong_chunk_count_is_a_clear_error() -> None:
         digest.verify_buffer(data, "f", info)
     with pytest.raises(CheckpointError, match="no checksum"):
         digest.verify_buffer(data, "f", {"size": len(data)})
+
+
+def test_shares_check_their_own_run_of_chunks_and_together_all(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    monkeypatch.setattr(digest, "CHUNK", SMALL)
+    data = bytes(range(256)) * 112  # 7 chunks
+    h = digest.ChunkHasher()
+    h.update(data)
+    info = h.info()
+    f = tmp_path / "x"
+
+    def failing(n: int) -> list[int]:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            out = []
+            for i in range(n):
+                try:
+                    digest.verify_fd(fd, "x", info, (i, n))
+                except CheckpointError:
+                    out.append(i)
+            return out
+        finally:
+            os.close(fd)
+
+    for chunk in range(7):
+        bad = bytearray(data)
+        bad[chunk * SMALL + 5] ^= 1
+        f.write_bytes(bytes(bad))
+        assert failing(1) == [0]
+        for n in (2, 3, 7, 9):  # exactly one share holds the chunk, also with more shares
+            assert failing(n) == [i for i in range(n) if i * 7 // n <= chunk < (i + 1) * 7 // n]
+            assert len(failing(n)) == 1
+    f.write_bytes(data[:-1])  # every share checks the size
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        for i in range(3):
+            with pytest.raises(CheckpointError, match="truncated"):
+                digest.verify_fd(fd, "x", info, (i, 3))
+        with pytest.raises(ValueError, match="share"):
+            digest.verify_fd(fd, "x", info, (3, 3))
+    finally:
+        os.close(fd)

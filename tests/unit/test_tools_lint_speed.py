@@ -16,7 +16,7 @@ import pytest
 from splitsync.tools.lint import Hit, Rule, all_rules, check_paths, runner
 from splitsync.tools.lint.facts import build_facts, in_order
 from splitsync.tools.lint.index import _walk_scope
-from splitsync.tools.lint.pool import _drive, _frame, _unframe, _Worker, portable
+from splitsync.tools.lint.pool import Pool, _drive, _frame, _unframe, _Worker, portable
 from splitsync.tools.lint.project import Disk
 from splitsync.tools.lint.ranks import constant_in, is_rank_like, rank_in
 from splitsync.tools.lint.runner import workers_for
@@ -138,6 +138,24 @@ def test_worker_processes_find_what_one_process_finds(tmp_path: Path) -> None:
     named = _named(_helper_alone(tmp_path))
     assert check_paths(named, jobs=2) == check_paths(named, jobs=1)
 
+
+
+@pytest.mark.slow
+def test_a_worker_answers_then_ends_cleanly_when_its_input_closes(tmp_path: Path) -> None:
+    """It ends without the interpreter's teardown, so nothing it wrote may be lost."""
+    named = [str((tmp_path / "train.py").resolve())]
+    Path(named[0]).write_text("print('hi')\n")
+    pool = Pool(2)
+    try:
+        pool.send(0, {"op": "named", "named": named})
+        pool.send(0, {"op": "beside", "folder": str(tmp_path.resolve())})
+        answers = []
+        while pool.busy(0):
+            answers += [a for w, _, a in pool.answers() if w == 0]
+        assert len(answers) == 2 and "importers" in answers[1]
+    finally:
+        pool.close()
+    assert [proc.returncode for proc in pool.procs] == [0]
 
 def test_rules_only_this_process_knows_stay_here(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:

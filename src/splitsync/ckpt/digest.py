@@ -118,10 +118,11 @@ def _ranges(size: int, chunk: int) -> Iterator[tuple[int, int, int]]:
         yield i, start, min(chunk, size - start)
 
 
-def _compare(label: str, algorithm: str, chunk: int, want: list[str], got: list[str]) -> None:
-    for i, (w, g) in enumerate(zip(want, got, strict=True)):
+def _compare(label: str, algorithm: str, chunk: int, want: list[str], got: list[str],
+             first: int = 0) -> None:
+    for i, (w, g) in enumerate(zip(want, got, strict=True), start=first):
         if w != g:
-            where = f" at bytes {i * chunk}.." if len(want) > 1 else ""
+            where = f" at bytes {i * chunk}.." if len(want) > 1 or first else ""
             raise CheckpointError(f"{label} fails its {_TITLES[algorithm]} checksum{where} "
                                   "(corrupted)")
 
@@ -132,33 +133,48 @@ def _check_size(label: str, actual: int, size: int) -> None:
                               "(truncated or overwritten)")
 
 
-def verify_fd(fd: int, label: str, info: dict[str, Any]) -> None:
-    """Check the open file ``fd`` against ``info``; raises CheckpointError."""
+def verify_fd(fd: int, label: str, info: dict[str, Any],
+              share: tuple[int, int] = (0, 1)) -> None:
+    """Check the open file ``fd`` against ``info``; raises CheckpointError.
+
+    ``share=(i, n)``: check the size, and only the ``i``-th of ``n`` contiguous runs of its
+    chunks: ``n`` ranks that read one file each hash their own part, and together all of it
+    (a whole-file digest is checked by share 0)."""
+    index, count = share
+    if not 0 <= index < count:
+        raise ValueError(f"share={share!r}: give (i, n) with 0 <= i < n")
     size = int(info["size"])
     _check_size(label, os.fstat(fd).st_size, size)
     algorithm, chunk, want = _scheme(label, info)
     if len(want) == 1 and size > CHUNK:  # whole-file digest: one stream, read in pieces
+        if index:
+            return
         h = _factory(algorithm)()
         for _, start, n in _ranges(size, CHUNK):
             h.update(os.pread(fd, n, start))
         got = [h.hexdigest()]
-    else:
-        got = _hash_chunks(fd, size, chunk, label, algorithm)
-    _compare(label, algorithm, chunk, want, got)
+        _compare(label, algorithm, chunk, want, got)
+        return
+    first, last = index * len(want) // count, (index + 1) * len(want) // count
+    got = _hash_chunks(fd, size, chunk, label, algorithm, first, last)
+    _compare(label, algorithm, chunk, want[first:last], got, first)
 
 
-def _hash_chunks(fd: int, size: int, chunk: int, label: str, algorithm: str) -> list[str]:
-    """The digest of every chunk of ``fd``, read in order (the disk sees one sequential
-    stream; concurrent reads at scattered offsets defeat readahead)."""
+def _hash_chunks(fd: int, size: int, chunk: int, label: str, algorithm: str,
+                 first: int = 0, last: int | None = None) -> list[str]:
+    """The digest of every chunk of ``fd`` (or of chunks ``first`` to ``last - 1``), read in
+    order (the disk sees one sequential stream; concurrent reads at scattered offsets defeat
+    readahead)."""
     if hasattr(os, "posix_fadvise"):
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         except OSError:
             pass
-    os.lseek(fd, 0, os.SEEK_SET)
+    os.lseek(fd, first * chunk, os.SEEK_SET)
+    ranges = list(_ranges(size, chunk))[first:last]
     if algorithm in _FAST:
-        return _hash_inline(fd, size, chunk, label, _factory(algorithm))
-    return _hash_pooled(fd, size, chunk, label, _factory(algorithm))
+        return _hash_inline(fd, ranges, chunk, label, _factory(algorithm))
+    return _hash_pooled(fd, ranges, chunk, label, _factory(algorithm))
 
 
 def _read_into(fd: int, view: memoryview, label: str) -> None:
@@ -170,14 +186,14 @@ def _read_into(fd: int, view: memoryview, label: str) -> None:
         got += k
 
 
-def _hash_inline(fd: int, size: int, chunk: int, label: str,
+def _hash_inline(fd: int, ranges: list[tuple[int, int, int]], chunk: int, label: str,
                  new: Callable[..., _Hash]) -> list[str]:
     """Read in ``_PIECE``-byte pieces into one buffer that stays in the CPU's cache and hash
     each piece right away: the hash reads what the copy out of the page cache just wrote,
     so verifying costs no extra trip to memory (measured: as fast as reading alone)."""
-    buf = memoryview(bytearray(min(_PIECE, max(size, 1))))
+    buf = memoryview(bytearray(min(_PIECE, max(chunk, 1))))
     digests: list[str] = []
-    for _, start, n in _ranges(size, chunk):
+    for _, start, n in ranges:
         h = new()
         for off in range(start, start + n, len(buf)):
             piece = buf[:min(len(buf), start + n - off)]
@@ -187,16 +203,16 @@ def _hash_inline(fd: int, size: int, chunk: int, label: str,
     return digests
 
 
-def _hash_pooled(fd: int, size: int, chunk: int, label: str,
+def _hash_pooled(fd: int, ranges: list[tuple[int, int, int]], chunk: int, label: str,
                  new: Callable[..., _Hash]) -> list[str]:
     """Chunks read in order by this thread and hashed by a pool of threads, through a ring
     of reused buffers: for SHA-256 (older manifests), slower than a fast disk on one core."""
-    count = max(1, -(-size // chunk))
-    ring = [memoryview(bytearray(chunk)) for _ in range(min(count, workers() + 2))]
+    ring = [memoryview(bytearray(chunk)) for _ in range(min(max(len(ranges), 1),
+                                                             workers() + 2))]
     pending: deque[Future[str]] = deque()
     digests: list[str] = []
     with ThreadPoolExecutor(workers(), thread_name_prefix="ckpt-verify") as pool:
-        for i, _, n in _ranges(size, chunk):
+        for i, (_, _, n) in enumerate(ranges):
             if len(pending) == len(ring):  # the oldest hash frees the buffer reused now
                 digests.append(pending.popleft().result())
             buf = ring[i % len(ring)][:n]

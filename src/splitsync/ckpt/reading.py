@@ -81,22 +81,28 @@ def read_part(storage: Storage, name: str, rel: str, info: dict[str, Any]) -> An
     disk nor copied a second time. From object storage the verified bytes are loaded.
     """
     if storage.local:
-        path = Path(storage.root) / name / rel
-        _verify_local(path, rel, info)
-        import pickle
-
-        try:  # verified just now; mapped, so the tensors are not copied again
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except pickle.UnpicklingError as e:
-            raise refused(rel, e) from None
+        _verify_local(Path(storage.root) / name / rel, rel, info)
+        return _load_local(storage, name, rel)
     with storage.open(name, rel) as f:
         return load_bytes(read_verified(f, rel, info), rel)
 
 
-def _verify_local(path: Path, label: str, info: dict[str, Any]) -> None:
+def _load_local(storage: Storage, name: str, rel: str) -> Any:
+    """A local file whose bytes were verified (by this rank, or in shares by every rank)."""
+    import pickle
+
+    try:  # mapped, so the tensors are not copied again
+        return torch.load(Path(storage.root) / name / rel, map_location="cpu",
+                          weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        raise refused(rel, e) from None
+
+
+def _verify_local(path: Path, label: str, info: dict[str, Any],
+                  share: tuple[int, int] = (0, 1)) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        verify_fd(fd, label, info)
+        verify_fd(fd, label, info, share)
     finally:
         os.close(fd)
 
@@ -138,15 +144,33 @@ def prefetch(storage: Storage, name: str, rels: Iterable[str]) -> None:
 
 def _read_rank_parts(storage: Storage, name: str, body: Mapping[str, Any], rank: int,
                      world: int, needed: list[str]) -> dict[str, Any]:
+    """Verify (and from object storage, load) the files this rank needs. Local files are
+    only verified here, and loaded by :func:`_load_rank_parts` once every rank's verify: the
+    first needed file, which every rank reads (``state.pt``), is hashed in shares, each rank
+    its own run of chunks, so that n ranks hash it once between them, not n times."""
     files = body["files"]
     # Files nobody loads here (DCP shards, which DCP reads itself) are verified in parallel,
     # each by one rank; which rank reads which shard is DCP's business.
     others = sorted(r for r in files if r.startswith("dcp/"))[rank::world]
     mine = [rel for rel in needed if rel in files]
     prefetch(storage, name, [*mine, *others])
-    out = {rel: read_part(storage, name, rel, files[rel]) for rel in mine}
+    if not storage.local:
+        out = {rel: read_part(storage, name, rel, files[rel]) for rel in mine}
+    else:
+        for rel in mine:
+            shared = bool(needed) and rel == needed[0]
+            _verify_local(Path(storage.root) / name / rel, rel, files[rel],
+                          (rank, world) if shared else (0, 1))
+        out = dict.fromkeys(mine)
     verify_files(storage, name, others, files)
     return out
+
+
+def _load_rank_parts(storage: Storage, name: str, parts: dict[str, Any]) -> dict[str, Any]:
+    """What :func:`_read_rank_parts` verified, loaded (local files; the rest are loaded)."""
+    if not storage.local:
+        return parts
+    return {rel: _load_local(storage, name, rel) for rel in parts}
 
 
 Found = tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None]
@@ -169,6 +193,14 @@ def find_checkpoint(storage: Storage, rank: int, world: int,
         except OSError as e:
             err = f"unreadable ({e})"
         errors = [e for e in comm.gather_object(err) if e]
+        if not errors and storage.local:  # every share verified: nothing unverified is read
+            try:
+                parts = _load_rank_parts(storage, name, parts)
+            except CheckpointError as e:
+                err = str(e)
+            except OSError as e:
+                err = f"unreadable ({e})"
+            errors = [e for e in comm.gather_object(err) if e]
         if not errors:
             wanted = needed(body)
             found = (name, body, parts[wanted[0]], parts.get(wanted[1]))

@@ -21,7 +21,7 @@ import sys
 from collections import deque
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from splitsync.tools.lint.analysis import Parsed, importers_in, load, projects_of
 from splitsync.tools.lint.facts import Facts
@@ -291,8 +291,10 @@ class _Worker:
         raise ValueError(f"unknown request {request['op']!r}")
 
 
-def worker_main() -> int:
-    """Answer requests from stdin, one message each, until stdin closes."""
+def worker_main() -> NoReturn:
+    """Answer requests from stdin, one message each, until stdin closes; then end the
+    process at once. Its trees are freed with the process: an interpreter's normal exit
+    would free them node by node (a third of a second under load) while the check waits."""
     import gc
     import traceback
 
@@ -309,4 +311,6 @@ def worker_main() -> int:
             answer = {"error": traceback.format_exc()}
         out.write(_frame(answer))
         out.flush()
-    return 0
+    out.close()
+    sys.stderr.flush()
+    os._exit(0)

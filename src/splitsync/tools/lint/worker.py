@@ -6,4 +6,4 @@ from __future__ import annotations
 from splitsync.tools.lint.pool import worker_main
 
 if __name__ == "__main__":
-    raise SystemExit(worker_main())
+    worker_main()
