@@ -166,8 +166,23 @@ def _read_rank_parts(storage: Storage, name: str, body: Mapping[str, Any], rank:
     return out
 
 
+def _everywhere(attempt: Callable[..., dict[str, Any]],
+                *args: Any) -> tuple[dict[str, Any], list[str]]:
+    """Collective: ``attempt(*args)`` on this rank, and why it failed on any rank (empty:
+    nowhere)."""
+    err, out = None, {}
+    try:
+        out = attempt(*args)
+    except CheckpointError as e:
+        err = str(e)
+    except OSError as e:
+        err = f"unreadable ({e})"
+    return out, [e for e in comm.gather_object(err) if e]
+
+
 def _load_rank_parts(storage: Storage, name: str, parts: dict[str, Any]) -> dict[str, Any]:
-    """What :func:`_read_rank_parts` verified, loaded (local files; the rest are loaded)."""
+    """The local files :func:`_read_rank_parts` verified, loaded (from object storage they
+    are loaded already)."""
     if not storage.local:
         return parts
     return {rel: _load_local(storage, name, rel) for rel in parts}
@@ -185,22 +200,10 @@ def find_checkpoint(storage: Storage, rank: int, world: int,
     skipped = list(listing.skipped)
     found: Found | None = None
     for name, body in listing.good:
-        err, parts = None, {}
-        try:
-            parts = _read_rank_parts(storage, name, body, rank, world, needed(body))
-        except CheckpointError as e:
-            err = str(e)
-        except OSError as e:
-            err = f"unreadable ({e})"
-        errors = [e for e in comm.gather_object(err) if e]
+        parts, errors = _everywhere(_read_rank_parts, storage, name, body, rank, world,
+                                    needed(body))
         if not errors and storage.local:  # every share verified: nothing unverified is read
-            try:
-                parts = _load_rank_parts(storage, name, parts)
-            except CheckpointError as e:
-                err = str(e)
-            except OSError as e:
-                err = f"unreadable ({e})"
-            errors = [e for e in comm.gather_object(err) if e]
+            parts, errors = _everywhere(_load_rank_parts, storage, name, parts)
         if not errors:
             wanted = needed(body)
             found = (name, body, parts[wanted[0]], parts.get(wanted[1]))
