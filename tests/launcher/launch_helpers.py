@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launchkit import teardown_abort
+from launchkit import ATTEMPTS, teardown_abort
 
 from splitsync.testing import clean_env
 
@@ -42,10 +42,10 @@ def stop(proc: subprocess.Popen[str]) -> None:
 def splitsync(*args: str, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
     """``python -m splitsync ARGS`` with a hard timeout; output captured.
 
-    A run that died only by gloo's abort at interpreter exit is run once more (see
-    ``launchkit.teardown_abort``).
+    A run that died only by gloo's abort at interpreter exit is run again, up to
+    ``launchkit.ATTEMPTS`` launches in all (see ``launchkit.teardown_abort``).
     """
-    for _ in range(2):
+    for _ in range(ATTEMPTS):
         proc = subprocess.Popen([sys.executable, "-m", "splitsync", *args], env=env(**extra),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:

@@ -39,6 +39,11 @@ def launch_command(script: Path | str, nproc: int, *args: str, max_restarts: int
 TEARDOWN_ABORT = "terminate called without an active exception"
 
 
+#: Launches of one run, when every one before died only by gloo's abort at exit: each has
+#: a 1-2% chance of it, and two in a row did happen in a full run.
+ATTEMPTS = 3
+
+
 def teardown_abort(returncode: int, err: str) -> bool:
     """True when a run failed only by gloo's abort at interpreter exit (SIGABRT)."""
     return returncode in (134, -6) and TEARDOWN_ABORT in err
@@ -52,7 +57,7 @@ def launch(script: Path | str, nproc: int, *args: str, cwd: Path | None = None,
     of another rank) and shown when the run fails or times out.
     """
     cmd = launch_command(script, nproc, *args, max_restarts=max_restarts)
-    for _ in range(2):
+    for _ in range(ATTEMPTS):
         proc = subprocess.Popen(cmd, cwd=cwd, env=clean_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
