@@ -8,8 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
+import splitsync
 from splitsync.testing import SpawnError, spawn
 
 pytestmark = pytest.mark.timeout(120)
@@ -55,7 +58,10 @@ class _Stuck(Dataset):
 
 
 def _stuck_in_a_named_place(rank: int, world: int, mark: str) -> None:
-    if rank == 1:  # waits on a worker that waits forever: both stacks must be shown
+    with splitsync.init(seed=0, guards=False):
+        if rank == 0:  # a collective that never completes: rank 1 never sends
+            dist.recv(torch.zeros(1), src=1)
+        # rank 1 waits on a worker that waits forever: both stacks must be shown
         for _ in DataLoader(_Stuck(mark), num_workers=1, multiprocessing_context="fork"):
             pass
 
@@ -77,12 +83,16 @@ def _gone(pid: int, within: float = 10.0) -> bool:
 
 def test_spawn_timeout_shows_the_hung_ranks_stacks_and_kills_their_workers(
         tmp_path: Path) -> None:
+    """Instead of hanging, spawn times out, names each hung rank and shows where it waits:
+    rank 0 in a collective, rank 1 in the DataLoader's wait on its worker."""
     mark = tmp_path / "worker.pid"
     with pytest.raises(SpawnError) as err:
-        spawn(_stuck_in_a_named_place, 2, str(mark), timeout=8)
+        spawn(_stuck_in_a_named_place, 2, str(mark), timeout=8)  # ranks start in ~0.1 s
     text = str(err.value)
-    assert "rank(s) [1] did not finish" in text
-    assert "stacks of rank 1" in text and "stacks of rank 0" not in text
+    assert "rank(s) [0, 1] did not finish" in text
+    assert "stacks of rank 0" in text and "stacks of rank 1" in text
+    rank0 = text.split("stacks of rank 0")[1].split("stacks of rank 1")[0]
+    assert "_stuck_in_a_named_place" in rank0 and "recv" in rank0
     assert "_stuck_in_a_named_place" in text  # the rank's frame, in the DataLoader's wait
     assert "__getitem__" in text  # the frame of the worker it forked
     if sys.platform.startswith("linux"):

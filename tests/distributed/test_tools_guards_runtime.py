@@ -90,20 +90,30 @@ def test_device_guard_is_off_with_guards_false() -> None:
         assert kind == "RuntimeError" and "fc.weight" not in msg
 
 
-def _skip_collective(rank: int, world: int) -> str:
+def _busy_until(mark: Path, within: float = 60.0) -> None:
+    """Stay away (busy elsewhere, group alive) until the other rank wrote ``mark``: a rank
+    that left early would show up as a closed connection, not as a rank that never came."""
+    until = time.monotonic() + within
+    while not mark.exists() and time.monotonic() < until:
+        time.sleep(0.05)
+
+
+def _skip_collective(rank: int, world: int, mark: str) -> str:
     with splitsync.init(seed=0, timeout=3) as run:
         if rank == 1:
-            time.sleep(8)  # rank 1 skips the collective and is busy elsewhere
+            _busy_until(Path(mark))  # rank 1 skips the collective and is busy elsewhere
             return "skipped"
         try:
             run.mean(1.0)
         except CollectiveTimeoutError as exc:
+            Path(mark).touch()
             return str(exc)
+    Path(mark).touch()
     return "no error"
 
 
-def test_rank_that_skips_a_collective_is_named_instead_of_a_hang() -> None:
-    msg, skipped = spawn(_skip_collective, 2, timeout=90)
+def test_rank_that_skips_a_collective_is_named_instead_of_a_hang(tmp_path: Path) -> None:
+    msg, skipped = spawn(_skip_collective, 2, str(tmp_path / "reported"), timeout=90)
     assert skipped == "skipped"
     assert "Rank 0: collective call #1 all_reduce at" in msg
     assert Path(__file__).name in msg
@@ -153,21 +163,24 @@ def test_guards_stay_silent_on_a_correct_run() -> None:
     assert spawn(_good_run, 2) == [0.5, 0.5]
 
 
-def _uneven_backward(rank: int, world: int) -> str:
+def _uneven_backward(rank: int, world: int, mark: str) -> str:
     with splitsync.init(seed=0, timeout=3) as run:
         model = run.model(Net())
         batches = 2 if rank == 0 else 1  # uneven data: rank 0 has one batch more
         try:
             for _ in range(batches):
                 run.backward(model(torch.ones(2, 3)).sum())
-            time.sleep(6)  # rank 1 is done and busy elsewhere
+            if rank == 1:
+                _busy_until(Path(mark))  # rank 1 is done and busy elsewhere
         except CollectiveTimeoutError as exc:
+            Path(mark).touch()
             return str(exc)
+        Path(mark).touch()
     return "no error"
 
 
-def test_extra_backward_on_one_rank_names_the_absent_rank() -> None:
-    msg = spawn(_uneven_backward, 2, timeout=90)[0]
+def test_extra_backward_on_one_rank_names_the_absent_rank(tmp_path: Path) -> None:
+    msg = spawn(_uneven_backward, 2, str(tmp_path / "reported"), timeout=90)[0]
     # DDP's next forward already communicates (bucket rebuild), so that is where rank 0 waits
     assert "Rank 0: collective call #2 forward at" in msg
     assert "rank 1 never arrived" in msg
