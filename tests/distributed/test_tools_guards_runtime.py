@@ -184,3 +184,29 @@ def test_extra_backward_on_one_rank_names_the_absent_rank(tmp_path: Path) -> Non
     # DDP's next forward already communicates (bucket rebuild), so that is where rank 0 waits
     assert "Rank 0: collective call #2 forward at" in msg
     assert "rank 1 never arrived" in msg
+
+
+def _nested_runs(rank: int, world: int) -> dict[str, object]:
+    from splitsync.tools.guards.session import GuardObserver
+
+    def watch(run: splitsync.Run) -> object:
+        return next(o for o in run.observers if isinstance(o, GuardObserver)).watch
+
+    with splitsync.init(seed=0, timeout=30) as outer:  # kept open, as a notebook or test does
+        outer_watch = watch(outer)
+        with splitsync.init(seed=0, timeout=30) as inner:
+            inner_watch = watch(inner)
+            inner_thread = inner_watch._responder._thread
+        outer_thread = outer_watch._responder._thread
+        return {"names": (outer_watch.run_key, inner_watch.run_key),
+                "inner_alive": inner_thread.is_alive(), "outer_alive": outer_thread.is_alive()}
+
+
+def test_a_run_closed_inside_another_stops_its_own_responder_only() -> None:
+    """Two runs alive at once each have their own responder keys: the inner run's stop word
+    must end its own thread (not the outer run's, which would leave the inner one waiting
+    5 s at close and the outer run unable to answer a peer)."""
+    for got in spawn(_nested_runs, 2, timeout=90):
+        outer, inner = got["names"]
+        assert outer and inner and outer != inner, got
+        assert not got["inner_alive"] and got["outer_alive"], got
