@@ -187,6 +187,7 @@ def test_extra_backward_on_one_rank_names_the_absent_rank(tmp_path: Path) -> Non
 
 
 def _nested_runs(rank: int, world: int) -> dict[str, object]:
+    from splitsync.tools.guards.responder import run_key
     from splitsync.tools.guards.session import GuardObserver
 
     def watch(run: splitsync.Run) -> object:
@@ -198,12 +199,12 @@ def _nested_runs(rank: int, world: int) -> dict[str, object]:
             inner_watch = watch(inner)
             inner_thread = inner_watch._responder._thread
         outer_thread = outer_watch._responder._thread
-        return {"names": (outer_watch.run_key, inner_watch.run_key),
+        return {"names": (run_key(outer_watch.side_group), run_key(inner_watch.side_group)),
                 "inner_alive": inner_thread.is_alive(), "outer_alive": outer_thread.is_alive()}
 
 
 def test_a_run_closed_inside_another_stops_its_own_responder_only() -> None:
-    """Two runs alive at once each have their own responder keys: the inner run's stop word
+    """Two runs alive at once each see the store under their own prefix: the inner run's stop word
     must end its own thread (not the outer run's, which would leave the inner one waiting
     5 s at close and the outer run unable to answer a peer)."""
     for got in spawn(_nested_runs, 2, timeout=90):

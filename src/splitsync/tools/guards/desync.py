@@ -26,7 +26,6 @@ from torch.distributed import distributed_c10d as c10d
 from splitsync.observe import Observer
 from splitsync.tools.guards.consistency import reference_ranks
 from splitsync.tools.guards.hangs import Position, explain_failure, is_comm_failure
-from splitsync.tools.guards.responder import run_key
 from splitsync.tools.guards.site import user_site
 
 __all__ = ["DesyncError", "Call", "Recorder", "COLLECTIVES", "debug_from_environ"]
@@ -160,8 +159,7 @@ class Recorder(Observer):
             if not is_comm_failure(exc):
                 raise
             me = Position(self.rank, call.index, call.op, call.site, self.history())
-            raise explain_failure(exc, me, self.world, self.timeout, self.store,
-                                  run=run_key(self.side_group)) from exc
+            raise explain_failure(exc, me, self.world, self.timeout, self.store) from exc
         hashes = [int(p.item()) for p in parts]
         if len(set(hashes)) == 1:
             return

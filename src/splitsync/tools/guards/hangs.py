@@ -18,12 +18,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from splitsync.tools.guards.responder import (
-    ask_everyone,
-    position_key,
-    run_key,
-    start_responder,
-)
+from splitsync.tools.guards.responder import ask_everyone, position_key, start_responder
 from splitsync.tools.guards.site import user_site
 
 __all__ = [
@@ -80,13 +75,12 @@ def split_timeout(timeout: timedelta) -> tuple[timedelta, float]:
     return timedelta(seconds=total - grace), grace
 
 
-def _read_positions(store: Any, world: int, me: Position, grace: float,
-                    run: str = "") -> dict[int, Position]:
+def _read_positions(store: Any, world: int, me: Position, grace: float) -> dict[int, Position]:
     seen = {me.rank: me}
     deadline = time.monotonic() + grace
     while len(seen) < world and time.monotonic() < deadline:
         for r in range(world):
-            key = position_key(r, run)
+            key = position_key(r)
             if r not in seen and store.check([key]):
                 seen[r] = _decode(store.get(key))
         time.sleep(_POLL_S)
@@ -122,18 +116,17 @@ def _what_happened(exc: BaseException, me: Position, timeout: timedelta,
 
 def explain_failure(exc: BaseException, me: Position, world: int, timeout: timedelta,
                     store: Any | None, post: Position | None = None,
-                    elapsed: float | None = None, run: str = "") -> CollectiveTimeoutError:
+                    elapsed: float | None = None) -> CollectiveTimeoutError:
     """Post this rank's position (``post``: where it first failed, if earlier than ``me``),
-    gather the others', and build the error to raise. ``elapsed``: seconds the call ran;
-    ``run``: the name of the run's keys (see :class:`Watch`)."""
+    gather the others', and build the error to raise. ``elapsed``: seconds the call ran."""
     grace = split_timeout(timeout)[1]
     seen: dict[int, Position] = {me.rank: me}
     note = ""
     if store is not None:
         try:
-            store.set(position_key(me.rank, run), json.dumps(asdict(post or me)))
-            ask_everyone(store, world, me.rank, run)  # ranks blocked elsewhere answer at once
-            seen = _read_positions(store, world, me, grace, run)
+            store.set(position_key(me.rank), json.dumps(asdict(post or me)))
+            ask_everyone(store, world, me.rank)  # ranks blocked elsewhere answer at once
+            seen = _read_positions(store, world, me, grace)
         except Exception as store_exc:  # the store lives in a rank or agent that may be gone
             note = f"\n  (could not reach the other ranks through the job's store: {store_exc})"
     missing = [r for r in range(world) if r not in seen]
@@ -183,8 +176,7 @@ class Watch:
         self.first_failure: Position | None = None
         self.recorder: Any | None = None  # debug mode's desync.Recorder, if on
         self._owner = threading.get_ident()  # the loop's thread: only its calls are counted
-        self.run_key = run_key(side_group)
-        self._responder = start_responder(store, rank, self._position_now, self.run_key)
+        self._responder = start_responder(store, rank, self._position_now)
 
     def call(self, op: str, fn: Callable[..., T], *args: Any) -> T:
         """Run one collective; on a communication failure raise a CollectiveTimeoutError.
@@ -239,8 +231,7 @@ class Watch:
         first = self.first_failure
         if first is None:
             self.first_failure = me
-        return explain_failure(exc, me, self.world, self.timeout, self.store, first, elapsed,
-                               self.run_key)
+        return explain_failure(exc, me, self.world, self.timeout, self.store, first, elapsed)
 
     def barrier(self) -> None:
         """A monitored barrier on the side gloo group: names every rank that did not arrive."""

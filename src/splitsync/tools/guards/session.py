@@ -18,6 +18,7 @@ from splitsync.tools.guards.consistency import check_same_config, check_same_par
 from splitsync.tools.guards.desync import Recorder, debug_from_environ
 from splitsync.tools.guards.devices import guard_forward
 from splitsync.tools.guards.hangs import Watch, default_store, split_timeout
+from splitsync.tools.guards.responder import run_store
 
 __all__ = ["DeviceGuard", "GuardObserver", "start", "collective_timeout"]
 
@@ -96,7 +97,7 @@ def start(config: RunConfig, rank: int, world: int, device: torch.device,
     if config.guards:
         check_same_config(config, list(sys.argv if argv is None else argv), device)
     side = dist.new_group(backend="gloo", timeout=split_timeout(config.timeout)[0])
-    store = default_store()
+    store = run_store(default_store(), side)
     watch = None
     if config.guards:
         watch = Watch(rank, world, config.timeout, side, store)
