@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,8 @@ def free_later(replaced: list[dict[Any, Any]]) -> threading.Thread:
         while replaced:
             state = replaced.pop()
             while state:
-                state.popitem()
+                state.popitem()  # frees under the GIL (munmap): a few ms per parameter
+                time.sleep(0.002)  # lets the resume's own Python run in between
 
     thread = threading.Thread(target=drop, name="ckpt-free-replaced", daemon=True)
     thread.start()
