@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import splitsync as ss
-from splitsync.ckpt.full import free_later
+from splitsync.ckpt.full import free_later, held_state
 
 
 def _trained() -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -33,7 +33,7 @@ def _dead(ref: weakref.ref, timeout: float = 30.0) -> bool:
 def test_free_later_drops_copies_never_the_live_state() -> None:
     _, opt = _trained()
     before = {p: {k: v.clone() for k, v in st.items()} for p, st in opt.state.items()}
-    free_later([{p: dict(st) for p, st in opt.state.items()}]).join(timeout=30)
+    free_later([held_state(opt)]).join(timeout=30)
     assert opt.state.keys() == before.keys()
     for p, st in before.items():  # the optimizer still holds all of it, unchanged
         assert st.keys() == opt.state[p].keys()

@@ -25,7 +25,7 @@ from splitsync.ckpt.model_state import (
 from splitsync.ckpt.state import check_shapes
 from splitsync.ckpt.store import CheckpointError
 
-__all__ = ["write_pt", "load_pt", "split_extra", "free_later", "load_full"]
+__all__ = ["write_pt", "load_pt", "split_extra", "held_state", "free_later", "load_full"]
 
 
 def write_pt(path: Path, obj: Any) -> None:
@@ -70,6 +70,12 @@ def split_extra(extra: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     return plain, tensors
 
 
+def held_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:
+    """References to ``optimizer``'s per-parameter state (copies of the dicts, never the live
+    ones): they keep its tensors alive after a load replaces them, for :func:`free_later`."""
+    return {p: dict(st) for p, st in optimizer.state.items()}
+
+
 def free_later(replaced: list[dict[Any, Any]]) -> threading.Thread:
     """Drop ``replaced`` (copies of optimizers' old per-parameter states) on a thread, one
     parameter's tensors at a time: giving GBs back to the kernel takes it tens of
@@ -99,9 +105,7 @@ def load_full(where: str, state: Mapping[str, Any], models: Mapping[str, nn.Modu
     # they are (DCP's "full" path needs a tensor state to find the device: SGD has none)
     for name, m in models.items():
         load_model_state(m, state["model"][name], full=is_sharded(m))
-    # the old states' tensors, referenced (copies of the dicts, never the live ones) so that
-    # the load does not free them in this thread
-    replaced = [{p: dict(st) for p, st in o.state.items()} for o, _ in optims.values()]
+    replaced = [held_state(o) for o, _ in optims.values()]  # not freed in this thread
     for name, (o, owner) in optims.items():
         load_optimizer_state(models[owner], o, state["optim"][name],
                              full=is_sharded(models[owner]))
