@@ -186,3 +186,32 @@ def test_shares_check_their_own_run_of_chunks_and_together_all(tmp_path: Path,
             digest.verify_fd(fd, "x", info, (3, 3))
     finally:
         os.close(fd)
+
+
+def test_a_share_of_one_chunk_names_the_bytes_that_fail(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(digest, "CHUNK", SMALL)
+    data = bytes(range(256)) * 32  # 2 chunks: each of 2 shares holds one
+    h = digest.ChunkHasher()
+    h.update(data)
+    info = h.info()
+    bad = bytearray(data)
+    bad[5] ^= 1
+    f = tmp_path / "x"
+    f.write_bytes(bytes(bad))
+    fd = os.open(f, os.O_RDONLY)
+    try:  # the first chunk of a file of two: its offset is named, as for the last one
+        with pytest.raises(CheckpointError, match=r"checksum at bytes 0\.\."):
+            digest.verify_fd(fd, "x", info, (0, 2))
+        digest.verify_fd(fd, "x", info, (1, 2))
+    finally:
+        os.close(fd)
+    f.write_bytes(data[:SMALL])  # one chunk of one: nothing to name
+    one = digest.ChunkHasher()
+    one.update(data[:SMALL])
+    bad_one = {**one.info(), "chunks": ["0" * 32]}
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        with pytest.raises(CheckpointError, match=r"checksum \(corrupted\)"):
+            digest.verify_fd(fd, "x", bad_one)
+    finally:
+        os.close(fd)

@@ -119,10 +119,11 @@ def _ranges(size: int, chunk: int) -> Iterator[tuple[int, int, int]]:
 
 
 def _compare(label: str, algorithm: str, chunk: int, want: list[str], got: list[str],
-             first: int = 0) -> None:
+             first: int = 0, total: int = 0) -> None:
+    """``total``: the file's number of chunks (a failure names its chunk if more than one)."""
     for i, (w, g) in enumerate(zip(want, got, strict=True), start=first):
         if w != g:
-            where = f" at bytes {i * chunk}.." if len(want) > 1 or first else ""
+            where = f" at bytes {i * chunk}.." if max(total, len(want)) > 1 else ""
             raise CheckpointError(f"{label} fails its {_TITLES[algorithm]} checksum{where} "
                                   "(corrupted)")
 
@@ -157,7 +158,7 @@ def verify_fd(fd: int, label: str, info: dict[str, Any],
         return
     first, last = index * len(want) // count, (index + 1) * len(want) // count
     got = _hash_chunks(fd, size, chunk, label, algorithm, first, last)
-    _compare(label, algorithm, chunk, want[first:last], got, first)
+    _compare(label, algorithm, chunk, want[first:last], got, first, len(want))
 
 
 def _hash_chunks(fd: int, size: int, chunk: int, label: str, algorithm: str,
