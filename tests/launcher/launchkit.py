@@ -15,7 +15,7 @@ import runpy
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -47,6 +47,22 @@ ATTEMPTS = 3
 def teardown_abort(returncode: int, err: str) -> bool:
     """True when a run failed only by gloo's abort at interpreter exit (SIGABRT)."""
     return returncode in (134, -6) and TEARDOWN_ABORT in err
+
+
+def launch_anew(command: Callable[[Path], list[str]], root: Path, *, env: Mapping[str, str],
+               timeout: float) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run ``command(folder)`` for a new ``folder`` under ``root``, output captured. A launch
+    that died only by gloo's abort at exit (:func:`teardown_abort`) is run again from the
+    start in another folder (a job that resumes must not find the last one's checkpoints),
+    up to ``ATTEMPTS`` launches in all. Returns the last launch and its folder."""
+    for attempt in range(ATTEMPTS):
+        folder = root / f"launch-{attempt}"
+        folder.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(command(folder), env=dict(env), capture_output=True, text=True,
+                              timeout=timeout)
+        if not teardown_abort(proc.returncode, proc.stdout + proc.stderr):
+            break
+    return proc, folder
 
 
 def launch(script: Path | str, nproc: int, *args: str, cwd: Path | None = None,

@@ -8,13 +8,12 @@ killed at the k-th point and restarted), and the last attempt runs to the end.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from ckpt_bg_crash_script import spawn_entry
-from launchkit import launch_command
+from launchkit import launch_anew, launch_command
 from safetensors.torch import load_file
 
 from splitsync.testing import clean_env, spawn
@@ -43,13 +42,15 @@ def uninterrupted(strategy: str, base: Path) -> dict[str, torch.Tensor]:
 def test_rank_killed_inside_background_save(tmp_path: Path, strategy: str, kills: str,
                                              tmp_path_factory: pytest.TempPathFactory) -> None:
     clean = uninterrupted(strategy, tmp_path_factory.getbasetemp())
-    out = tmp_path / "crashed.safetensors"
     env = clean_env()
     env["SPLITSYNC_TEST_KILL"] = kills
     env["SPLITSYNC_TEST_STRATEGY"] = strategy
     restarts = len(kills.split(","))
-    cmd = launch_command(SCRIPT, 2, str(tmp_path / "ck"), str(out), max_restarts=restarts)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    proc, folder = launch_anew(
+        lambda d: launch_command(SCRIPT, 2, str(d / "ck"), str(d / "crashed.safetensors"),
+                                 max_restarts=restarts),
+        tmp_path, env=env, timeout=400)
+    out = folder / "crashed.safetensors"
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log
     # every attempt but the last was killed in the save of step 6 ("1:commit", always last,

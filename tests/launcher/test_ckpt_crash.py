@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from ckpt_crash_script import spawn_entry
-from launchkit import launch_command
+from launchkit import launch_anew, launch_command
 from safetensors.torch import load_file
 
 from splitsync.testing import clean_env, spawn
@@ -24,10 +23,12 @@ def elastic_command(script: Path, *args: str, nproc: int = 2, max_restarts: int 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_killed_rank_restarts_and_resumes_exactly(tmp_path: Path) -> None:
-    crashed = tmp_path / "crashed.safetensors"
     env = clean_env()  # `splitsync run` gives each restart a fresh store by itself
-    proc = subprocess.run(elastic_command(SCRIPT, str(tmp_path / "ck"), str(crashed), "--crash"),
-                          env=env, capture_output=True, text=True, timeout=200)
+    proc, folder = launch_anew(
+        lambda d: elastic_command(SCRIPT, str(d / "ck"), str(d / "crashed.safetensors"),
+                                  "--crash"),
+        tmp_path, env=env, timeout=200)
+    crashed = folder / "crashed.safetensors"
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log
     assert "restart 1: resumed at step 6, ended at 12" in log, log  # it really was killed

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import shlex
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from launch_helpers import SCRIPTS, env, ranks_in, splitsync
+from launchkit import launch_anew
 
 pytestmark = pytest.mark.slow
 RANKS = str(SCRIPTS / "launch_ranks.py")
@@ -59,8 +59,8 @@ def test_python_dash_m_splitsync_dry_run_is_a_working_torchrun_command(tmp_path:
     assignments = [w for w in words[: words.index("torchrun")] if "=" in w]
     argv = words[words.index("torchrun") + 1:]
     run_env = env(**dict(a.split("=", 1) for a in assignments))
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv], env=run_env,
-                          capture_output=True, text=True, timeout=120)
+    done, _ = launch_anew(lambda _: [sys.executable, "-m", "torch.distributed.run", *argv],
+                          tmp_path / "launches", env=run_env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert ranks_in(tmp_path) == {0, 1}
     assert json.loads((tmp_path / "rank_1").read_text())["args"] == ["--x", "1"]

@@ -7,13 +7,12 @@ the script as ``__main__``): a fresh interpreter would only import torch once mo
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from launch_helpers import SCRIPTS, env, ranks_in
-from launchkit import run_here
+from launchkit import launch_anew, run_here
 
 pytestmark = pytest.mark.slow
 INIT = str(SCRIPTS / "launch_init.py")
@@ -27,10 +26,9 @@ def test_under_python(tmp_path: Path) -> None:
 
 
 def test_under_torchrun_standalone(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc-per-node", "2", INIT, str(tmp_path)],
-                       env=env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                       timeout=180)
+    r, _ = launch_anew(lambda _: [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                  "--nproc-per-node", "2", INIT, str(tmp_path)],
+                       tmp_path / "launches", env=env(OMP_NUM_THREADS="1"), timeout=180)
     assert r.returncode == 0, r.stderr
     assert ranks_in(tmp_path) == {0, 1}
     for rank in (0, 1):

@@ -3,12 +3,11 @@ position and ends bit-equal to a run that was never killed."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from launchkit import launch_command
+from launchkit import launch_anew, launch_command
 from safetensors.torch import load_file
 from stream_crash_script import spawn_entry
 
@@ -20,10 +19,11 @@ SCRIPT = Path(__file__).with_name("stream_crash_script.py")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_killed_rank_resumes_the_stream_exactly(tmp_path: Path) -> None:
-    crashed = tmp_path / "crashed.safetensors"
-    cmd = launch_command(SCRIPT, 2, str(tmp_path / "ck"), str(crashed), "--crash",
-                         max_restarts=1)
-    proc = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=240)
+    proc, folder = launch_anew(
+        lambda d: launch_command(SCRIPT, 2, str(d / "ck"), str(d / "crashed.safetensors"),
+                                 "--crash", max_restarts=1),
+        tmp_path, env=clean_env(), timeout=240)
+    crashed = folder / "crashed.safetensors"
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log
     # 32 samples, batch 2 on 2 ranks: 8 steps an epoch, 3 epochs
