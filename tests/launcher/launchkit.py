@@ -31,11 +31,12 @@ def launch_command(script: Path | str, nproc: int, *args: str, max_restarts: int
     return [sys.executable, "-m", "splitsync", "run", "-n", str(nproc), *extra, str(script), *args]
 
 
-# torch 2.13's gloo can abort a worker in interpreter teardown, after the script's work is
-# done and its group destroyed: a C++ thread still joinable when its owner (a
-# ProcessGroupGloo kept alive by a DDP reducer) is finalised calls std::terminate. It hits
-# plain torchrun scripts too (see pytorch pull 179291). A launch that dies exactly that way
-# is run once more; any other failure counts at once.
+# A worker can abort in interpreter teardown, after the script's work is done: a thread
+# that still drops the last reference to a tensor then needs the GIL, which is gone, and
+# exits through C++ code that may not throw, which calls std::terminate. splitsync's own
+# threads are done before run.close() returns (tests/unit/test_ckpt_threads.py); threads
+# inside torch's gloo can still do it (see pytorch pull 179291). A launch that dies exactly
+# that way is run once more; any other failure counts at once.
 TEARDOWN_ABORT = "terminate called without an active exception"
 
 

@@ -33,7 +33,7 @@ def _dead(ref: weakref.ref, timeout: float = 30.0) -> bool:
 def test_free_later_drops_copies_never_the_live_state() -> None:
     _, opt = _trained()
     before = {p: {k: v.clone() for k, v in st.items()} for p, st in opt.state.items()}
-    free_later([held_state(opt)]).join(timeout=30)
+    free_later([held_state(opt)]).finish()
     assert opt.state.keys() == before.keys()
     for p, st in before.items():  # the optimizer still holds all of it, unchanged
         assert st.keys() == opt.state[p].keys()

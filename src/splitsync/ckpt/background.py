@@ -142,6 +142,15 @@ class SaveHandle:
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
     _error: BaseException | None = field(default=None, repr=False)
     _reported: bool = field(default=False, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    def finish(self) -> None:
+        """Wait until the save's thread has ended, not only the save: a daemon thread that
+        is still freeing the staged copy when the interpreter shuts down aborts the process
+        (a tensor's last reference dropped then needs the GIL, which is gone)."""
+        self._done.wait()
+        if self._thread is not None:
+            self._thread.join()
 
     def done(self) -> bool:
         """True once the checkpoint is committed, or has failed."""
@@ -177,14 +186,16 @@ class SaveHandle:
 def start(job: SaveJob) -> SaveHandle:
     """Run ``job`` in a daemon thread; its error is kept in the handle, never dropped."""
     handle = SaveHandle(path=job.final, step=job.step)
+    pending = [job]  # the thread's only reference: the staged copy is freed before "done"
 
     def body() -> None:
         try:
-            run_job(job)
+            run_job(pending.pop())
         except BaseException as e:  # kept for the next save, step or close
             handle._error = e
         finally:
             handle._done.set()
 
-    threading.Thread(target=body, name=f"ckpt-save-{job.step}", daemon=True).start()
+    handle._thread = threading.Thread(target=body, name=f"ckpt-save-{job.step}", daemon=True)
+    handle._thread.start()
     return handle

@@ -7,8 +7,8 @@ import json
 import os
 import pickle
 import threading
-import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,8 @@ from splitsync.ckpt.model_state import (
 from splitsync.ckpt.state import check_shapes
 from splitsync.ckpt.store import CheckpointError
 
-__all__ = ["write_pt", "load_pt", "split_extra", "held_state", "free_later", "load_full"]
+__all__ = ["write_pt", "load_pt", "split_extra", "held_state", "Freeing", "free_later",
+           "load_full"]
 
 
 def write_pt(path: Path, obj: Any) -> None:
@@ -76,26 +77,43 @@ def held_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:
     return {p: dict(st) for p, st in optimizer.state.items()}
 
 
-def free_later(replaced: list[dict[Any, Any]]) -> threading.Thread:
+@dataclass(frozen=True)
+class Freeing:
+    """The thread of :func:`free_later`."""
+
+    thread: threading.Thread
+    hurry: threading.Event
+
+    def finish(self) -> None:
+        """Free what is left now, without pauses, and wait for it: a daemon thread still
+        dropping tensors when the interpreter shuts down aborts the process."""
+        self.hurry.set()
+        self.thread.join()
+
+
+def free_later(replaced: list[dict[Any, Any]]) -> Freeing:
     """Drop ``replaced`` (copies of optimizers' old per-parameter states) on a thread, one
     parameter's tensors at a time: giving GBs back to the kernel takes it tens of
     milliseconds, which a resume need not wait for; the GIL is let go between parameters."""
+    hurry = threading.Event()
+
     def drop() -> None:
         while replaced:
             state = replaced.pop()
             while state:
                 state.popitem()  # frees under the GIL (munmap): a few ms per parameter
-                time.sleep(0.002)  # lets the resume's own Python run in between
+                hurry.wait(0.002)  # lets the resume's own Python run in between
 
     thread = threading.Thread(target=drop, name="ckpt-free-replaced", daemon=True)
     thread.start()
-    return thread
+    return Freeing(thread, hurry)
 
 
 def load_full(where: str, state: Mapping[str, Any], models: Mapping[str, nn.Module],
-              optims: Mapping[str, tuple[torch.optim.Optimizer, str]]) -> None:
+              optims: Mapping[str, tuple[torch.optim.Optimizer, str]]) -> Freeing:
     """Load an unsharded checkpoint into any model, sharded or not (every shape and every
-    optimizer's parameter names are checked before anything is loaded)."""
+    optimizer's parameter names are checked before anything is loaded). Returns the thread
+    that frees the optimizer state it replaced: finish it before the run ends."""
     for name, m in models.items():
         check_shapes(name, {k: v.shape for k, v in state["model"][name].items()},
                      state_shapes(m), where)
@@ -109,4 +127,4 @@ def load_full(where: str, state: Mapping[str, Any], models: Mapping[str, nn.Modu
     for name, (o, owner) in optims.items():
         load_optimizer_state(models[owner], o, state["optim"][name],
                              full=is_sharded(models[owner]))
-    free_later(replaced)
+    return free_later(replaced)

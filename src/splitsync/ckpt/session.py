@@ -20,7 +20,7 @@ from splitsync.ckpt.background import (
     start,
 )
 from splitsync.ckpt.fs import Storage, open_storage
-from splitsync.ckpt.full import load_full
+from splitsync.ckpt.full import Freeing, load_full
 from splitsync.ckpt.reading import CheckpointWarning, find_checkpoint
 from splitsync.ckpt.saving import STATE_FILE, Registered, build_job, collect, rank_file
 from splitsync.ckpt.sharded import load_sharded
@@ -81,6 +81,7 @@ class Checkpointer:
         self.storage = _open(root)
         self.root = self.storage.root
         self.inflight: SaveHandle | None = None
+        self._freeing: list[Freeing] = []  # threads freeing optimizer state a load replaced
         self.keep = keep
         self.rank = rank
         self.world_size = world_size
@@ -129,10 +130,11 @@ class Checkpointer:
             self._hook = first.register_step_post_hook(self._on_step)
 
     def close(self, raise_errors: bool = True, successor: Checkpointer | None = None) -> None:
-        """Wait for a background save, stop counting optimizer steps, free the staging
-        buffers and destroy the background group (no thread holds it any more). With a
-        ``successor`` (a new ``run.resume`` of the same run) it gets both instead: one
-        background group per run, and buffers that may fit again."""
+        """Wait for a background save (its thread ended), stop counting optimizer steps,
+        free the staging buffers, finish freeing replaced optimizer state and destroy the
+        background group (no thread holds it any more). With a ``successor`` (a new
+        ``run.resume`` of the same run) it gets group, buffers and freeing threads instead:
+        one background group per run, and buffers that may fit again."""
         try:
             self.wait_saves(raise_errors)
         finally:
@@ -142,6 +144,10 @@ class Checkpointer:
             if successor is not None:
                 successor._group, self._group = self._group, None
                 successor._stager, self._stager = self._stager, None
+                successor._freeing, self._freeing = self._freeing, []
+            for freeing in self._freeing:
+                freeing.finish()
+            self._freeing = []
             if self._stager is not None:
                 self._stager.clear()
                 self._stager = None
@@ -207,7 +213,7 @@ class Checkpointer:
         h, self.inflight = self.inflight, None
         if h is None:
             return
-        h._done.wait()
+        h.finish()
         if raise_errors:
             h.raise_if_failed()
 
@@ -268,7 +274,7 @@ class Checkpointer:
                                       "filesystem path, not from object storage.")
             load_sharded(Path(self.storage.root) / name, self.models, self.optims)
         else:
-            load_full(name, state, self.models, self.optims)
+            self._freeing.append(load_full(name, state, self.models, self.optims))
         for n, o in self.others.items():
             o.load_state_dict(state["objects"][n])
         return {**body["extra"], **state["extra"]}
