@@ -14,7 +14,7 @@ checker as it stood before the rules were tuned on this corpus (``before``) or a
     PYTHONPATH=src python benchmarks/check_precision.py            # the table
     PYTHONPATH=src python benchmarks/check_precision.py --write    # and store it in the package
 
-``--write`` regenerates ``src/splitsync/tools/lint/measured.py``, which gates each rule's
+``--write`` regenerates ``src/splitsync/check/measured.py``, which gates each rule's
 severity (below 95% precision a rule is at most ``info``; ``error`` needs no false positive)
 and which ``splitsync check --explain`` quotes.
 """
@@ -50,8 +50,8 @@ def _pct(num: int, den: int) -> str:
 
 def measure() -> dict[str, object]:
     """Run the checker over the corpus and score it against the labels."""
-    from splitsync.tools.lint import check_paths
-    from splitsync.tools.lint.registry import all_rules
+    from splitsync.check import check_paths
+    from splitsync.check.registry import all_rules
 
     corpus = _rows("corpus.tsv")
     split = {_key(r["repo"], r["path"]): r["split"] for r in corpus}
@@ -97,7 +97,7 @@ def _tally(result: dict[str, object], part: str, codes: set[str],
            shown_only: bool = False) -> Counter[str]:
     """Counts of true/false findings and of real mistakes found, for ``codes`` in ``part``
     (``shown_only``: findings at warning or error after the severity gate)."""
-    from splitsync.tools.lint.registry import gate
+    from splitsync.check.registry import gate
 
     c: Counter[str] = Counter()
     for code, where, verdict, batch, severity in result["records"]:  # type: ignore[attr-defined]
@@ -122,7 +122,7 @@ def _line(name: str, c: Counter[str], severity: str = "") -> str:
 
 def report(result: dict[str, object]) -> str:
     """The markdown tables: per rule over the whole corpus, then totals per split."""
-    from splitsync.tools.lint.registry import all_rules
+    from splitsync.check.registry import all_rules
 
     gated = {r.code: r.severity for r in all_rules()}
     codes = {r[0] for r in result["records"]} | {r[0] for r in result["real"]}  # type: ignore[attr-defined]
@@ -165,7 +165,7 @@ def write_measured(result: dict[str, object]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true",
-                        help="store the measured table in src/splitsync/tools/lint/measured.py")
+                        help="store the measured table in src/splitsync/check/measured.py")
     parser.add_argument("--show-false", action="store_true",
                         help="list the false positives (to stderr)")
     args = parser.parse_args()
@@ -173,8 +173,8 @@ def main() -> int:
     if args.write:
         import importlib
 
-        import splitsync.tools.lint.measured as measured
-        import splitsync.tools.lint.registry as registry
+        import splitsync.check.measured as measured
+        import splitsync.check.registry as registry
 
         write_measured(result)
         importlib.reload(measured)

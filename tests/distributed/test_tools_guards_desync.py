@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 import splitsync
+from splitsync.observers.guards.desync import DesyncError
 from splitsync.testing import spawn
-from splitsync.tools.guards.desync import DesyncError
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,12 +11,12 @@ import torch
 from torch import nn
 
 import splitsync
-from splitsync.testing import spawn
-from splitsync.tools.guards import (
+from splitsync.observers.guards import (
     CollectiveTimeoutError,
     ConfigMismatchError,
     ParameterMismatchError,
 )
+from splitsync.testing import spawn
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -187,8 +187,8 @@ def test_extra_backward_on_one_rank_names_the_absent_rank(tmp_path: Path) -> Non
 
 
 def _nested_runs(rank: int, world: int) -> dict[str, object]:
-    from splitsync.tools.guards.responder import run_key
-    from splitsync.tools.guards.session import GuardObserver
+    from splitsync.observers.guards.responder import run_key
+    from splitsync.observers.guards.session import GuardObserver
 
     def watch(run: splitsync.Run) -> object:
         return next(o for o in run.observers if isinstance(o, GuardObserver)).watch

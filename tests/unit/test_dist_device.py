@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from splitsync.dist.device import choose_device, default_backend, move_to
-from splitsync.dist.env import DistEnv, EnvError
+from splitsync.distributed.device import choose_device, default_backend, move_to
+from splitsync.distributed.env import DistEnv, EnvError
 
 
 def test_cpu_without_accelerators_and_explicit_override() -> None:
@@ -26,7 +26,7 @@ def test_requesting_missing_cuda_is_a_clear_error() -> None:
 
 
 def test_local_rank_beyond_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("splitsync.dist.device.visible_device_count", lambda kind: 2)
+    monkeypatch.setattr("splitsync.distributed.device.visible_device_count", lambda kind: 2)
     env = DistEnv(launcher="torchrun", rank=3, local_rank=3, world_size=4, local_world_size=4)
     with pytest.raises(EnvError, match="LOCAL_RANK=3 but only 2 cuda device"):
         choose_device(env, "cuda")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from splitsync.dist.env import EnvError, detect_env, first_host
+from splitsync.distributed.env import EnvError, detect_env, first_host
 
 TORCHRUN = {
     "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 import splitsync
-from splitsync.dist.logs import attach_rank_handler, get_logger
+from splitsync.distributed.logs import attach_rank_handler, get_logger
 
 
 def test_rank_prefix_and_root_logger_untouched() -> None:

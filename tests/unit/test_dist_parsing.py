@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from splitsync.dist.env import detect_env
-from splitsync.dist.parsing import EnvError, env_int, first_host, optional_int, slurm_nodelist
+from splitsync.distributed.env import detect_env
+from splitsync.distributed.parsing import (
+    EnvError,
+    env_int,
+    first_host,
+    optional_int,
+    slurm_nodelist,
+)
 from splitsync.launch.cluster import launch_defaults
 
 

@@ -70,7 +70,7 @@ def test_walker_keeps_container_types() -> None:
     import collections
     import dataclasses
 
-    from splitsync.dist.device import move_to
+    from splitsync.distributed.device import move_to
     from splitsync.tree import iter_tensors
 
     @dataclasses.dataclass

@@ -12,8 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from splitsync.run.config import RunConfig
-from splitsync.tools.guards import (
+from splitsync.observers.guards import (
     DeviceMismatchError,
     config_summary,
     guard_forward,
@@ -21,10 +20,11 @@ from splitsync.tools.guards import (
     param_fingerprints,
     user_site,
 )
-from splitsync.tools.guards.consistency import reference_ranks
-from splitsync.tools.guards.desync import Recorder, debug_from_environ
+from splitsync.observers.guards.consistency import reference_ranks
+from splitsync.observers.guards.desync import Recorder, debug_from_environ
+from splitsync.observers.verify.record import from_environ
+from splitsync.run.config import RunConfig
 from splitsync.tools.verify.compare import compare_runs, likely_cause
-from splitsync.tools.verify.record import from_environ
 
 
 def test_config_summary_ignores_per_rank_values() -> None:
@@ -166,8 +166,8 @@ def test_launch_outcome_shows_the_traceback_end() -> None:
 def test_collective_wait_plus_grace_fit_in_the_timeout() -> None:
     from datetime import timedelta
 
-    from splitsync.tools.guards.hangs import split_timeout
-    from splitsync.tools.guards.session import collective_timeout
+    from splitsync.observers.guards.hangs import split_timeout
+    from splitsync.observers.guards.session import collective_timeout
 
     for seconds in (1, 3, 60, 600, 3600):
         wait, grace = split_timeout(timedelta(seconds=seconds))
@@ -183,7 +183,7 @@ def test_collective_wait_plus_grace_fit_in_the_timeout() -> None:
 def test_a_peer_that_closed_its_connection_is_not_called_a_timeout() -> None:
     from datetime import timedelta
 
-    from splitsync.tools.guards.hangs import Position, explain_failure
+    from splitsync.observers.guards.hangs import Position, explain_failure
 
     me = Position(rank=0, call=7, op="all_reduce", site="train.py:12")
     closed = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer "
@@ -200,10 +200,10 @@ def test_a_peer_that_closed_its_connection_is_not_called_a_timeout() -> None:
 
 def test_every_splitsync_module_is_library_code_for_the_call_site() -> None:
     """The user's call site skips splitsync's own frames, from any folder of the package."""
-    import splitsync.dist.comm
+    import splitsync.distributed.comm
     import splitsync.run.runtime
-    from splitsync.tools.guards.site import is_library_file
+    from splitsync.observers.guards.site import is_library_file
 
-    assert is_library_file(splitsync.dist.comm.__file__)
+    assert is_library_file(splitsync.distributed.comm.__file__)
     assert is_library_file(splitsync.run.runtime.__file__)
     assert not is_library_file(__file__)

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from splitsync import cli
-from splitsync.tools.ledger.audit import audit
-from splitsync.tools.ledger.format import (
+from splitsync.observers.ledger.format import (
     MAGIC,
     json_record,
     parse,
@@ -22,6 +21,7 @@ from splitsync.tools.ledger.format import (
     step_record,
     steps_record,
 )
+from splitsync.tools.audit.audit import audit
 
 SHIFT = 40
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from splitsync.tools.lint import all_rules, check_file
+from splitsync.check import all_rules, check_file
 
 CASES = Path(__file__).parent / "lint_cases"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from splitsync.tools.lint import check_source, select_rules
+from splitsync.check import check_source, select_rules
 
 DDP_HEAD = """
 import torch

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from splitsync.tools.lint import check_file, check_source, select_rules
-from splitsync.tools.lint.registry import all_rules
+from splitsync.check import check_file, check_source, select_rules
+from splitsync.check.registry import all_rules
 
 CASES = Path(__file__).parent / "lint_cases" / "evidence"
 UNGATED = all_rules(gated=False)

@@ -8,9 +8,9 @@ import argparse
 
 import pytest
 
+from splitsync.check.measured import CORPUS, MEASURED
+from splitsync.check.registry import MIN_PRECISION, all_rules, gate, get_rule
 from splitsync.commands import check as check_command
-from splitsync.tools.lint.measured import CORPUS, MEASURED
-from splitsync.tools.lint.registry import MIN_PRECISION, all_rules, gate, get_rule
 
 
 def test_the_measured_table_covers_a_broad_corpus() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from splitsync.tools.lint import all_rules, check_file, check_paths, check_source, select_rules
+from splitsync.check import all_rules, check_file, check_paths, check_source, select_rules
 
 PROJECTS = Path(__file__).parent / "lint_cases" / "projects"
 DIST = ("import os\nimport torch\nimport torch.distributed as dist\n"

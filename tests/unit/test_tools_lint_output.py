@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from splitsync.tools.lint import check_source, select_rules
+from splitsync.check import check_source, select_rules
 
 HEAD = "import logging\nimport torch\nimport torch.distributed as dist\ndist.init_process_group()\n"
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from splitsync.tools.lint import (
+from splitsync.check import (
     all_rules,
     check_paths,
     check_source,
     iter_python_files,
     select_rules,
 )
-from splitsync.tools.lint.report import render_json, render_text
+from splitsync.check.report import render_json, render_text
 
 BAD = """\
 import torch

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from splitsync.tools.lint import Hit, Rule, all_rules, check_paths, runner
-from splitsync.tools.lint.facts import build_facts, in_order
-from splitsync.tools.lint.index import _walk_scope
-from splitsync.tools.lint.pool import Pool, _drive, _frame, _unframe, _Worker, portable
-from splitsync.tools.lint.project import Disk
-from splitsync.tools.lint.ranks import constant_in, is_rank_like, rank_in
-from splitsync.tools.lint.runner import workers_for
+from splitsync.check import Hit, Rule, all_rules, check_paths, runner
+from splitsync.check.facts import build_facts, in_order
+from splitsync.check.index import _walk_scope
+from splitsync.check.pool import Pool, _drive, _frame, _unframe, _Worker, portable
+from splitsync.check.project import Disk
+from splitsync.check.ranks import constant_in, is_rank_like, rank_in
+from splitsync.check.runner import workers_for
 
 CASES = Path(__file__).parent / "lint_cases"
 FIXTURES = sorted(CASES.rglob("*.py"))

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from splitsync.tools.stragglers import StepClock, straggler_report
+from splitsync.observers.stragglers import StepClock, straggler_report
 
 
 def test_slowest_rank_named_with_min_median_max() -> None:
@@ -51,7 +51,7 @@ class _Ticks:
 
 def test_clock_as_observer_pauses_inside_collectives_and_reports_on_rank0(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from splitsync.tools import stragglers
+    from splitsync.observers import stragglers
 
     ticks = _Ticks()
     monkeypatch.setattr(stragglers, "_now", ticks)

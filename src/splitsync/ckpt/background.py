@@ -5,7 +5,7 @@ The background thread never touches the training loop's process group: its hands
 rank's file list to rank 0, the outcome back) run on a separate gloo group made once, by
 every rank together, at the first background save. Collectives on different groups do not
 interleave, so the loop may all-reduce while a save finishes. They go through
-:mod:`splitsync.dist.comm` and the run's ``call``, so observers (the hang guard) see them.
+:mod:`splitsync.distributed.comm` and the run's ``call``, so observers (the hang guard) see them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from splitsync.ckpt.chunked import write_object
 from splitsync.ckpt.faults import DISK_FULL, describe_failure
 from splitsync.ckpt.fs import Storage
 from splitsync.ckpt.store import CheckpointError, manifest_text
-from splitsync.dist import comm
+from splitsync.distributed import comm
 
 __all__ = ["SaveJob", "SaveHandle", "side_group", "destroy_side_group", "run_job",
            "gather", "broadcast", "direct", "start"]

@@ -22,14 +22,11 @@ from splitsync.ckpt.chunked import load_bytes, read_verified, refused
 from splitsync.ckpt.digest import verify_fd
 from splitsync.ckpt.fs import Storage
 from splitsync.ckpt.store import CheckpointError, parse_manifest
-from splitsync.dist import comm
+from splitsync.distributed import comm
+from splitsync.errors import CheckpointWarning
 
 __all__ = ["CheckpointWarning", "Listing", "check_size", "list_candidates", "read_part", "verify_files",
            "find_checkpoint", "prefetch"]
-
-
-class CheckpointWarning(UserWarning):
-    """A checkpoint was skipped (incomplete or corrupted) while looking for one to resume."""
 
 
 @dataclass(frozen=True)

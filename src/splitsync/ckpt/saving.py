@@ -27,12 +27,12 @@ from splitsync.ckpt.sharded import DCP_DIR, sharded_state, write_sharded
 from splitsync.ckpt.staging import Stager, live_storages, local_tensor
 from splitsync.ckpt.state import capture_rng, loader_position
 from splitsync.ckpt.store import CheckpointError, step_dirname
-from splitsync.dist import comm
+from splitsync.distributed import comm
 from splitsync.tree import iter_tensors
 
 if TYPE_CHECKING:
     from splitsync.data.loader import DeviceLoader
-    from splitsync.dist.seeding import Generators
+    from splitsync.distributed.seeding import Generators
 
 __all__ = ["STATE_FILE", "rank_file", "Registered", "collect", "build_job", "collective_ok"]
 

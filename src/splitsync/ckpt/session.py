@@ -28,7 +28,7 @@ from splitsync.ckpt.staging import Stager
 from splitsync.ckpt.state import owner_of, restore_loader, restore_rng
 from splitsync.ckpt.store import CheckpointError
 from splitsync.data.loader import DeviceLoader
-from splitsync.dist.seeding import Generators
+from splitsync.distributed.seeding import Generators
 
 __all__ = ["ResumeState", "Checkpointer", "CheckpointWarning", "STATE_FILE", "rank_file"]
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from splitsync.ckpt.store import CheckpointError
 from splitsync.data.build import ResumableLoader
-from splitsync.dist.seeding import Generators
+from splitsync.distributed.seeding import Generators
 
 __all__ = [
     "capture_rng", "restore_rng", "loader_position", "restore_loader", "check_shapes",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from splitsync.dist.seeding import Generators
+from splitsync.distributed.seeding import Generators
 from splitsync.observe import Observer, chain_around, overriding, redirect
 from splitsync.run.config import RunConfig
 from splitsync.run.data import Loaders

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from splitsync.observe import Observer
-from splitsync.run.accumulate import StepPlan
 from splitsync.run.models import Models
+from splitsync.run.step import StepPlan
 from splitsync.train.precision import forward_with
 
 __all__ = ["Emas", "Ema", "EMA_NAME"]

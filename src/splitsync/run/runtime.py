@@ -22,14 +22,13 @@ from torch.utils.data import DataLoader, Dataset
 from splitsync.data.build import make_loader
 from splitsync.data.loader import DeviceLoader
 from splitsync.data.stream.loader import StreamLoader
-from splitsync.dist.device import move_to
-from splitsync.dist.env import DistEnv
-from splitsync.dist.group import destroy_group
-from splitsync.dist.logs import get_logger
-from splitsync.dist.seeding import Generators
+from splitsync.distributed.device import move_to
+from splitsync.distributed.env import DistEnv
+from splitsync.distributed.group import destroy_group
+from splitsync.distributed.logs import get_logger
+from splitsync.distributed.seeding import Generators
 from splitsync.observe import Observer, appended, overriding
 from splitsync.output.progress import progress as _progress
-from splitsync.run.accumulate import StepPlan
 from splitsync.run.checkpoints import Checkpoints
 from splitsync.run.collectives import Collectives
 from splitsync.run.config import RunConfig
@@ -37,9 +36,9 @@ from splitsync.run.data import Loaders
 from splitsync.run.ema import Emas
 from splitsync.run.logging import Logging, run_settings
 from splitsync.run.models import Models
-from splitsync.run.training import Training
+from splitsync.run.step import StepPlan, Training
 from splitsync.strategies import Strategy, unwrap
-from splitsync.train.precision import Precision, get_precision
+from splitsync.train.precision import Precision
 
 if TYPE_CHECKING:
     import os
@@ -54,8 +53,7 @@ class Run:
 
     def __init__(self, config: RunConfig, env: DistEnv, device: torch.device, backend: str,
                  seed: int, owns_group: bool, handler: logging.Handler | None, *,
-                 precision: Precision | None = None,
-                 observers: Sequence[Observer] = ()) -> None:
+                 precision: Precision, observers: Sequence[Observer] = ()) -> None:
         self.config = config
         self.env = env
         self.device = device
@@ -68,8 +66,6 @@ class Run:
         self.log_handler = handler
         self._owns_group = owns_group
         self._closed = False
-        if precision is None:
-            precision = get_precision(config.precision, device)
         # backward/step functions for this precision and accumulation, chosen once
         self._plan = StepPlan(precision, config.accumulate)
         self._data = Loaders()

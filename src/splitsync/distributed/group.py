@@ -1,0 +1,82 @@
+"""Process-group setup on top of torch.distributed, with errors that say what to do."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from splitsync.distributed.env import DistEnv
+from splitsync.distributed.ports import (
+    free_port,  # re-exported: tests and testing.spawn use it here
+)
+from splitsync.errors import GroupError
+
+__all__ = ["init_group", "destroy_group", "GroupError", "free_port"]
+
+
+def _init_method(env: DistEnv) -> str:
+    # torchrun's agent already runs a store and tells workers to reuse it through env://.
+    if env.launcher in ("torchrun", "env"):
+        return "env://"
+    return f"tcp://{env.master_addr}:{env.master_port}"
+
+
+def init_group(env: DistEnv, backend: str, device: torch.device, timeout: timedelta) -> bool:
+    """Initialise the default process group; returns True if this call created it."""
+    if dist.is_initialized():
+        if dist.get_world_size() != env.world_size:
+            raise GroupError(
+                f"A process group of size {dist.get_world_size()} already exists but the "
+                f"launcher says WORLD_SIZE={env.world_size}."
+            )
+        return False
+    if not dist.is_available():
+        raise GroupError("This PyTorch build has no torch.distributed; install a build with it.")
+    if backend == "nccl" and not dist.is_nccl_available():
+        raise GroupError("backend='nccl' is not available in this PyTorch build; use 'gloo'.")
+    if backend == "gloo" and not dist.is_gloo_available():
+        raise GroupError("backend='gloo' is not available in this PyTorch build.")
+    kwargs: dict[str, object] = {}
+    if device.type in ("cuda", "xpu"):
+        kwargs["device_id"] = device  # eager init, binds the communicator to this device
+    try:
+        dist.init_process_group(
+            backend=backend,
+            init_method=_init_method(env),
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timeout,
+            **kwargs,  # type: ignore[arg-type]
+        )
+    except (RuntimeError, ValueError, OSError) as exc:
+        raise GroupError(_explain(exc, env, backend)) from exc
+    if dist.get_world_size() != env.world_size:  # never train with fewer ranks than launched
+        got = dist.get_world_size()
+        dist.destroy_process_group()
+        raise GroupError(f"Launched with WORLD_SIZE={env.world_size} but the group has {got}.")
+    return True
+
+
+def _explain(exc: BaseException, env: DistEnv, backend: str) -> str:
+    text = str(exc)
+    where = f"{env.master_addr}:{env.master_port}"
+    if "address already in use" in text.lower() or "EADDRINUSE" in text:
+        return (
+            f"MASTER_PORT={env.master_port} is already in use on {env.master_addr}. "
+            "Pick a free port (MASTER_PORT=...) or let `splitsync run` choose one."
+        )
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        return (
+            f"Rank {env.rank} timed out waiting for the other {env.world_size - 1} rank(s) at "
+            f"{where}. Check that every rank was started, that MASTER_ADDR/MASTER_PORT agree "
+            "on all of them and that the port is reachable."
+        )
+    return f"Could not form the {backend} process group at {where} as rank {env.rank}: {text}"
+
+
+def destroy_group() -> None:
+    """Destroy the default group if one exists."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
