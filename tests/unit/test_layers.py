@@ -223,3 +223,20 @@ def test_init_names_no_observer() -> None:
     """``init`` attaches observers through :mod:`splitsync.observers` alone."""
     deps = graph()["splitsync.api"]
     assert not any(d.startswith("splitsync.observers.") for d in deps), sorted(deps)
+
+
+def test_rooms_stay_small() -> None:
+    """One room per concern: no module over 400 lines, no class over 350, and at most 12
+    checkpoint modules on the online path (the offline readers live in ckpt/offline/)."""
+    long_modules, long_classes = [], []
+    for mod, path in MODULES.items():
+        text = path.read_text()
+        if text.count("\n") > 400:
+            long_modules.append(f"{mod}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 350:
+                long_classes.append(f"{mod}.{node.name}: {node.end_lineno - node.lineno + 1}")
+    assert not long_modules, long_modules
+    assert not long_classes, long_classes
+    online = sorted(p.name for p in (ROOT / "ckpt").glob("*.py"))
+    assert len(online) <= 12, online

@@ -1,10 +1,11 @@
-"""Finding the checkpoint to resume from and reading its files, verified while they are read.
+"""Reading a checkpoint back: finding the one to resume from, reading its files verified
+while they are read, and loading unsharded state into the registered objects.
 
 Rank 0 lists the checkpoints and checks each manifest and every file's size (cheap). Then
 every rank reads, in parallel with the others, the files it needs, hashing them on the way;
 only if every rank's files verify is the checkpoint used, otherwise the next older one is
-tried. Nothing is unpickled before its bytes match the manifest's checksums.
-"""
+tried. Nothing is unpickled before its bytes match the manifest's checksums, and then only
+with ``weights_only=True``."""
 
 from __future__ import annotations
 
@@ -14,20 +15,30 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
-from splitsync.ckpt.chunked import load_bytes, read_verified, refused
-from splitsync.ckpt.digest import verify_fd
 from splitsync.ckpt.fs import Storage
-from splitsync.ckpt.store import CheckpointError, parse_manifest
+from splitsync.ckpt.integrity import load_bytes, read_verified, refused, verify_fd
+from splitsync.ckpt.sharded import load_sharded
+from splitsync.ckpt.state import (
+    check_optimizer_names,
+    check_shapes,
+    is_sharded,
+    load_model_state,
+    load_optimizer_state,
+    state_shapes,
+)
+from splitsync.ckpt.store import parse_manifest
 from splitsync.distributed import comm
-from splitsync.errors import CheckpointWarning
+from splitsync.errors import CheckpointError, CheckpointWarning
 
-__all__ = ["CheckpointWarning", "Listing", "check_size", "list_candidates", "read_part", "verify_files",
-           "find_checkpoint", "prefetch"]
+if TYPE_CHECKING:
+    from splitsync.ckpt.state import Registered
 
+__all__ = ["load_objects", "CheckpointWarning", "Listing", "check_size", "list_candidates", "read_part", "verify_files", "find_checkpoint", "held_state", "Freeing", "free_later", "load_full"]
 
 @dataclass(frozen=True)
 class Listing:
@@ -115,30 +126,6 @@ def verify_files(storage: Storage, name: str, rels: Iterable[str],
                 read_verified(f, rel, files[rel])
 
 
-def prefetch(storage: Storage, name: str, rels: Iterable[str]) -> None:
-    """Ask the kernel to read these files ahead, all of them, now: the disk streams at its
-    own speed while this thread hashes and loads what has arrived, so a busy CPU (one core
-    taken by another process) no longer leaves the disk idle between our reads."""
-    if not storage.local or not hasattr(os, "posix_fadvise"):
-        return
-    paths = [Path(storage.root) / name / rel for rel in rels]
-
-    def advise() -> None:  # on a thread: the kernel may block while it queues the reads
-        for path in paths:
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue  # reported by the read itself
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-
-    threading.Thread(target=advise, name="ckpt-readahead", daemon=True).start()
-
-
 def _read_rank_parts(storage: Storage, name: str, body: Mapping[str, Any], rank: int,
                      world: int, needed: list[str]) -> dict[str, Any]:
     """Verify (and from object storage, load) the files this rank needs. Local files are
@@ -150,7 +137,6 @@ def _read_rank_parts(storage: Storage, name: str, body: Mapping[str, Any], rank:
     # each by one rank; which rank reads which shard is DCP's business.
     others = sorted(r for r in files if r.startswith("dcp/"))[rank::world]
     mine = [rel for rel in needed if rel in files]
-    prefetch(storage, name, [*mine, *others])
     if not storage.local:
         out = {rel: read_part(storage, name, rel, files[rel]) for rel in mine}
     else:
@@ -218,3 +204,87 @@ def find_checkpoint(storage: Storage, rank: int, world: int,
             f"no usable checkpoint in {storage.where('')}: every one is incomplete or corrupted "
             f"({listing_s}). Move them away to start fresh, or restore a good copy.")
     return found
+
+
+
+
+def held_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:
+    """References to ``optimizer``'s per-parameter state (copies of the dicts, never the live
+    ones): they keep its tensors alive after a load replaces them, for :func:`free_later`."""
+    return {p: dict(st) for p, st in optimizer.state.items()}
+
+
+@dataclass(frozen=True)
+class Freeing:
+    """The thread of :func:`free_later`."""
+
+    thread: threading.Thread
+    hurry: threading.Event
+
+    def finish(self) -> None:
+        """Free what is left now, without pauses, and wait for it: a daemon thread still
+        dropping tensors when the interpreter shuts down aborts the process."""
+        self.hurry.set()
+        self.thread.join()
+
+
+def free_later(replaced: list[dict[Any, Any]]) -> Freeing:
+    """Drop ``replaced`` (copies of optimizers' old per-parameter states) on a thread, one
+    parameter's tensors at a time: giving GBs back to the kernel takes it tens of
+    milliseconds, which a resume need not wait for; the GIL is let go between parameters."""
+    hurry = threading.Event()
+
+    def drop() -> None:
+        while replaced:
+            state = replaced.pop()
+            while state:
+                state.popitem()  # frees under the GIL (munmap): a few ms per parameter
+                hurry.wait(0.002)  # lets the resume's own Python run in between
+
+    thread = threading.Thread(target=drop, name="ckpt-free-replaced", daemon=True)
+    thread.start()
+    return Freeing(thread, hurry)
+
+
+def load_full(where: str, state: Mapping[str, Any], models: Mapping[str, nn.Module],
+              optims: Mapping[str, tuple[torch.optim.Optimizer, str]]) -> Freeing:
+    """Load an unsharded checkpoint into any model, sharded or not (every shape and every
+    optimizer's parameter names are checked before anything is loaded). Returns the thread
+    that frees the optimizer state it replaced: finish it before the run ends."""
+    for name, m in models.items():
+        check_shapes(name, {k: v.shape for k, v in state["model"][name].items()},
+                     state_shapes(m), where)
+    for name, (o, owner) in optims.items():
+        check_optimizer_names(models[owner], o, state["optim"][name])
+    # whole tensors are resharded into a sharded model; an unsharded one takes them as
+    # they are (DCP's "full" path needs a tensor state to find the device: SGD has none)
+    for name, m in models.items():
+        load_model_state(m, state["model"][name], full=is_sharded(m))
+    replaced = [held_state(o) for o, _ in optims.values()]  # not freed in this thread
+    for name, (o, owner) in optims.items():
+        load_optimizer_state(models[owner], o, state["optim"][name],
+                             full=is_sharded(models[owner]))
+    return free_later(replaced)
+
+
+def load_objects(storage: Storage, name: str, body: Mapping[str, Any], state: Mapping[str, Any],
+                 reg: Registered) -> tuple[dict[str, Any], Freeing | None]:
+    """Load checkpoint ``name`` into the registered objects. Returns the saved extras and
+    the thread freeing the optimizer state the load replaced (None for sharded state)."""
+    held = (*body["models"], *body["optimizers"], *body["objects"])
+    missing = [n for n in (*reg.models, *reg.optims, *reg.others) if n not in held]
+    where = storage.where(name)
+    if missing:
+        raise CheckpointError(f"checkpoint {where} has no state for {missing}; it holds "
+                              f"{list(held)}.")
+    freeing = None
+    if body["layout"] == "sharded":
+        if not storage.local:
+            raise CheckpointError(f"{where}: sharded checkpoints are read from a "
+                                  "filesystem path, not from object storage.")
+        load_sharded(Path(storage.root) / name, reg.models, reg.optims)
+    else:
+        freeing = load_full(name, state, reg.models, reg.optims)
+    for n, o in reg.others.items():
+        o.load_state_dict(state["objects"][n])
+    return {**body["extra"], **state["extra"]}, freeing

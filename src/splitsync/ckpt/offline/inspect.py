@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
-from splitsync.ckpt import offline
-from splitsync.ckpt.kinds import KINDS, kind_from_state
-from splitsync.ckpt.saving import STATE_FILE, rank_file
-from splitsync.ckpt.store import MANIFEST, CheckpointError
+from splitsync.ckpt.offline import reading as offline
+from splitsync.ckpt.save import STATE_FILE, rank_file
+from splitsync.ckpt.state import KINDS, kind_from_state
+from splitsync.ckpt.store import MANIFEST
+from splitsync.errors import CheckpointError
 
 __all__ = ["summarize", "describe_step"]
 
@@ -78,7 +79,7 @@ def _object_details(kind: str, state: Any) -> dict[str, Any]:
 
 
 def _sharded(loc: offline.Location, name: str, body: Mapping[str, Any]) -> tuple[dict, dict]:
-    from splitsync.ckpt.dcpread import metadata, read_keys, tensor_entries
+    from splitsync.ckpt.offline.dcpread import metadata, read_keys, tensor_entries
 
     step_dir = offline.local_dir(loc, name)
     md = metadata(step_dir)

@@ -21,7 +21,7 @@ from splitsync.check.project import Disk
 from splitsync.check.ranks import constant_in, is_rank_like, rank_in
 from splitsync.check.runner import workers_for
 
-CASES = Path(__file__).parent / "lint_cases"
+CASES = Path(__file__).parent / "check_cases"
 FIXTURES = sorted(CASES.rglob("*.py"))
 _SHARED = (ast.expr_context, ast.operator, ast.boolop, ast.cmpop, ast.unaryop)
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from splitsync.ckpt import offline
-from splitsync.ckpt.dcpread import read_keys
-from splitsync.ckpt.saving import STATE_FILE
-from splitsync.ckpt.store import CheckpointError
-from splitsync.ckpt.writers import write_hf, write_optimizer, write_safetensors
+from splitsync.ckpt.offline import reading as offline
+from splitsync.ckpt.offline.dcpread import read_keys
+from splitsync.ckpt.offline.writers import write_hf, write_optimizer, write_safetensors
+from splitsync.ckpt.save import STATE_FILE
+from splitsync.errors import CheckpointError
 
 __all__ = ["DTYPES", "Converted", "convert", "pick_model", "pick_optimizer", "read_weights",
            "read_optimizer", "cast"]

@@ -11,8 +11,10 @@ import torch
 from torch import nn
 
 import splitsync as ss
-from splitsync.ckpt import CheckpointError, CheckpointWarning, digest
+from splitsync.ckpt import CheckpointWarning
+from splitsync.ckpt import integrity as digest
 from splitsync.ckpt.store import MANIFEST, manifest_text, read_manifest
+from splitsync.errors import CheckpointError
 
 xxhash = pytest.importorskip("xxhash")
 

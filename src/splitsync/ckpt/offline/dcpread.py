@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from splitsync.ckpt.sharded import DCP_DIR, safe_reader
-from splitsync.ckpt.store import CheckpointError
+from splitsync.errors import CheckpointError
 
 __all__ = ["metadata", "read_keys", "tensor_entries"]
 

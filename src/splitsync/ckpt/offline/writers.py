@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from splitsync.ckpt.fs import is_url
-from splitsync.ckpt.store import CheckpointError
+from splitsync.errors import CheckpointError
 
 __all__ = ["write_safetensors", "write_optimizer", "write_hf", "hf_mismatch", "WEIGHT_SUFFIXES"]
 

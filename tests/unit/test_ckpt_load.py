@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import splitsync as ss
-from splitsync.ckpt.full import free_later, held_state
+from splitsync.ckpt.load import free_later, held_state
 
 
 def _trained() -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from splitsync.ckpt.fs import ObjectStorage, Storage, is_url, open_storage
-from splitsync.ckpt.reading import check_size, read_part, verify_files
-from splitsync.ckpt.store import LATEST, MANIFEST, STEP_RE, CheckpointError, parse_manifest
+from splitsync.ckpt.load import check_size, read_part, verify_files
+from splitsync.ckpt.store import LATEST, MANIFEST, STEP_RE, parse_manifest
+from splitsync.errors import CheckpointError
 
 __all__ = ["Location", "Entry", "Check", "locate", "entries", "check", "choose", "state_of",
            "read_latest", "NOT_A_CHECKPOINT"]
@@ -227,7 +228,7 @@ def choose(loc: Location, step: int | None, *, load: tuple[str, ...] = (),
 
 def state_of(loc: Location, name: str, loaded: dict[str, Any]) -> Any:
     """The verified contents of ``state.pt`` (loaded by :func:`check`)."""
-    from splitsync.ckpt.saving import STATE_FILE
+    from splitsync.ckpt.save import STATE_FILE
 
     if STATE_FILE not in loaded:
         raise CheckpointError(f"{loc.where(name)}: {STATE_FILE} is not in the manifest")

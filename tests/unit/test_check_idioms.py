@@ -10,7 +10,7 @@ import pytest
 
 from splitsync.check import all_rules, check_file, check_paths, check_source, select_rules
 
-PROJECTS = Path(__file__).parent / "lint_cases" / "projects"
+PROJECTS = Path(__file__).parent / "check_cases" / "projects"
 DIST = ("import os\nimport torch\nimport torch.distributed as dist\n"
         "from torch.nn.parallel import DistributedDataParallel as DDP\n"
         "dist.init_process_group('gloo')\nrank = int(os.environ['RANK'])\n")

@@ -8,7 +8,7 @@ import pytest
 
 from splitsync.check import all_rules, check_file
 
-CASES = Path(__file__).parent / "lint_cases"
+CASES = Path(__file__).parent / "check_cases"
 
 
 def codes(name: str) -> set[str]:

@@ -11,7 +11,7 @@ import pytest
 from splitsync.check import check_file, check_source, select_rules
 from splitsync.check.registry import all_rules
 
-CASES = Path(__file__).parent / "lint_cases" / "evidence"
+CASES = Path(__file__).parent / "check_cases" / "evidence"
 UNGATED = all_rules(gated=False)
 
 
