@@ -37,7 +37,10 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
          debug: bool = False, guards: bool = True, run_dir: str | None = None,
          deterministic: bool = False, loggers: str | list[str] | tuple[str, ...] | None = None,
          straggler_threshold: float | None = DEFAULT_STRAGGLER_THRESHOLD,
-         save_blocking: bool = True, ledger: bool = False, **strategy_options: Any) -> Run:
+         save_blocking: bool = True, ledger: bool = False,
+         fault_tolerance: str | None = None, ft_min_replicas: int = 1,
+         ft_heartbeat_ms: int = 100, ft_timeout: float = 10.0,
+         ft_lighthouse: str | None = None, **strategy_options: Any) -> Run:
     """Detect the launcher, pick the device, form the process group and seed every RNG.
 
     ``loggers`` picks the trackers ``run.log`` writes to ("jsonl", "csv", "tensorboard",
@@ -50,6 +53,13 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
     ``accumulate``: micro-batches per optimizer step on each process, or a function of the
     world size that returns it (``accumulate=lambda world_size: 40 // world_size`` keeps 40
     micro-batches per step in all, as nanoGPT does), called once the launcher is known.
+    ``fault_tolerance="torchft"``: this process is one rank of one replica group, and the
+    job trains on through the loss of a group (docs/fault-tolerance.md; ``splitsync run
+    --replica-groups R``). ``ft_min_replicas``: groups a step needs to count;
+    ``ft_heartbeat_ms``: how often the group tells the Lighthouse it is alive;
+    ``ft_timeout``: seconds a cross-group all-reduce, commit or recovery may take;
+    ``ft_lighthouse``: the Lighthouse's address (default: ``TORCHFT_LIGHTHOUSE``).
+
     Any other keyword is a strategy option (DDP's ``find_unused_parameters``, ...): one
     that the strategy does not take is refused here, naming the nearest valid keyword.
     """
@@ -59,6 +69,18 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         raise ValueError("init(ledger=True) writes the sample ledger under run_dir; pass "
                          "run_dir=... (the folder splitsync audit reads).")
     env = detect_env()  # validated before any network call
+    ft = None
+    if fault_tolerance is not None:
+        from splitsync.ft.options import ft_options
+
+        ft = ft_options(fault_tolerance, os.environ, min_replicas=ft_min_replicas,
+                        heartbeat_ms=ft_heartbeat_ms, timeout=ft_timeout,
+                        lighthouse=ft_lighthouse)
+        if env.launcher not in ("torchrun", "env"):
+            raise ValueError(
+                "fault_tolerance='torchft' runs each replica group under torchrun's agent (its "
+                "store is the group's): launch with `splitsync run --replica-groups R -n N "
+                "script.py`, or with `splitsync run -n N` per group (docs/fault-tolerance.md).")
     accumulate = accumulate_for(accumulate, env.world_size)
     config = RunConfig(seed=seed, strategy=strategy, precision=precision,
                        device=None if device is None else str(device), backend=backend,
@@ -66,7 +88,7 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
                        run_dir=run_dir, deterministic=deterministic,
                        save_blocking=save_blocking,
                        strategy_options=strategy_options, loggers=loggers,  # type: ignore[arg-type]
-                       straggler_threshold=straggler_threshold)
+                       straggler_threshold=straggler_threshold, fault_tolerance=ft)
     config = attached.configure(config, os.environ)  # a tool may impose strategy, accumulate
     strategy = config.strategy
     if strategy_options:  # a misspelt keyword fails here, at every world size
@@ -94,9 +116,13 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         if owns:
             destroy_group()
         raise
-    run = Run(config, env, dev, chosen_backend, final_seed, owns, handler, precision=policy,
-              observers=observers)
-    return run
+    if ft is not None:
+        from splitsync.ft.runtime import FTRun
+
+        return FTRun(config, env, dev, chosen_backend, final_seed, owns, handler,
+                     precision=policy, observers=observers, ft=ft)
+    return Run(config, env, dev, chosen_backend, final_seed, owns, handler, precision=policy,
+               observers=observers)
 
 
 def _keywords() -> tuple[str, ...]:

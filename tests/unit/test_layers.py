@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("check", ("splitsync.check",)),  # the linter: a product of its own (see below)
     ("mechanics", ("splitsync.observe", "splitsync.train", "splitsync.strategies",
                    "splitsync.data", "splitsync.output", "splitsync.ckpt")),
-    ("run", ("splitsync.run",)),
+    ("run", ("splitsync.run", "splitsync.ft")),  # ft: the Run of a fault-tolerant job
     ("observers", ("splitsync.observers",)),  # what init attaches to a run
     ("launch", ("splitsync.launch", "splitsync.testing")),
     ("tools", ("splitsync.tools",)),  # offline programs: verify's runner, plan, audit, envreport

@@ -28,7 +28,10 @@ examples:
   splitsync run --nnodes 1:4 --max-restarts 3 --rdzv-endpoint node0:29400 -n 8 train.py
   # inside `srun --ntasks-per-node=1` (SLURM) or a PyTorchJob pod, nodes, node rank and
   # endpoint come from the cluster manager:
-  srun --ntasks-per-node=1 splitsync run -n 8 train.py"""
+  srun --ntasks-per-node=1 splitsync run -n 8 train.py
+  # fault tolerant (init(fault_tolerance="torchft")): 2 replica groups of 2 processes; a
+  # group that fails is restarted (up to 3 times) while the other trains on
+  splitsync run --replica-groups 2 -n 2 --max-restarts 3 train.py"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +57,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="restart all workers up to R times after a failure (default: 0)")
     parser.add_argument("--monitor-interval", type=float, default=None, metavar="SECONDS",
                         help="how often the agent checks its workers (torchrun's default: 0.1)")
+    ft = parser.add_argument_group("fault tolerance (init(fault_tolerance='torchft'))")
+    ft.add_argument("--replica-groups", type=int, default=None, metavar="R",
+                    help="run R replica groups of N processes under torchft, with a "
+                    "Lighthouse on loopback; --max-restarts applies to each group")
+    ft.add_argument("--ft-heartbeat-timeout-ms", type=int, default=1000, metavar="MS",
+                    help="the Lighthouse declares a silent group dead after this (default: "
+                    "1000)")
+    ft.add_argument("--ft-min-replicas", type=int, default=1, metavar="K",
+                    help="groups a quorum needs (default: 1)")
+    ft.add_argument("--ft-grace", type=float, default=30.0, metavar="SECONDS",
+                    help="once a group has finished, the others get this long to finish "
+                    "before they are stopped (default: 30)")
     parser.add_argument("-m", "--module", action="store_true",
                         help="SCRIPT is a module name, run like `python -m`")
     parser.add_argument("--dry-run", action="store_true",
@@ -90,6 +105,8 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         spec = spec_from_args(args)
+        if args.replica_groups is not None:
+            return _replica_groups(args, spec)
         if args.dry_run:
             return dry_run(spec)
         import torch.distributed.run  # noqa: F401  (slow; before waiting, so a node joins at once)
@@ -101,3 +118,35 @@ def main(args: argparse.Namespace) -> int:
     except (LaunchError, EnvError) as exc:
         say(f"error: {exc}")
         return 2
+
+
+def _replica_groups(args: argparse.Namespace, spec: LaunchSpec) -> int:
+    """``--replica-groups R``: R groups on this machine under one Lighthouse."""
+    from splitsync.launch.agent import say
+    from splitsync.launch.replica_groups import ReplicaGroups, group_command, run_replica_groups
+
+    if not spec.single_node or args.rdzv_endpoint or args.node_rank is not None:
+        raise LaunchError(
+            "--replica-groups runs every group on this machine; on a cluster run one job per "
+            "group (`splitsync run -n N` with REPLICA_GROUP_ID, NUM_REPLICA_GROUPS and "
+            "TORCHFT_LIGHTHOUSE set) and one Lighthouse: see docs/fault-tolerance.md.")
+    try:
+        rg = ReplicaGroups(groups=args.replica_groups, nproc=spec.nproc_per_node,
+                           max_restarts=spec.max_restarts,
+                           heartbeat_timeout_ms=args.ft_heartbeat_timeout_ms,
+                           min_replicas=args.ft_min_replicas, grace=args.ft_grace,
+                           monitor_interval=spec.monitor_interval, module=spec.module)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
+    if args.dry_run:
+        for g in range(rg.groups):
+            print(f"REPLICA_GROUP_ID={g} NUM_REPLICA_GROUPS={rg.groups} "
+                  "TORCHFT_LIGHTHOUSE=http://127.0.0.1:PORT "
+                  + " ".join(group_command(rg, spec.script, spec.script_args)), flush=True)
+        return 0
+    import importlib.util
+
+    if importlib.util.find_spec("torchft") is None:  # a clear error before any group starts
+        say("error: --replica-groups needs torchft: pip install 'splitsync[ft]'")
+        return 2
+    return run_replica_groups(rg, spec.script, spec.script_args)

@@ -63,7 +63,13 @@ def attach(config: RunConfig, env: DistEnv, device: torch.device, seed: int, led
         observers.append(StepClock(env.rank, env.world_size, config.straggler_threshold))
     if config.run_dir is not None:  # an observer may move it (verify's own folder)
         config = replace(config, run_dir=str(redirect(observers, Path(config.run_dir))))
-    if ledger:
+    if ledger and config.fault_tolerance is not None:
+        from splitsync.observers.ledger.ft import FTLedger
+
+        ft = config.fault_tolerance
+        observers.append(FTLedger(config.run_dir, env.rank, env.world_size,
+                                  env.restart_count, seed, ft.group, ft.groups))
+    elif ledger:
         from splitsync.observers.ledger.recorder import Ledger
 
         observers.append(Ledger(config.run_dir, env.rank, env.world_size, env.restart_count,

@@ -35,6 +35,7 @@ class RunConfig:
     strategy_options: dict[str, Any] = field(default_factory=dict)
     loggers: tuple[str, ...] | None = None  # None: the default trackers (see splitsync.output.trackers)
     straggler_threshold: float | None = DEFAULT_STRAGGLER_THRESHOLD  # None: no report
+    fault_tolerance: Any = None  # splitsync.ft.options.FTOptions under torchft, else None
 
     def __post_init__(self) -> None:
         check_name(self.strategy)  # the one unknown-strategy message

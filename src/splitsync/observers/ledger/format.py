@@ -6,7 +6,8 @@ A ledger file (``ledger/launch-NNNNN/rank-NNNNN.ledger``) is a magic line, then 
 
 Kinds: ``M`` the launch (JSON), ``P`` a loader pass begins (JSON), ``R`` ``run.resume``
 (JSON), ``S`` the samples of one or more optimizer steps from one loader (binary), ``C``
-``run.close`` (JSON). Each write is one ``os.write`` of whole records, so a killed process
+``run.close`` (JSON); fault-tolerant runs add ``F`` (a step's group-batch, JSON) and ``L``
+(the lineage of committed steps, JSON), see :mod:`splitsync.observers.ledger.ft`. Each write is one ``os.write`` of whole records, so a killed process
 leaves whole records behind; a record cut short or altered fails its length or checksum and
 the file is reported unreadable from that byte on. A write holds the passes begun since the
 previous one, then the steps taken since (an ``S`` record per loader), then the ``R`` or
@@ -186,7 +187,7 @@ def parse(data: bytes, path: Path) -> ParsedFile:
                 out.records.extend(("S", step) for step in _decode_steps(payload))
             elif k == "M":
                 out.meta = json.loads(payload)
-            elif k in "PRC":
+            elif k in "PRCFL":
                 out.records.append((k, json.loads(payload)))
             else:
                 raise ValueError(f"unknown record kind {k!r}")
