@@ -30,9 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """0: every epoch exactly once (or in progress); 1: a problem; 2: no ledger."""
     from splitsync.tools.audit.audit import audit
+    from splitsync.tools.audit.ft import audit_ft, is_ft
 
     try:
-        report = audit(args.run_dir)
+        report = audit_ft(args.run_dir) if is_ft(args.run_dir) else audit(args.run_dir)
     except FileNotFoundError as exc:
         if args.json:
             print(json.dumps({"ok": False, "error": str(exc)}))
@@ -81,6 +82,8 @@ def render(report: Any) -> None:
         et.add_row(str(c.loader), str(c.epoch), str(c.samples), str(c.once), str(c.more),
                    str(c.never), str(c.padded), f"[{style}]{c.status}[/{style}]")
     con.print(et)
+    for note in report.extra.get("notes", []):
+        con.print(f"note: {note}")
     for f in report.findings:
         con.print(("[bold red]problem[/bold red]: " if f.error else "note: ") + f.message)
     bad = report.first_bad

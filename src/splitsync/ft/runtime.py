@@ -31,7 +31,6 @@ from splitsync.ckpt.state import (
     model_state,
     optimizer_state,
 )
-from splitsync.distributed import comm
 from splitsync.ft.hooks import HookState, install_ddp_hook, install_fsdp_hook
 from splitsync.ft.loader import FTLoader
 from splitsync.ft.manager import build_manager
@@ -82,7 +81,7 @@ class FTRun(Run):
                 "fault_tolerance='torchft' takes accumulate=1 for now: each optimizer step is "
                 "one quorum and one batch of the training loader.")
         self._session = FTSession(ft, restart_count=self.env.restart_count,
-                                  world_size=self.world_size, broadcast=comm.broadcast_object)
+                                  world_size=self.world_size)
         self._manager_state = _ManagerState(self._session)
         self._train_loader: FTLoader | None = None
         self._guarded: set[int] = set()

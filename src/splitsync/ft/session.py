@@ -11,9 +11,7 @@ the cursor; a discarded one leaves it, so the next quorum hands out the same gro
 
 from __future__ import annotations
 
-import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,16 +56,15 @@ class Committed:
 class FTSession:
     """The Manager of this process's replica group and the state of the step under way."""
 
-    def __init__(self, options: FTOptions, *, restart_count: int, world_size: int,
-                 broadcast: Callable[[Any], Any]) -> None:
+    def __init__(self, options: FTOptions, *, restart_count: int, world_size: int) -> None:
         self.options = options
         self.restart_count = restart_count
         self.world_size = world_size
         self.cursor = DataCursor()
         self.manager: Any = None
-        # A number for this incarnation of the group (the same on its ranks), recorded in
-        # the lineage's members; floats carry it exactly below 2**24.
-        self.incarnation = int(broadcast(random.randrange(1, 1 << 23)))
+        # This incarnation of the group, in the lineage's members (the ledger sets its launch
+        # number, unique across relaunches; floats carry it exactly below 2**24).
+        self.incarnation = restart_count + 1
         self.record_members = False  # set by the ledger: one small extra all-reduce a step
         self.open = False  # a quorum was started and its step is not decided yet
         self.handed = False  # the open quorum's batch was handed out

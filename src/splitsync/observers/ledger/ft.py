@@ -59,13 +59,16 @@ class FTLedger(Observer):
         self.path = rank_file(root, launch, rank)
         self.rank = rank
         self.group = group
-        self._meta = {"launch": launch, "rank": rank, "world_size": world_size,
-                      "restart_count": restart_count, "seed": seed, "group": group,
-                      "groups": groups, "host": socket.gethostname(), "pid": os.getpid(),
-                      "time": time.time()}
+        self.launch = launch
         self._session: Any = None
         self._described = False
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        # the launch number is this incarnation's number in the lineage's members
+        meta = {"launch": launch, "incarnation": launch, "rank": rank,
+                "world_size": world_size, "restart_count": restart_count, "seed": seed,
+                "group": group, "groups": groups, "host": socket.gethostname(),
+                "pid": os.getpid(), "time": time.time()}
+        os.write(self._fd, MAGIC + json_record(b"M", meta))
 
     def _attach(self, loader: Any) -> None:
         session = getattr(loader, "session", None)
@@ -73,8 +76,7 @@ class FTLedger(Observer):
             return
         self._session = session
         session.record_members = True  # the lineage then says which group trained what
-        meta = {**self._meta, "incarnation": session.incarnation}
-        os.write(self._fd, MAGIC + json_record(b"M", meta))
+        session.incarnation = self.launch  # before the first step's vote
 
     def on_loader_iter(self, loader: Any) -> None:
         self._attach(loader)
@@ -108,8 +110,6 @@ class FTLedger(Observer):
     def on_close(self, clean: bool) -> None:
         if self._fd < 0:
             return
-        if self._session is None:  # never trained: still a readable file
-            os.write(self._fd, MAGIC + json_record(b"M", {**self._meta, "incarnation": 0}))
         step = 0 if self._session is None else self._session.step
         os.write(self._fd, self._lineage() + json_record(b"C", {"clean": clean, "step": step,
                                                                 "passes": []}))
