@@ -49,6 +49,9 @@ def ft_comm_hook(state: HookState,
         # Synchronous: a group-mate that died ends the whole group anyway (torchrun restarts it).
         dist.all_reduce(buffer, group=state.group)
         buffer.div_(state.size)
+    scale = state.session.scale  # 0 for a group without a batch at the end of the run
+    if scale != 1.0:
+        buffer.mul_(scale)
     work = state.session.manager.allreduce(buffer)  # SUM across groups, then / participants
     work.wait()  # False (and the Manager errored) when a peer group failed
     future = work.get_future()
@@ -69,6 +72,9 @@ def install_fsdp_hook(model: nn.Module, session: Any) -> int:
     from torch.distributed.fsdp import FSDPModule
 
     def across_groups(shard: torch.Tensor) -> None:
+        scale = session.scale  # 0 for a group without a batch at the end of the run
+        if scale != 1.0:
+            shard.mul_(scale)
         session.manager.allreduce(shard).wait()  # on failure: the Manager is errored, step discarded
 
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]

@@ -32,7 +32,8 @@ __all__ = ["FTLoader", "Handed"]
 @dataclass(frozen=True)
 class Handed:
     """The batch handed out last: group-batch ``k`` of ``epoch``, this rank's ``ids``
-    (dataset indices, the ``padded`` repeats last)."""
+    (dataset indices, the ``padded`` repeats last). ``k`` is -1 for a batch weighted 0 (a
+    group without a group-batch at the run's last step): all of it counts as padding."""
 
     k: int
     epoch: int
@@ -101,16 +102,21 @@ class FTLoader:
             if session.cursor.cursor >= end:
                 return  # the quorum stays open for the next pass's first batch
             assert session.rank_in_quorum is not None
-            k = session.cursor.cursor + session.rank_in_quorum
-            epoch, ids, padded = order.indices(k, self.rank)
-            self.current = Handed(k, epoch, ids, padded)
-            listed = ids.tolist()
-            for obs in hooks.on_batch:  # the ledger writes the batch down before training it
-                obs.on_batch(self, listed)
+            if session.idle:  # more groups than group-batches left: a batch weighted 0
+                epoch, ids, padded = order.indices(session.cursor.cursor, self.rank)
+                self.current = Handed(-1, epoch, ids, len(ids))
+                listed = ids.tolist()
+            else:
+                k = session.cursor.cursor + session.rank_in_quorum
+                epoch, ids, padded = order.indices(k, self.rank)
+                self.current = Handed(k, epoch, ids, padded)
+                listed = ids.tolist()
+                for obs in hooks.on_batch:  # the ledger writes it down before it is trained
+                    obs.on_batch(self, listed)
             batch = self.collate([self.dataset[i] for i in listed])
             session.delivered()
             self.batches_seen += 1
-            self.last_batch = session.cursor.cursor + session.participants >= end
+            self.last_batch = session.cursor.cursor + session.taking >= end
             yield batch if self.device.type == "cpu" else move_to(batch, self.device)
 
     def trim_padding(self, x: torch.Tensor) -> torch.Tensor:

@@ -168,6 +168,8 @@ class FTRun(Run):
         while this group was away is not trained again."""
         for obs in overriding(self.observers, "epochs"):
             n = obs.epochs(start, n)
+        if self._train_loader is not None:  # the last step takes no group-batch beyond epoch n
+            self._session.limit = n * self._train_loader.order.per_epoch
         epoch = max(start, self._cursor_epoch(start))
         while epoch < n:
             for loader in self._data.all:
@@ -215,11 +217,11 @@ class FTRun(Run):
         session = self._session
         if session.decide():
             norm = super().step(optimizer, clip)
-            return StepOutcome(True, session.step, session.participants, norm)
+            return StepOutcome(True, session.step, session.taking, norm)
         optimizer.zero_grad(set_to_none=True)
         for call in step_end_calls(self.observers):
             call(optimizer, None, False)  # observers: nothing stepped, nothing counts
-        return StepOutcome(False, session.step, session.participants, None)
+        return StepOutcome(False, session.step, session.taking, None)
 
     def log(self, **metrics: Any) -> dict[str, int | float]:
         """``run.log`` of a committed step, numbered by committed steps; after a discarded

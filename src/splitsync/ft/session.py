@@ -69,8 +69,14 @@ class FTSession:
         self.open = False  # a quorum was started and its step is not decided yet
         self.handed = False  # the open quorum's batch was handed out
         self.decision: bool | None = None
-        self.participants = 0
+        self.participants = 0  # groups in this step's quorum
         self.rank_in_quorum: int | None = None
+        # The group-batches the run trains in all (run.epochs sets it), this step's share of
+        # them (the last step may have more groups than group-batches left), and whether this
+        # group is one without a group-batch: its gradient is then weighted 0 (``scale``).
+        self.limit: int | None = None
+        self.taking = 0
+        self.idle = False
         self.last: Committed | None = None
         self.last_committed = True
         self.quorum_seconds = 0.0  # of the last begin(), a recovery included
@@ -123,6 +129,9 @@ class FTSession:
         self.participants = int(self.manager.num_participants())
         self.rank_in_quorum = self.manager.participating_rank()
         self.quorum_seconds = time.perf_counter() - start
+        left = None if self.limit is None else self.limit - self.cursor.cursor
+        self.taking = self.participants if left is None else max(0, min(self.participants, left))
+        self.idle = self.rank_in_quorum is not None and self.rank_in_quorum >= self.taking
         self.open, self.decision, self.handed = True, None, False
         if self._first:
             self._first = False
@@ -130,6 +139,15 @@ class FTSession:
         if self.rank_in_quorum is None:
             raise RuntimeError("torchft put this replica group outside its quorum; with "
                                "synchronous quorums every member takes part.")
+
+    @property
+    def scale(self) -> float:
+        """What this group's gradient is multiplied by before the cross-group mean (which
+        divides by the quorum's groups): 0 for a group without a group-batch, so the mean is
+        over the groups that trained one."""
+        if self.idle:
+            return 0.0
+        return self.participants / self.taking if self.taking < self.participants else 1.0
 
     def delivered(self) -> None:
         """The loader handed out this quorum's batch."""
@@ -160,8 +178,8 @@ class FTSession:
         ok = bool(self.manager.should_commit())
         if ok:
             step = self.step
-            start = self.cursor.commit(step, self.participants, members)
-            self.last = Committed(step, start, self.participants, members)
+            start = self.cursor.commit(step, self.taking, members)
+            self.last = Committed(step, start, self.taking, members)
         self.decision = ok
         self.last_committed = ok
         self.open = False
@@ -174,7 +192,8 @@ class FTSession:
         from torch.distributed import ReduceOp
 
         slots = torch.zeros(self.options.groups, dtype=torch.float32)
-        slots[self.options.group] = float(self.incarnation)
+        if not self.idle:
+            slots[self.options.group] = float(self.incarnation)
         self.manager.allreduce(slots, reduce_op=ReduceOp.SUM).wait()
         return [[g, int(v)] for g, v in enumerate(slots.tolist()) if v > 0.5]
 

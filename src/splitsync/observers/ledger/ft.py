@@ -92,7 +92,7 @@ class FTLedger(Observer):
             return
         step = session.step + 1  # the step this batch is for
         head = json_record(b"F", {"step": step, "k": handed.k, "start": session.cursor.cursor,
-                                  "participants": session.participants})
+                                  "participants": session.taking})
         body = steps_record(0, [(step, handed.epoch, len(handed.ids), handed.padded)],
                             handed.ids.to(torch.int64).numpy())
         os.write(self._fd, head + body)  # one write: the process may die at any moment
