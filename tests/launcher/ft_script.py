@@ -71,8 +71,9 @@ def main(a: argparse.Namespace) -> None:
         incarnation = run.env.restart_count
         for _epoch in run.epochs(a.epochs, start=state.epoch):
             for x, y in loader:
+                full = run.session.participants == run.replica_groups  # every group is in
                 if (g == 1 and a.kill_mid and incarnation < len(kills) and run.rank == 0
-                        and run.session.step >= kills[incarnation]):
+                        and run.session.step >= kills[incarnation] and full):
                     down.touch()  # mid-step: the quorum with every group has formed
                     os.kill(os.getpid(), signal.SIGKILL)
                 loss = nn.functional.cross_entropy(model(x), y)
@@ -87,7 +88,8 @@ def main(a: argparse.Namespace) -> None:
                 if g != 1 and down.exists():
                     time.sleep(a.slow)
                 if (g == 1 and res and not a.kill_mid and incarnation < len(kills)
-                        and res.step >= kills[incarnation] and run.rank == 0):
+                        and res.step >= kills[incarnation] and run.rank == 0
+                        and res.participants == run.replica_groups):
                     down.touch()
                     os.kill(os.getpid(), signal.SIGKILL)
                 if res and a.save_every and res.step % a.save_every == 0:
