@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "plan": "Predict step time and scaling efficiency at N devices.",
     "ckpt": "Inspect, convert (to safetensors / Hugging Face) and verify checkpoints offline.",
     "audit": "Check from a run's sample ledger that every sample was trained exactly once.",
+    "goodput": "Show where a run's wall time went: steps that counted, lost ones, saves, restarts.",
 }
 
 

@@ -128,6 +128,10 @@ class Observer:
     def on_save(self, path: Path, step: int) -> None:
         """``run.save``: a checkpoint was committed at ``path``."""
 
+    def on_save_staged(self, step: int) -> None:
+        """``run.save(blocking=False)`` returns: its state is staged and the write goes on in
+        the background (:meth:`on_save` follows once it has committed)."""
+
     def on_resume(self, path: Path | str, step: int) -> None:
         """``run.resume``: the checkpoint at ``path`` (``step`` optimizer steps done) was
         loaded. Not called when there was none to load."""

@@ -123,6 +123,7 @@ class Checkpointer:
     # --- observers -----------------------------------------------------------------------
     def set_observers(self, observers: Sequence[Observer]) -> None:
         self._on_save = overriding(observers, "on_save")
+        self._on_staged = overriding(observers, "on_save_staged")
         self._on_resume = overriding(observers, "on_resume")
         self._after_resume = overriding(observers, "after_resume")
         self._before_save = overriding(observers, "before_save")
@@ -285,6 +286,8 @@ class Checkpointer:
         if self._watch_steps is not None:
             self._watch = _SaveWatch(self)
             self._watch_steps(self._watch)
+        for obs in self._on_staged:
+            obs.on_save_staged(step)
         return self.inflight
 
     def settle(self, *, wait: bool, raise_errors: bool = True) -> None:

@@ -95,7 +95,19 @@ def render(report: Any) -> None:
                 f"{first['launch']})" if first else "")
         con.print(f"[bold red]first bad sample[/bold red]: loader {bad['loader']} epoch "
                   f"{bad['epoch']} {bad['name']}: {bad['problem']}{where}{also}")
+    _goodput(report.run_dir, con)
     con.print(f"ledger: {report.bytes} bytes for {report.samples_recorded} samples "
               f"({report.bytes_per_sample:.2f} bytes a sample)")
     con.print("[bold green]OK[/bold green]: every epoch exactly once" if report.ok
               else "[bold red]FAILED[/bold red]")
+
+
+def _goodput(run_dir: str, con: Any) -> None:
+    """The goodput lines, when the run kept its clock (splitsync goodput RUN_DIR)."""
+    from splitsync.tools.goodput import goodput, render
+
+    try:
+        report = goodput(run_dir)
+    except FileNotFoundError:
+        return
+    render(report, lambda line: con.print(line, markup=False))

@@ -63,6 +63,14 @@ def attach(config: RunConfig, env: DistEnv, device: torch.device, seed: int, led
         observers.append(StepClock(env.rank, env.world_size, config.straggler_threshold))
     if config.run_dir is not None:  # an observer may move it (verify's own folder)
         config = replace(config, run_dir=str(redirect(observers, Path(config.run_dir))))
+    if config.run_dir is not None and env.rank == 0:  # where the run's time went
+        from splitsync.observers.goodput import GoodputClock
+
+        ft = config.fault_tolerance
+        observers.append(GoodputClock(config.run_dir, world_size=env.world_size,
+                                      restart_count=env.restart_count,
+                                      group=None if ft is None else ft.group,
+                                      fault_tolerant=ft is not None))
     if ledger and config.fault_tolerance is not None:
         from splitsync.observers.ledger.ft import FTLedger
 
