@@ -27,6 +27,8 @@ examples:
   splitsync plan --model torchvision.models:resnet50 --input-shape 3,224,224 \\
                  --batch-size 32 --measure --network measured
   splitsync plan --params 25M --step-ms 40 --bandwidth 10 --latency 20
+  splitsync plan --failures --nodes 512 --mtbf-hours 5000 --save-s 60 --restart-s 300 \
+                 --step-s 2 --replica-groups 16
   splitsync plan --memory --model mypkg.nets:gpt_1b --input-shape 2048 --input-dtype long \
                  --batch-size 4 --precision bf16-mixed --memory-gb 80 --sizes 8,64 \
                  --strategies ddp,fsdp,fsdp+act-ckpt,hsdp+offload"""
@@ -76,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="device memory in GB: whether FSDP would pay off; with --memory, "
                         "which strategies fit")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    from splitsync.commands.plan_failures import add_failure_arguments
+
+    add_failure_arguments(parser)
     m = parser.add_argument_group("memory (--memory: per-device bytes of each strategy)")
     m.add_argument("--memory", action="store_true",
                    help="predict parameter, gradient, optimizer-state and activation bytes "
@@ -242,6 +247,10 @@ def main(args: argparse.Namespace) -> int:
 
     if args.memory:
         return memory_main(args)
+    if args.failures:
+        from splitsync.commands.plan_failures import failures_main
+
+        return failures_main(args)
 
     if (args.params is None) == (args.model is None):
         raise _fail("give the gradient size as --params COUNT or --model MODULE:FACTORY.")
