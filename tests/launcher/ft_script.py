@@ -14,6 +14,7 @@ hash). Options:
                      are still training when it returns
   --sleep SECONDS    simulated compute per step
   --strategy ddp|hsdp, --samples N, --epochs E, --save-every K
+  --plain            the same training without fault tolerance (DDP; a failure restarts all)
 """
 
 from __future__ import annotations
@@ -53,25 +54,38 @@ def weights_hash(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+class _Plain:
+    """What the log needs of a step without fault tolerance."""
+
+    committed, participants = True, 1
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def __bool__(self) -> bool:
+        return True
+
+
 def main(a: argparse.Namespace) -> None:
     out = Path(a.out)
     down = out / "group1-down"
     kills = [int(s) for s in a.kill_at.split(",") if s]
-    with ss.init(seed=0, strategy=a.strategy, fault_tolerance="torchft", ledger=True,
-                 run_dir=str(out)) as run:
+    ft = {} if a.plain else {"fault_tolerance": "torchft"}
+    with ss.init(seed=0, strategy=a.strategy, ledger=True, run_dir=str(out), **ft) as run:
         torch.manual_seed(0)
         model = run.model(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         loader = run.loader(Synthetic(a.samples), batch_size=a.batch_size, shuffle=True)
         state = run.resume(out / "ckpt", model=model, optimizer=opt)
-        g, me = run.replica_group, os.getpid()
+        g, me = (0 if a.plain else run.replica_group), os.getpid()
         log = open(out / f"steps-g{g}-r{run.rank}.jsonl", "a", buffering=1)  # noqa: SIM115
         log.write(json.dumps({"ev": "start", "pid": me, "step": state.step,
                               "restart": run.env.restart_count, "t": time.time()}) + "\n")
         incarnation = run.env.restart_count
+        taken = state.step  # steps of the run so far (plain)
         for _epoch in run.epochs(a.epochs, start=state.epoch):
             for x, y in loader:
-                full = run.session.participants == run.replica_groups  # every group is in
+                full = not a.plain and run.session.participants == run.replica_groups
                 if (g == 1 and a.kill_mid and incarnation < len(kills) and run.rank == 0
                         and run.session.step >= kills[incarnation] and full):
                     down.touch()  # mid-step: the quorum with every group has formed
@@ -80,6 +94,9 @@ def main(a: argparse.Namespace) -> None:
                 run.backward(loss)
                 time.sleep(a.sleep)
                 res = run.step(opt)
+                if a.plain:  # without fault tolerance every step counts
+                    taken += 1
+                    res = _Plain(taken)
                 log.write(json.dumps({"ev": "step", "pid": me, "committed": res.committed,
                                       "step": res.step, "P": res.participants,
                                       "hash": weights_hash(model), "t": time.time()}) + "\n")
@@ -89,12 +106,13 @@ def main(a: argparse.Namespace) -> None:
                     time.sleep(a.slow)
                 if (g == 1 and res and not a.kill_mid and incarnation < len(kills)
                         and res.step >= kills[incarnation] and run.rank == 0
-                        and res.participants == run.replica_groups):
+                        and not a.plain and res.participants == run.replica_groups):
                     down.touch()
                     os.kill(os.getpid(), signal.SIGKILL)
                 if res and a.save_every and res.step % a.save_every == 0:
                     run.save()
-        log.write(json.dumps({"ev": "done", "pid": me, "step": run.session.step,
+        log.write(json.dumps({"ev": "done", "pid": me, "step": res.step if a.plain else
+                              run.session.step,
                               "hash": weights_hash(model), "t": time.time()}) + "\n")
 
 
@@ -111,4 +129,5 @@ if __name__ == "__main__":
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--save-every", type=int, default=0)
+    p.add_argument("--plain", action="store_true", help="no fault tolerance (DDP, restarts)")
     main(p.parse_args())
