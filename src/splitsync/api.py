@@ -76,6 +76,10 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         ft = ft_options(fault_tolerance, os.environ, min_replicas=ft_min_replicas,
                         heartbeat_ms=ft_heartbeat_ms, timeout=ft_timeout,
                         lighthouse=ft_lighthouse)
+        if accumulate_for(accumulate, env.world_size) != 1:
+            raise ValueError(
+                "fault_tolerance='torchft' takes accumulate=1 for now: each optimizer step is "
+                "one quorum and one batch of the training loader.")
         if env.launcher not in ("torchrun", "env"):
             raise ValueError(
                 "fault_tolerance='torchft' runs each replica group under torchrun's agent (its "

@@ -9,6 +9,9 @@ hash). Options:
                      incarnation of group 1 dies at the i-th step of the list); with
                      --kill-mid in the step after it, once its quorum formed (the peers'
                      all-reduce then fails and they discard the step)
+  --kill-every K --kills N
+                     with --kill-mid: group 1 dies after K committed steps of each of its
+                     first N incarnations
   --slow SECONDS     while group 1 is down (between its kill and its first commit after
                      coming back) the other groups sleep this long per step, so that they
                      are still training when it returns
@@ -83,20 +86,25 @@ def main(a: argparse.Namespace) -> None:
                               "restart": run.env.restart_count, "t": time.time()}) + "\n")
         incarnation = run.env.restart_count
         taken = state.step  # steps of the run so far (plain)
+        mine = 0  # steps this incarnation committed
         for _epoch in run.epochs(a.epochs, start=state.epoch):
-            for x, y in loader:
+            for x, y in run.progress(loader, every=200):  # group-batches that counted
                 full = not a.plain and run.session.participants == run.replica_groups
-                if (g == 1 and a.kill_mid and incarnation < len(kills) and run.rank == 0
-                        and run.session.step >= kills[incarnation] and full):
+                due = (incarnation < len(kills) and run.session.step >= kills[incarnation]) or (
+                    a.kill_every and incarnation < a.kills and mine >= a.kill_every)
+                if g == 1 and a.kill_mid and run.rank == 0 and due and full:
                     down.touch()  # mid-step: the quorum with every group has formed
                     os.kill(os.getpid(), signal.SIGKILL)
                 loss = nn.functional.cross_entropy(model(x), y)
                 run.backward(loss)
                 time.sleep(a.sleep)
                 res = run.step(opt)
+                mine += int(bool(res))
                 if a.plain:  # without fault tolerance every step counts
                     taken += 1
                     res = _Plain(taken)
+                if res and res.step % 50 == 0:
+                    run.log(loss=loss)  # numbered by committed steps
                 log.write(json.dumps({"ev": "step", "pid": me, "committed": res.committed,
                                       "step": res.step, "P": res.participants,
                                       "hash": weights_hash(model), "t": time.time()}) + "\n")
@@ -122,6 +130,9 @@ if __name__ == "__main__":
     p.add_argument("--kill-at", default="")
     p.add_argument("--kill-mid", action="store_true",
                    help="die after the step's quorum formed, before backward (else after a commit)")
+    p.add_argument("--kill-every", type=int, default=0,
+                   help="with --kill-mid: group 1 dies after this many committed steps of its own")
+    p.add_argument("--kills", type=int, default=0, help="how often --kill-every applies")
     p.add_argument("--slow", type=float, default=0.25)
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--strategy", default="ddp")

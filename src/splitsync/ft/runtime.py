@@ -75,11 +75,7 @@ class FTRun(Run):
 
     def __init__(self, *args: Any, ft: FTOptions, **kwargs: Any) -> None:
         self.ft = ft
-        super().__init__(*args, **kwargs)
-        if self.config.accumulate != 1:
-            raise ValueError(
-                "fault_tolerance='torchft' takes accumulate=1 for now: each optimizer step is "
-                "one quorum and one batch of the training loader.")
+        super().__init__(*args, **kwargs)  # (init refused accumulate > 1 already)
         self._session = FTSession(ft, restart_count=self.env.restart_count,
                                   world_size=self.world_size)
         self._manager_state = _ManagerState(self._session)

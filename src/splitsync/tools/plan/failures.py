@@ -22,7 +22,8 @@ recovery, and the dead group the time until it trains again (``rejoin``: its res
 recovery). In group-seconds per failure: ``(groups-1)(heartbeat + step) + groups*heal +
 rejoin``; over ``groups`` groups a share ``lam * that / groups`` of the time. Checkpoints
 are then only for losing every group at once (rate ``groups lam_g (lam_g rejoin)^(groups-1)``,
-``lam_g = lam / groups``), so their best interval is long; each still stalls every group.
+``lam_g = lam / groups``; none for periodic failures a rejoin apart), so their best interval
+is long; each still stalls every group.
 A quorum before every step costs ``quorum / step`` on top.
 
 ``startup`` (the first launch's start, paid once) and ``work`` (the job's useful compute in
@@ -138,7 +139,10 @@ def ft_goodput(inputs: FailureInputs, interval: float | None = None) -> Plan:
     per_failure = ((groups - 1) * (inputs.heartbeat + inputs.step) + groups * inputs.heal
                    + rejoin) / groups
     lam_g = lam / groups
-    catastrophic = groups * lam_g * (lam_g * rejoin) ** (groups - 1) if groups > 1 else lam
+    if inputs.pattern == "periodic":  # one at a time: overlap only if a group is not back yet
+        catastrophic = 0.0 if groups > 1 and 1 / lam >= rejoin else lam
+    else:
+        catastrophic = groups * lam_g * (lam_g * rejoin) ** (groups - 1) if groups > 1 else lam
     m_cat = 1 / catastrophic if catastrophic > 0 else math.inf
     if interval is None:  # (at most a day: other hazards than failures exist too)
         interval = daly_interval(inputs.save, m_cat) if inputs.save > 0 else MAX_INTERVAL
@@ -148,8 +152,9 @@ def ft_goodput(inputs: FailureInputs, interval: float | None = None) -> Plan:
              if math.isfinite(m_cat) else 1.0)
     quorum = inputs.step / (inputs.step + inputs.quorum)
     g = max(0.0, saving * whole * quorum * (1 - lam * per_failure))
-    return Plan("fault tolerant", interval, g, _job(g, inputs), per_failure,
-                f"every replica group down at once about every {m_cat / 3600:.3g} h")
+    note = (f"every replica group down at once about every {m_cat / 3600:.3g} h"
+            if math.isfinite(m_cat) else "never every replica group down at once")
+    return Plan("fault tolerant", interval, g, _job(g, inputs), per_failure, note)
 
 
 def plan_failures(inputs: FailureInputs, interval: float | None = None) -> list[Plan]:
