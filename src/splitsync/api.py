@@ -19,10 +19,11 @@ import torch
 
 from splitsync.dist import comm
 from splitsync.dist.device import choose_device, default_backend
-from splitsync.dist.env import detect_env
+from splitsync.dist.env import batch_note, detect_env
 from splitsync.dist.group import destroy_group, init_group
-from splitsync.dist.logs import attach_rank_handler
+from splitsync.dist.logs import attach_rank_handler, get_logger
 from splitsync.dist.seeding import draw_seed, seed_everything
+from splitsync.dist.threads import cpu_counts, launcher_threads
 from splitsync.observe import Observer, redirect
 from splitsync.output.trackers import require_packages
 from splitsync.run.accumulate import accumulate_for
@@ -68,6 +69,12 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         raise ValueError("init(ledger=True) writes the sample ledger under run_dir; pass "
                          "run_dir=... (the folder splitsync audit reads).")
     env = detect_env()  # validated before any network call
+    threads = launcher_threads(env, os.environ, *cpu_counts())  # srun, mpirun: unset
+    if threads is not None:
+        # torch sized its thread pool at `import torch`, before init could export the
+        # variable: resize the pool itself, and export it for the processes this one starts
+        torch.set_num_threads(threads.count)
+        os.environ["OMP_NUM_THREADS"] = str(threads.count)
     accumulate = accumulate_for(accumulate, env.world_size)
     # under `splitsync verify --strategies/--accumulate`: the launch's strategy, accumulation
     strategy, accumulate = verify_settings(os.environ, strategy, accumulate)
@@ -98,6 +105,9 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         final_seed = seed if seed is not None else comm.broadcast_object(draw_seed())
         seed_everything(final_seed)
         handler = attach_rank_handler(env.rank, env.world_size)
+        for note in (threads and threads.note, batch_note(os.environ, env)):
+            if note and env.rank == 0:
+                get_logger().info(note)
         observers: list[Observer] = list(start_guards(config, env.rank, env.world_size, dev))
         verify = verify_recorder(os.environ, env.rank, env.world_size, accumulate)
         if verify is not None:
