@@ -2,8 +2,8 @@
 
 ``splitsync run`` (and torchrun) set ``OMP_NUM_THREADS`` for their workers; srun and mpirun
 do not. Each rank's torch then runs one thread per CPU it may use, and N ranks sharing a
-node's cores run N times too many threads: the demo took 20 s instead of 3.5 s under
-``srun -n 2`` on 2 cores. ``init()`` gives such ranks the share ``splitsync run`` would.
+node's cores run N times too many threads. ``init()`` gives such ranks the share
+``splitsync run`` would.
 """
 
 from __future__ import annotations
