@@ -305,9 +305,9 @@ def _validate(e: DistEnv) -> DistEnv:
 def detect_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     """Read and validate the launcher environment; never touches the network.
 
-    Given a recorded ``environ``, only the mapping is read; by default (``os.environ``),
-    MPICH's job id also comes from this process's PMI socket (see ``dist.mpi``).
+    This process's own environment (the default, or ``os.environ`` itself) also gives
+    MPICH's job id, from this process's PMI socket (see ``dist.mpi``); any other mapping
+    (a recorded environment) is read alone.
     """
-    if environ is None:
-        return _validate(_read(os.environ, peer=True))
-    return _validate(_read(environ, peer=False))
+    real = environ is None or environ is os.environ
+    return _validate(_read(os.environ if environ is None else environ, peer=real))
