@@ -18,12 +18,19 @@ from dataclasses import dataclass, field
 __all__ = ["Mpi", "find_mpi", "MPIS"]
 
 MPIS = ("openmpi", "mpich")
-_CANDIDATES = {
-    "openmpi": ("mpirun.openmpi", "mpiexec.openmpi", *sorted(glob.glob(
-        "/usr/lib/*/openmpi/bin/mpirun")), "orterun", "prterun", "mpirun", "mpiexec"),
-    "mpich": ("mpirun.mpich", "mpiexec.mpich", "mpiexec.hydra", *sorted(glob.glob(
-        "/usr/lib/*/mpich/bin/mpiexec")), "mpirun", "mpiexec"),
+# Debian's own names first, then its per-architecture folders, then whatever the
+# alternatives chose for the generic names.
+_NAMES = {
+    "openmpi": (("mpirun.openmpi", "mpiexec.openmpi"), "/usr/lib/*/openmpi/bin/mpirun",
+                ("orterun", "prterun", "mpirun", "mpiexec")),
+    "mpich": (("mpirun.mpich", "mpiexec.mpich", "mpiexec.hydra"),
+              "/usr/lib/*/mpich/bin/mpiexec", ("mpirun", "mpiexec")),
 }
+
+
+def _candidates(name: str) -> list[str]:
+    own, folder, generic = _NAMES[name]
+    return [*own, *sorted(glob.glob(folder)), *generic]
 # What `--version` prints: "mpirun (Open MPI) 4.1.4" / "mpirun.openmpi (OpenRTE) 4.1.4";
 # "HYDRA build details: ..." for MPICH (and Intel MPI, also Hydra).
 _SIGNATURE = {"openmpi": ("Open MPI", "OpenRTE"), "mpich": ("HYDRA",)}
@@ -56,7 +63,7 @@ def _version(path: str) -> str:
 def find_mpi(name: str) -> Mpi | str:
     """The launcher of ``name`` ("openmpi" or "mpich"), or why there is none."""
     seen: set[str] = set()
-    for candidate in _CANDIDATES[name]:
+    for candidate in _candidates(name):
         path = shutil.which(candidate)
         if path is None or os.path.realpath(path) in seen:
             continue

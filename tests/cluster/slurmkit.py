@@ -163,7 +163,8 @@ def start_slurm(root: Path, timeout: float = 60.0, kill_wait: int = KILL_WAIT) -
     conf = root / "slurm.conf"
     conf.write_text(_config(root, cpus, kill_wait))
     commands = [
-        [_which("munged"), "-F", "-f", f"--key-file={key}",
+        # the origin munge stamps on credentials: loopback, whatever the host name resolves to
+        [_which("munged"), "-F", "-f", "--origin=127.0.0.1", f"--key-file={key}",
          f"--socket={root}/munge/munge.socket", f"--pid-file={root}/munge/munged.pid",
          f"--seed-file={root}/munge/munged.seed", f"--log-file={root}/log/munged.log"],
         [_which("slurmctld"), "-D", "-f", str(conf)],
