@@ -14,25 +14,34 @@ checker as it stood before the rules were tuned on this corpus (``before``) or a
     PYTHONPATH=src python benchmarks/check_precision.py            # the table
     PYTHONPATH=src python benchmarks/check_precision.py --write    # and store it in the package
 
-``--write`` regenerates ``src/splitsync/tools/lint/measured.py``, which gates each rule's
-severity (below 95% precision a rule is at most ``info``; ``error`` needs no false positive)
-and which ``splitsync check --explain`` quotes.
+``--write`` regenerates the checker's ``measured.py``, which gates each rule's severity (below
+95% precision a rule is at most ``info``; ``error`` needs no false positive) and which
+``splitsync check --explain`` quotes.
+
+Splits: ``train`` (rules were tuned on it), ``heldout`` (labelled, never tuned on) and
+``holdout`` (files added with ``mistakes.tsv``, labelled blind, never tuned on). Recall of the
+real mistakes labelled by reading the files is ``benchmarks/check_recall.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "check_corpus"
 FILES = CORPUS / "files"
 SHOW_FALSE = "--show-false" in sys.argv
-MEASURED = HERE.parent / "src" / "splitsync" / "tools" / "lint" / "measured.py"
+SPLITS = ("train", "heldout", "holdout")
+def lint(module: str = "") -> ModuleType:
+    """The checker's package (``splitsync.check``), or one of its modules."""
+    return importlib.import_module(f"splitsync.check.{module}" if module else "splitsync.check")
 
 
 def _rows(name: str) -> list[dict[str, str]]:
@@ -50,9 +59,8 @@ def _pct(num: int, den: int) -> str:
 
 def measure() -> dict[str, object]:
     """Run the checker over the corpus and score it against the labels."""
-    from splitsync.tools.lint import check_paths
-    from splitsync.tools.lint.registry import all_rules
-
+    check_paths, all_rules = lint().check_paths, lint("registry").all_rules
+    gate = lint("registry").gate
     corpus = _rows("corpus.tsv")
     split = {_key(r["repo"], r["path"]): r["split"] for r in corpus}
     missing = [k for k in split if not (FILES / k).is_file()]
@@ -66,9 +74,11 @@ def measure() -> dict[str, object]:
     seconds = time.perf_counter() - start
     found: set[tuple[str, int, str]] = set()
     records: list[tuple[str, str, str, str, str]] = []  # rule, split, verdict, batch, severity
+    located: list[tuple[str, int, str, str]] = []  # every finding: path, line, rule, shown severity
     unlabelled = []
     for f in findings:
         rel = Path(f.path).resolve().relative_to(FILES.resolve()).as_posix()
+        located.append((rel, f.line, f.code, gate(f.code, f.severity)[0]))
         if split.get(rel, "context") == "context":
             continue
         key = (rel, f.line, f.code)
@@ -89,6 +99,7 @@ def measure() -> dict[str, object]:
             if label["verdict"] == "true" and (path, line, rule) not in found:
                 print(f"missed: {path}:{line} {rule} - {label['why']}", file=sys.stderr)
     return {"records": records, "real": real, "unlabelled": unlabelled, "files": len(scored),
+            "findings": located, "splits": split,
             "repos": len({r["repo"] for r in corpus if r["split"] != "context"}),
             "seconds": seconds, "rules": {r.code: r.severity for r in all_rules(gated=False)}}
 
@@ -97,8 +108,7 @@ def _tally(result: dict[str, object], part: str, codes: set[str],
            shown_only: bool = False) -> Counter[str]:
     """Counts of true/false findings and of real mistakes found, for ``codes`` in ``part``
     (``shown_only``: findings at warning or error after the severity gate)."""
-    from splitsync.tools.lint.registry import gate
-
+    gate = lint("registry").gate
     c: Counter[str] = Counter()
     for code, where, verdict, batch, severity in result["records"]:  # type: ignore[attr-defined]
         if code in codes and part in (where, "all"):
@@ -122,9 +132,7 @@ def _line(name: str, c: Counter[str], severity: str = "") -> str:
 
 def report(result: dict[str, object]) -> str:
     """The markdown tables: per rule over the whole corpus, then totals per split."""
-    from splitsync.tools.lint.registry import all_rules
-
-    gated = {r.code: r.severity for r in all_rules()}
+    gated = {r.code: r.severity for r in lint("registry").all_rules()}
     codes = {r[0] for r in result["records"]} | {r[0] for r in result["real"]}  # type: ignore[attr-defined]
     out = [f"{result['files']} scored files from {result['repos']} repositories; check took "
            f"{result['seconds']:.2f} s.", "",
@@ -134,7 +142,8 @@ def report(result: dict[str, object]) -> str:
         out.append(_line(code, _tally(result, "all", {code}), gated.get(code, "-")))
     out += ["", "| set | shown at | findings | true | false | precision | real found | recall |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for part in ("train", "heldout", "all"):
+    present = set(result["splits"].values())  # type: ignore[attr-defined]
+    for part in [*(s for s in SPLITS if s in present), "all"]:
         out.append(_line(part, _tally(result, part, codes), "any severity"))
         out.append(_line(part, _tally(result, part, codes, shown_only=True), "warning+error"))
     every = _tally(result, "all", codes)
@@ -159,26 +168,21 @@ def write_measured(result: dict[str, object]) -> None:
         lines.append(f"    {code!r}: ({a['true']}, {a['false']}, {h['true']}, {h['false']}),")
     lines += ["})", "#: Scored files and repositories of the corpus.",
               f"CORPUS = ({result['files']}, {result['repos']})", ""]
-    MEASURED.write_text("\n".join(lines))
+    Path(lint("measured").__file__).write_text("\n".join(lines))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true",
-                        help="store the measured table in src/splitsync/tools/lint/measured.py")
+                        help="store the measured table in the checker's measured.py")
     parser.add_argument("--show-false", action="store_true",
                         help="list the false positives (to stderr)")
     args = parser.parse_args()
     result = measure()
     if args.write:
-        import importlib
-
-        import splitsync.tools.lint.measured as measured
-        import splitsync.tools.lint.registry as registry
-
         write_measured(result)
-        importlib.reload(measured)
-        importlib.reload(registry)  # report the severities the new table gates to
+        importlib.reload(lint("measured"))
+        importlib.reload(lint("registry"))  # report the severities the new table gates to
     print(report(result))
     unlabelled = result["unlabelled"]
     if unlabelled:

@@ -25,7 +25,7 @@ CORPUS = Path(__file__).resolve().parent / "check_corpus"
 
 
 def main() -> int:
-    from splitsync.tools.lint import check_paths
+    from splitsync.check import check_paths
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=150)

@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 import splitsync as ss
-from splitsync.ckpt.model_state import model_state, optimizer_state
 from splitsync.ckpt.staging import stage
+from splitsync.ckpt.state import model_state, optimizer_state
 from splitsync.testing import spawn
 
 CHUNK = 16 << 20

@@ -15,7 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-from splitsync.bench.gpt import SIZES, train_mfu
+from gpt import SIZES, train_mfu
+
 from splitsync.bench.harness import markdown_table
 
 

@@ -78,7 +78,7 @@ def _rank(rank: int, world: int, steps: int, repeats: int, debug: bool,
 def _per_call_cost(calls: int = 200_000) -> float:
     """Seconds the guards add per step, timed in isolation (no noise from communication):
     one guarded forward plus two guarded calls (run.backward and run.mean)."""
-    from splitsync.tools.guards import Watch, guard_forward
+    from splitsync.observers.guards import Watch, guard_forward
 
     plain = nn.Identity()
     guarded = guard_forward(nn.Identity(), torch.device("cpu"))

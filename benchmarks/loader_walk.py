@@ -50,7 +50,7 @@ def _module(frame: Any) -> str | None:
 
 
 # The layers of tests/unit/test_layers.py, lowest first (an observer is a tool).
-LAYERS = (("splitsync.dist", "splitsync.errors", "splitsync.tree"),
+LAYERS = (("splitsync.distributed", "splitsync.errors", "splitsync.tree"),
           ("splitsync.observe", "splitsync.train", "splitsync.strategies", "splitsync.data",
            "splitsync.output", "splitsync.ckpt"),
           ("splitsync.run",), ("splitsync.launch", "splitsync.testing"),

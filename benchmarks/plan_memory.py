@@ -16,9 +16,9 @@ import sys
 import time
 
 import torch
+from memmodels import MODELS, sample
 
 from splitsync.bench.harness import markdown_table
-from splitsync.bench.memmodels import MODELS, sample
 from splitsync.testing import spawn
 from splitsync.tools.plan.memory import Variant, model_facts, plan
 
@@ -28,7 +28,7 @@ import resource, time, torch
 t = time.perf_counter()
 import torch._dynamo  # what torch's fake tensors and optimizers load on first use
 imported = time.perf_counter() - t
-from splitsync.bench.gpt import GPT, GPTConfig
+from gpt import GPT, GPTConfig
 from splitsync.tools.plan.memory import model_facts, plan, parse_strategies
 t = time.perf_counter()
 cfg = GPTConfig(vocab_size=32000, block_size=2048, n_layer=34, n_head=32, n_embd=4096)

@@ -29,7 +29,7 @@ def _rank(rank: int, world: int, workload: str, rounds: int, block: int,
     from splitsync.bench.harness import interleave, summarize
     from splitsync.bench.registry import build_loop
     from splitsync.bench.workloads import make_workload
-    from splitsync.tools.stragglers import StepClock
+    from splitsync.observers.stragglers import StepClock
 
     torch.set_num_threads(1)
     with splitsync.init(seed=0) as run:

@@ -1,4 +1,5 @@
-"""Shared test settings: single-threaded BLAS so multi-rank tests do not fight for cores.
+"""Shared test settings: single-threaded BLAS so multi-rank tests do not fight for cores;
+the benchmark models on the import path.
 
 Every test under tests/distributed/ starts a process group, so it is in the slow tier
 (``-m slow``) whether or not it says so; ``-m "not slow"`` runs the pure and single-process
@@ -6,11 +7,18 @@ tests.
 """
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# The benchmark models (benchmarks/gpt.py, benchmarks/memmodels.py) live beside the benchmark
+# scripts, outside the wheel; the tests of their formulas import them from there.
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.append(str(BENCHMARKS))
 
 _DISTRIBUTED = Path(__file__).parent / "distributed"
 

@@ -8,66 +8,68 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from splitsync.version import __version__
 
 _EXPORTS = {
     "init": "splitsync.api",
     "Run": "splitsync.run.runtime",
     "RunConfig": "splitsync.run.config",
-    "DistEnv": "splitsync.dist.env",
-    "EnvError": "splitsync.dist.env",
-    "detect_env": "splitsync.dist.env",
-    "move_to": "splitsync.dist.device",
-    "seed_everything": "splitsync.dist.seeding",
-    "Throughput": "splitsync.output.throughput",
     "ResumeState": "splitsync.ckpt.session",
-    "CheckpointError": "splitsync.ckpt.store",
-    "GroupError": "splitsync.dist.group",
-    "DesyncError": "splitsync.tools.guards.desync",
-    "DeviceMismatchError": "splitsync.tools.guards.devices",
-    "ConfigMismatchError": "splitsync.tools.guards.consistency",
-    "ParameterMismatchError": "splitsync.tools.guards.consistency",
-    "CollectiveTimeoutError": "splitsync.tools.guards.hangs",
+    "Observer": "splitsync.observe",
+    "DistEnv": "splitsync.distributed.env",
+    "detect_env": "splitsync.distributed.env",
+    "move_to": "splitsync.distributed.device",
+    "seed_everything": "splitsync.distributed.seeding",
     "Shards": "splitsync.data.stream.sources",
-    "StaleOptimizerError": "splitsync.train.stale",
+    "Throughput": "splitsync.output.throughput",
+    # importable from the top as well, though not in __all__ (documented in the README)
     "PRECISIONS": "splitsync.run.config",
     "STRATEGY_NAMES": "splitsync.strategies",
-    "Observer": "splitsync.observe",
-    "gather_object": "splitsync.dist.comm",
-    "broadcast_object": "splitsync.dist.comm",
+    "gather_object": "splitsync.distributed.comm",
+    "broadcast_object": "splitsync.distributed.comm",
+    **{name: "splitsync.errors" for name in (
+        "CheckpointError", "EnvError", "GroupError", "DesyncError", "DeviceMismatchError",
+        "ConfigMismatchError", "ParameterMismatchError", "CollectiveTimeoutError",
+        "StaleOptimizerError", "CheckpointWarning", "LaunchError", "SpawnError")},
 }
 
-_SUBMODULES = ("testing", "launch")
+_SUBMODULES = ("testing", "launch", "errors")
 
+# The names a script needs; everything else lives in its package (splitsync.errors holds
+# every exception), and is still importable from here as listed in _EXPORTS.
 __all__ = [
-    "init", "Run", "RunConfig", "DistEnv", "EnvError", "detect_env", "move_to",
-    "seed_everything", "Throughput", "ResumeState", "CheckpointError", "GroupError",
-    "DesyncError", "DeviceMismatchError", "ConfigMismatchError", "ParameterMismatchError",
-    "CollectiveTimeoutError", "StaleOptimizerError", "launch", "Shards", "__version__",
-    "PRECISIONS", "STRATEGY_NAMES", "Observer", "gather_object", "broadcast_object",
+    "init", "Run", "RunConfig", "ResumeState", "Observer", "DistEnv", "detect_env", "move_to",
+    "seed_everything", "Shards", "Throughput", "launch", "errors", "__version__",
 ]
 
-if TYPE_CHECKING:
-    from splitsync import launch  # callable: splitsync.launch(fn, nprocs=N, args=...)
+if TYPE_CHECKING:  # the lazy names, for type checkers (F401 is off for this file)
+    from splitsync import errors, launch  # launch is callable: splitsync.launch(fn, nprocs=N)
     from splitsync.api import init
     from splitsync.ckpt.session import ResumeState
-    from splitsync.ckpt.store import CheckpointError
     from splitsync.data.stream.sources import Shards
-    from splitsync.dist.comm import broadcast_object, gather_object
-    from splitsync.dist.device import move_to
-    from splitsync.dist.env import DistEnv, EnvError, detect_env
-    from splitsync.dist.group import GroupError
-    from splitsync.dist.seeding import seed_everything
+    from splitsync.distributed.comm import broadcast_object, gather_object
+    from splitsync.distributed.device import move_to
+    from splitsync.distributed.env import DistEnv, detect_env
+    from splitsync.distributed.seeding import seed_everything
+    from splitsync.errors import (
+        CheckpointError,
+        CheckpointWarning,
+        CollectiveTimeoutError,
+        ConfigMismatchError,
+        DesyncError,
+        DeviceMismatchError,
+        EnvError,
+        GroupError,
+        LaunchError,
+        ParameterMismatchError,
+        SpawnError,
+        StaleOptimizerError,
+    )
     from splitsync.observe import Observer
     from splitsync.output.throughput import Throughput
     from splitsync.run.config import PRECISIONS, RunConfig
     from splitsync.run.runtime import Run
     from splitsync.strategies import STRATEGY_NAMES
-    from splitsync.tools.guards.consistency import ConfigMismatchError, ParameterMismatchError
-    from splitsync.tools.guards.desync import DesyncError
-    from splitsync.tools.guards.devices import DeviceMismatchError
-    from splitsync.tools.guards.hangs import CollectiveTimeoutError
-    from splitsync.train.stale import StaleOptimizerError
 
 
 def __getattr__(name: str) -> Any:
@@ -79,4 +81,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    return sorted({*__all__, *_EXPORTS, *_SUBMODULES})

@@ -1,41 +1,32 @@
 """``splitsync.init()``: detect the launcher, form the group, and assemble the :class:`Run`.
 
-This is the one place that knows which tools exist: it attaches the guards (from the
-config), the sample ledger (``ledger=True``), the straggler clock (runs of two or more
-processes, unless ``straggler_threshold=None``) and the ``splitsync verify`` recorder (from
-the environment) to the run as observers. The core (``runtime`` and the Run's parts) never names them.
+The observers a run gets (guards, straggler clock, sample ledger, ``splitsync verify``'s
+recorder) come from :mod:`splitsync.observers`, which reads their settings; neither this
+module nor the core (``runtime`` and the Run's parts) names them.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from splitsync.dist import comm
-from splitsync.dist.device import choose_device, default_backend
-from splitsync.dist.env import batch_note, detect_env
-from splitsync.dist.group import destroy_group, init_group
-from splitsync.dist.logs import attach_rank_handler, get_logger
-from splitsync.dist.seeding import draw_seed, seed_everything
-from splitsync.dist.threads import cpu_counts, launcher_threads
-from splitsync.observe import Observer, redirect
+from splitsync import observers as attached
+from splitsync.distributed import comm
+from splitsync.distributed.device import choose_device, default_backend
+from splitsync.distributed.env import batch_note, detect_env
+from splitsync.distributed.group import destroy_group, init_group
+from splitsync.distributed.logs import attach_rank_handler, get_logger
+from splitsync.distributed.seeding import draw_seed, seed_everything
+from splitsync.distributed.threads import cpu_counts, launcher_threads
 from splitsync.output.trackers import require_packages
-from splitsync.run.accumulate import accumulate_for
 from splitsync.run.config import DEFAULT_STRAGGLER_THRESHOLD, RunConfig
 from splitsync.run.runtime import Run
+from splitsync.run.step import accumulate_for
 from splitsync.strategies import check_options, resolve
-from splitsync.tools.guards.session import collective_timeout
-from splitsync.tools.guards.session import start as start_guards
-from splitsync.tools.ledger.recorder import Ledger
-from splitsync.tools.stragglers import StepClock
-from splitsync.tools.verify.record import from_environ as verify_recorder
-from splitsync.tools.verify.record import settings as verify_settings
 from splitsync.train.precision import get_precision
 
 __all__ = ["init"]
@@ -76,8 +67,6 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         torch.set_num_threads(threads.count)
         os.environ["OMP_NUM_THREADS"] = str(threads.count)
     accumulate = accumulate_for(accumulate, env.world_size)
-    # under `splitsync verify --strategies/--accumulate`: the launch's strategy, accumulation
-    strategy, accumulate = verify_settings(os.environ, strategy, accumulate)
     config = RunConfig(seed=seed, strategy=strategy, precision=precision,
                        device=None if device is None else str(device), backend=backend,
                        accumulate=accumulate, timeout=timeout, debug=debug, guards=guards,
@@ -85,6 +74,8 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
                        save_blocking=save_blocking,
                        strategy_options=strategy_options, loggers=loggers,  # type: ignore[arg-type]
                        straggler_threshold=straggler_threshold)
+    config = attached.configure(config, os.environ)  # a tool may impose strategy, accumulate
+    strategy = config.strategy
     if strategy_options:  # a misspelt keyword fails here, at every world size
         check_options(strategy, resolve(strategy, env.world_size), strategy_options,
                       where="splitsync.init()", parameters=_keywords())
@@ -98,7 +89,7 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
     owns = False
     if env.launcher != "none":
         # with guards on, collectives wait a little less so the explained error fits in
-        owns = init_group(env, chosen_backend, dev, collective_timeout(config, env.world_size))
+        owns = init_group(env, chosen_backend, dev, attached.collective_timeout(config, env.world_size))
     try:
         if deterministic:
             torch.use_deterministic_algorithms(True)
@@ -108,20 +99,7 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         for note in (threads and threads.note, batch_note(os.environ, env)):
             if note and env.rank == 0:
                 get_logger().info(note)
-        observers: list[Observer] = list(start_guards(config, env.rank, env.world_size, dev))
-        verify = verify_recorder(os.environ, env.rank, env.world_size, accumulate)
-        if verify is not None:
-            observers.append(verify)
-        if config.straggler_threshold is not None and env.world_size > 1:
-            # innermost around the collectives: it times the call itself, not the guards
-            observers.append(StepClock(env.rank, env.world_size, config.straggler_threshold))
-        if config.run_dir is not None:  # an observer may move it (verify's own folder)
-            config = replace(config, run_dir=str(redirect(observers, Path(config.run_dir))))
-        book = None
-        if ledger:
-            book = Ledger(config.run_dir, env.rank, env.world_size, env.restart_count,
-                          final_seed)
-            observers.append(book)
+        config, observers = attached.attach(config, env, dev, final_seed, ledger, os.environ)
     except BaseException:
         if owns:
             destroy_group()

@@ -194,7 +194,7 @@ def one_group(rank: int, world: int, root: str) -> dict[str, Any]:
                 run.resume(f"{root}/g", model=model, optimizer=opt, save_blocking=False)
                 _step(run, model, opt, k)
                 h = run.save()
-                groups.append(run._checkpoints.checkpointer._group)
+                groups.append(run._checkpoints._group)
                 watched.append(len(run._step_watch))  # the step-boundary watch is attached
                 # the core's own watch, not one of the observers a user sees
                 assert all(w not in run.observers for w in run._step_watch)

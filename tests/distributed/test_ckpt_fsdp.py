@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import splitsync as ss
-from splitsync.ckpt import CheckpointError
 from splitsync.ckpt.store import read_manifest, write_manifest
+from splitsync.errors import CheckpointError
 from splitsync.testing import spawn
 
 

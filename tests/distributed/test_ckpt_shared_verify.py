@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import splitsync as ss
-from splitsync.ckpt import digest
+from splitsync.ckpt import integrity as digest
 from splitsync.testing import spawn
 
 SMALL = 4096  # many chunks from a small model

@@ -74,7 +74,7 @@ def test_profile_writes_a_trace_naming_the_model_ops_on_chosen_ranks(tmp_path: P
 def _straggler_rank(rank: int, world_size: int, mean_first: bool = False,
                     threshold: float | None = 0.25) -> tuple[list[str], int]:
     import splitsync as ss
-    from splitsync.tools.stragglers import StepClock
+    from splitsync.observers.stragglers import StepClock
 
     handler = _Collect()
     with ss.init(seed=0, straggler_threshold=threshold) as run, \

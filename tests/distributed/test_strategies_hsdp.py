@@ -122,7 +122,7 @@ def group_rank(rank: int, world: int, root: str) -> dict[str, Any]:
 
     import torch.distributed as dist
 
-    from splitsync.dist.ports import free_port
+    from splitsync.distributed.ports import free_port
 
     dist.init_process_group("gloo")  # each ss.init below finds it and leaves it up
     out = {"four": hsdp_phase(rank, world, root)}

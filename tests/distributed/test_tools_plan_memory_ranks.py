@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from memmodels import MODELS, sample
 
-from splitsync.bench.memmodels import MODELS, sample
 from splitsync.testing import spawn
 from splitsync.tools.plan.memory import Variant, model_facts, plan
 
@@ -47,8 +47,9 @@ def test_plan_memory_matches_what_ranks_hold() -> None:
 
 def hsdp_rank(rank: int, world: int) -> dict:
     """HSDP, 2 replicas x 2 shards: what a rank holds, and an EMA sharded like the model."""
+    from memmodels import mlp
+
     import splitsync as ss
-    from splitsync.bench.memmodels import mlp
     from splitsync.tools.plan.held import held_bytes
 
     with ss.init(seed=0, strategy="hsdp") as run:

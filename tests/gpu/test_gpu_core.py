@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import splitsync as ss
-from splitsync.dist.device import choose_device, move_to
-from splitsync.dist.env import DistEnv, EnvError
+from splitsync.distributed.device import choose_device, move_to
+from splitsync.distributed.env import DistEnv, EnvError
 
 CUDA = torch.cuda.is_available()
 GPUS = torch.cuda.device_count() if CUDA else 0
@@ -38,7 +38,7 @@ def test_pinned_batches_are_copied_asynchronously_and_arrive_intact() -> None:
 
 
 def test_nccl_group_of_one_with_device_id(monkeypatch: pytest.MonkeyPatch) -> None:
-    from splitsync.dist.group import free_port
+    from splitsync.distributed.group import free_port
 
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
                        "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",

@@ -19,7 +19,8 @@ from ckpt_crash_script import Data
 from torch import nn
 
 import splitsync as ss
-from splitsync.ckpt import background, staging
+from splitsync.ckpt import save as background
+from splitsync.ckpt import staging
 
 
 def die(*_: Any, **__: Any) -> None:

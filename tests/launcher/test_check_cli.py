@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = ROOT / "tests" / "unit" / "lint_cases"
+CASES = ROOT / "tests" / "unit" / "check_cases"
 EXAMPLE3 = CASES / "seed_example3.py"
 
 

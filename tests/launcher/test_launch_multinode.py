@@ -17,7 +17,7 @@ import torch
 from launch_helpers import SCRIPTS, endpoint_port, env, ranks_in, splitsync, stop
 from launchkit import run_ranks
 
-from splitsync.dist.group import free_port
+from splitsync.distributed.group import free_port
 
 pytestmark = pytest.mark.slow
 TRAIN = str(SCRIPTS / "launch_train.py")

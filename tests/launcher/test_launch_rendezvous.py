@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from splitsync.dist.group import free_port
+from splitsync.distributed.group import free_port
 from splitsync.launch.rendezvous import reserve_endpoint, wait_for_endpoint
 from splitsync.launch.spec import LaunchError, build_spec
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gpt import GPT, SIZES, GPTConfig, flops_per_token, matmul_params, train_mfu
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
-
-from splitsync.bench.gpt import GPT, SIZES, GPTConfig, flops_per_token, matmul_params, train_mfu
 
 
 def test_124m_config_has_gpt2_small_parameter_count() -> None:

@@ -68,7 +68,7 @@ def test_only_commands_and_bench_itself_import_bench() -> None:
 
 def test_plan_and_env_stay_below_bench_and_launch() -> None:
     graph = _graph()
-    for low in ("splitsync.tools.plan", "splitsync.tools.plan.costmodel", "splitsync.dist.parsing", "splitsync.dist.env"):
+    for low in ("splitsync.tools.plan", "splitsync.tools.plan.costmodel", "splitsync.distributed.parsing", "splitsync.distributed.env"):
         assert {d for d in graph[low] if d.startswith(("splitsync.bench", "splitsync.launch",
                                                        "splitsync.commands"))} == set(), low
 

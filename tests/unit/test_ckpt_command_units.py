@@ -11,12 +11,12 @@ import torch
 from torch import nn
 
 import splitsync as ss
-from splitsync.ckpt.convert import _strip, pick_model, pick_optimizer
-from splitsync.ckpt.kinds import kind_from_state, kind_of, type_name
-from splitsync.ckpt.offline import locate
-from splitsync.ckpt.store import CheckpointError
-from splitsync.ckpt.writers import write_optimizer, write_safetensors
+from splitsync.ckpt.offline.convert import _strip, pick_model, pick_optimizer
+from splitsync.ckpt.offline.reading import locate
+from splitsync.ckpt.offline.writers import write_optimizer, write_safetensors
+from splitsync.ckpt.state import kind_from_state, kind_of, type_name
 from splitsync.cli import main as cli
+from splitsync.errors import CheckpointError
 
 
 class ModelEmaV3:

@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent("""
     import torch
     from torch import nn
     import splitsync as ss
-    from splitsync.ckpt import background, store
+    from splitsync.ckpt import save as background, store
 
     root, point = sys.argv[1], sys.argv[2]
     def die(*a, **k):

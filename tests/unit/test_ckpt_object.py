@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 import splitsync as ss
-from splitsync.ckpt import CheckpointError, CheckpointWarning, SaveHandle
+from splitsync.ckpt import CheckpointWarning, SaveHandle
+from splitsync.errors import CheckpointError
 from splitsync.testing import clean_env
 
 fsspec = pytest.importorskip("fsspec")
@@ -112,8 +113,8 @@ def test_save_resume_keep_last_k_and_export(url: str) -> None:
 
 
 def test_partial_checkpoint_is_ignored_then_removed(url: str, monkeypatch) -> None:
-    from splitsync.ckpt import background
     from splitsync.ckpt import fs as fs_mod
+    from splitsync.ckpt import save as background
 
     run, model, opt = _build()
     with run:
@@ -168,7 +169,7 @@ KILLED = textwrap.dedent("""
     import torch
     from torch import nn
     import splitsync as ss
-    from splitsync.ckpt import background
+    from splitsync.ckpt import save as background
 
     url = sys.argv[1]
     run = ss.init(seed=0)

@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 import splitsync as ss
-from splitsync.ckpt import CheckpointError, CheckpointWarning
+from splitsync.ckpt import CheckpointWarning
 from splitsync.ckpt.store import read_manifest, write_manifest
+from splitsync.errors import CheckpointError
 
 
 def _setup(width: int = 3) -> tuple[ss.Run, nn.Module, torch.optim.Optimizer]:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import splitsync as ss
-from splitsync.ckpt import background
+from splitsync.ckpt import save as background
 
 
 class SlowToFree:

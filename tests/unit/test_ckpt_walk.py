@@ -57,8 +57,8 @@ def test_a_save_visits_only_the_modules_it_needs(tmp_path: Path) -> None:
     for blocking, mods in walks.items():
         others = {f"splitsync.strategies.{n}" for n in ("ddp", "hsdp", "fsdp", "dp")}
         assert not others & set(mods), (blocking, mods)  # no strategy asked in turn
-        assert "splitsync.dist.comm" not in mods  # one process: nothing to gather
-        assert "splitsync.dist.seeding" not in mods  # no run.generator stream to capture
+        assert "splitsync.distributed.comm" not in mods  # one process: nothing to gather
+        assert "splitsync.distributed.seeding" not in mods  # no run.generator stream to capture
     assert len(walks[True]) <= 18, walks[True]
     background = set(walks[False])
     # the watch re-wires run.step alone: the Run's other parts keep their functions

@@ -18,12 +18,15 @@ ROOT = Path(splitsync.__file__).resolve().parent
 # Lowest first; a layer is a set of folders (and a few top-level modules). A module belongs to
 # the layer of its longest matching prefix, and may import its own layer and lower ones only.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("splitsync.errors", "splitsync.tree", "splitsync.dist")),
+    ("base", ("splitsync.errors", "splitsync.tree", "splitsync.version",
+              "splitsync.distributed")),
+    ("check", ("splitsync.check",)),  # the linter: a product of its own (see below)
     ("mechanics", ("splitsync.observe", "splitsync.train", "splitsync.strategies",
                    "splitsync.data", "splitsync.output", "splitsync.ckpt")),
     ("run", ("splitsync.run",)),
+    ("observers", ("splitsync.observers",)),  # what init attaches to a run
     ("launch", ("splitsync.launch", "splitsync.testing")),
-    ("tools", ("splitsync.tools",)),
+    ("tools", ("splitsync.tools",)),  # offline programs: verify's runner, plan, audit, envreport
     ("api", ("splitsync", "splitsync.api")),  # "splitsync" alone: the package itself
     ("apps", ("splitsync.bench",)),
     ("commands", ("splitsync.commands", "splitsync.cli", "splitsync.__main__")),
@@ -131,19 +134,21 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_layers_are_assigned_as_intended() -> None:
     assert layer_of("splitsync.run.runtime") == "run"
     assert layer_of("splitsync.strategies.fsdp") == "mechanics"
-    assert layer_of("splitsync.dist.comm") == "base"
-    assert layer_of("splitsync.tools.guards.hangs") == "tools"
-    assert layer_of("splitsync.tools.verify.record") == "tools"
+    assert layer_of("splitsync.distributed.comm") == "base"
+    assert layer_of("splitsync.observers.guards.hangs") == "observers"
+    assert layer_of("splitsync.observers.verify.record") == "observers"
+    assert layer_of("splitsync.tools.verify.script") == "tools"
+    assert layer_of("splitsync.check.rules.data") == "check"
     assert layer_of("splitsync.commands.verify_worker") == "commands"
     assert layer_of("splitsync") == "api" and layer_of("splitsync.api") == "api"
     assert layer_of("splitsync.commands.run") == "commands"
     assert layer_of("splitsync.launch.spec") == "launch"
     assert layer_of("splitsync.bench.workloads") == "apps"
     # run.log's sinks and run.profile's stepper are the Run's own; the straggler clock is a
-    # tool that init attaches; the notebook launcher is part of launch.
+    # observer that init attaches; the notebook launcher is part of launch.
     assert layer_of("splitsync.output.trackers.fanout") == "mechanics"
     assert layer_of("splitsync.run.profile") == "run"
-    assert layer_of("splitsync.tools.stragglers") == "tools"
+    assert layer_of("splitsync.observers.stragglers") == "observers"
     assert layer_of("splitsync.launch.notebook") == "launch"
 
 
@@ -167,10 +172,13 @@ def test_no_import_goes_up_a_layer() -> None:
 
 def test_the_core_never_names_a_tool() -> None:
     """Not even in a string: the Run and its parts know observers only as observers."""
-    core = [p for _, prefixes in LAYERS[:3] for prefix in prefixes for p in _files_under(prefix)]
+    core = [p for name, prefixes in LAYERS[:4] if name != "check" for prefix in prefixes
+            for p in _files_under(prefix)]
     assert len(core) > 40
     for path in core:
-        assert "splitsync.tools" not in path.read_text(), path.relative_to(ROOT)
+        text = path.read_text()
+        assert "splitsync.tools" not in text and "splitsync.observers" not in text, \
+            path.relative_to(ROOT)
     # config carries the tools' settings (straggler_threshold); the rest names none of them
     for path in [*_files_under("splitsync.run"), ROOT / "observe.py"]:
         if path.name != "config.py":
@@ -192,3 +200,43 @@ def test_no_import_cycles() -> None:
 def test_the_cycle_finder_finds_cycles() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_linter_stands_alone() -> None:
+    """``splitsync.check`` reads users' scripts without torch: it imports no other part of
+    the package, and no shipped module but the ``check`` command imports it."""
+    edges = graph()
+    out = sorted(f"{m} imports {d}" for m, deps in edges.items() if m.startswith("splitsync.check")
+                 for d in deps if not d.startswith("splitsync.check"))
+    assert not out, out
+    users = sorted(m for m, deps in edges.items() if not m.startswith("splitsync.check")
+                   and any(d.startswith("splitsync.check") for d in deps))
+    assert users == ["splitsync.commands.check"], users
+
+
+def test_no_shipped_module_imports_the_test_helpers() -> None:
+    users = sorted(m for m, deps in graph().items() if "splitsync.testing" in deps)
+    assert users == [], users
+
+
+def test_init_names_no_observer() -> None:
+    """``init`` attaches observers through :mod:`splitsync.observers` alone."""
+    deps = graph()["splitsync.api"]
+    assert not any(d.startswith("splitsync.observers.") for d in deps), sorted(deps)
+
+
+def test_rooms_stay_small() -> None:
+    """One room per concern: no module over 400 lines, no class over 350, and at most 12
+    checkpoint modules on the online path (the offline readers live in ckpt/offline/)."""
+    long_modules, long_classes = [], []
+    for mod, path in MODULES.items():
+        text = path.read_text()
+        if text.count("\n") > 400:
+            long_modules.append(f"{mod}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 350:
+                long_classes.append(f"{mod}.{node.name}: {node.end_lineno - node.lineno + 1}")
+    assert not long_modules, long_modules
+    assert not long_classes, long_classes
+    online = sorted(p.name for p in (ROOT / "ckpt").glob("*.py"))
+    assert len(online) <= 12, online

@@ -179,7 +179,7 @@ def test_step_end_tells_micro_steps_from_steps_and_keeps_old_observers_working()
 
 def test_a_step_the_grad_scaler_skips_did_not_step() -> None:
     """Inf gradients: GradScaler skips optimizer.step, and the plan says so (CPU scaler)."""
-    from splitsync.run.accumulate import StepPlan
+    from splitsync.run.step import StepPlan
     from splitsync.train.precision import Precision
 
     plan = StepPlan(Precision("16-mixed", "cpu", None, None, scaled=True), accumulate=1)

@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 import splitsync
-from splitsync.dist.env import LAUNCHER_VARS
+from splitsync.distributed.env import LAUNCHER_VARS
 
 ROOT = Path(splitsync.__file__).resolve().parent
 
@@ -18,7 +18,7 @@ def _constants() -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith("tools/lint/"):
+        if rel.startswith("check/"):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -26,12 +26,12 @@ def _constants() -> dict[str, set[str]]:
     return found
 
 
-def test_launcher_variable_names_live_in_dist_env() -> None:
+def test_launcher_variable_names_live_in_distributed_env() -> None:
     found = _constants()
     names = {n for v in LAUNCHER_VARS.values() for n in v.names}
     assert {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"} <= names
     for name in sorted(names):
-        assert found.get(name, set()) <= {"dist/env.py"}, (name, found.get(name))
+        assert found.get(name, set()) <= {"distributed/env.py"}, (name, found.get(name))
 
 
 def test_unknown_strategy_message_and_worker_seed_formula_are_written_once() -> None:
@@ -41,7 +41,7 @@ def test_unknown_strategy_message_and_worker_seed_formula_are_written_once() -> 
     seeds = [p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py")
              if "loader_seed(" in p.read_text(encoding="utf-8")
              or "* 1000003 + rank" in p.read_text(encoding="utf-8")]
-    assert sorted(seeds) == ["data/build.py", "dist/seeding.py"]
-    from splitsync.dist.seeding import loader_seed
+    assert sorted(seeds) == ["data/build.py", "distributed/seeding.py"]
+    from splitsync.distributed.seeding import loader_seed
 
     assert loader_seed(3, 1) != loader_seed(3, 0) != loader_seed(4, 0)

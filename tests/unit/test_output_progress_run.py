@@ -7,16 +7,17 @@ import io
 
 import torch
 
-from splitsync.dist.env import DistEnv
+from splitsync.distributed.env import DistEnv
 from splitsync.run.config import RunConfig
 from splitsync.run.runtime import Run
+from splitsync.train.precision import get_precision
 
 
 def _run(rank: int, world_size: int) -> Run:
     env = DistEnv(launcher="env", rank=rank, local_rank=rank, world_size=world_size,
                   local_world_size=world_size)
     return Run(RunConfig(seed=0), env, torch.device("cpu"), "gloo", 0, owns_group=False,
-               handler=None)
+               handler=None, precision=get_precision("32", torch.device("cpu")))
 
 
 def test_rank_one_is_silent_and_pays_nothing() -> None:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import splitsync as ss
-from splitsync.run.accumulate import StepPlan
+from splitsync.run.step import StepPlan
 from splitsync.train.precision import Precision
 
 
@@ -44,7 +44,7 @@ def test_ema_formula_registration_and_export(tmp_path: Path) -> None:
         other = nn.Linear(1, 1)
         state = run.resume(tmp_path / "ck", model=model, optimizer=opt, ema=other)
         assert not state.resumed
-        ck = run._checkpoints.checkpointer
+        ck = run._checkpoints
         assert ck.models == {"model": model, "ema": other, "ema_1": ema, "ema_2": slow}
         with pytest.raises(RuntimeError, match=r"before run\.resume"):
             run.ema(model)

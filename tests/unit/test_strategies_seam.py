@@ -20,7 +20,6 @@ def test_for_model_finds_the_wrapper_and_looks_through_compile() -> None:
 def test_flags_say_what_each_strategy_does() -> None:
     assert get_strategy("fsdp").replaces_parameters
     assert not get_strategy("ddp").replaces_parameters
-    assert get_strategy("ddp").joins_uneven and not get_strategy("fsdp").joins_uneven
     assert get_strategy("dp").places_module and not get_strategy("single").places_module
 
 
@@ -33,7 +32,7 @@ def test_run_remembers_the_strategy_of_each_model() -> None:
 @pytest.mark.parametrize("wrap", [lambda m: m, nn.DataParallel,
                                   lambda m: torch.compile(m, backend="eager")])
 def test_one_state_path_round_trips_by_parameter_name(wrap) -> None:
-    from splitsync.ckpt.model_state import (
+    from splitsync.ckpt.state import (
         check_optimizer_names,
         load_model_state,
         load_optimizer_state,
@@ -70,7 +69,7 @@ def test_walker_keeps_container_types() -> None:
     import collections
     import dataclasses
 
-    from splitsync.dist.device import move_to
+    from splitsync.distributed.device import move_to
     from splitsync.tree import iter_tensors
 
     @dataclasses.dataclass

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from splitsync.dist.env import EnvError, detect_env
-from splitsync.dist.mpi import MPI_PORTS, derived_port
+from splitsync.distributed.env import EnvError, detect_env
+from splitsync.distributed.mpi import MPI_PORTS, derived_port
 from splitsync.launch.cluster import launch_defaults
 
 # srun -N 2 --ntasks-per-node=4 python train.py; task 5 runs on the second node.

@@ -40,7 +40,7 @@ def test_strategy_syntax_and_bad_names() -> None:
 
 
 def test_sgd_state_sharding_offload_and_checkpointing() -> None:
-    from splitsync.bench.memmodels import mlp
+    from memmodels import mlp
 
     facts = model_facts(mlp, (64,), 8, optimizer=torch.optim.SGD)  # no momentum: no state
     ddp, fsdp, off, ck = plan(facts, [Variant("ddp"), Variant("fsdp"),
@@ -54,7 +54,7 @@ def test_sgd_state_sharding_offload_and_checkpointing() -> None:
 
 
 def test_cli_json_keys_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--memory", "--model", "splitsync.bench.memmodels:cnn", "--input-shape", "3,8,8",
+    argv = ["--memory", "--model", "memmodels:cnn", "--input-shape", "3,8,8",
             "--batch-size", "2", "--strategies", "ddp,hsdp", "--sizes", "2,16",
             "--gpus-per-node", "8", "--memory-gb", "1", "--json"]
     assert plan_cmd.main(_args(*argv)) == 0
@@ -70,13 +70,13 @@ def test_cli_json_keys_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit, match="--memory needs --model"):
         plan_cmd.main(_args("--memory", "--batch-size", "2"))
     with pytest.raises(SystemExit, match="must divide 12"):
-        plan_cmd.main(_args("--memory", "--model", "splitsync.bench.memmodels:cnn",
+        plan_cmd.main(_args("--memory", "--model", "memmodels:cnn",
                             "--input-shape", "3,8,8", "--batch-size", "2", "--sizes", "12",
                             "--strategies", "hsdp"))
 
 
 def test_a_7b_transformer_plans_on_fake_tensors() -> None:
-    from splitsync.bench.gpt import GPT, GPTConfig
+    from gpt import GPT, GPTConfig
 
     cfg = GPTConfig(vocab_size=32000, block_size=256, n_layer=34, n_head=32, n_embd=4096)
     facts = model_facts(lambda: GPT(cfg), (256,), 1, input_dtype=torch.long,
@@ -89,7 +89,7 @@ def test_a_7b_transformer_plans_on_fake_tensors() -> None:
 
 def test_cli_says_which_choices_fit_and_honours_the_optimizer(
         capsys: pytest.CaptureFixture[str]) -> None:
-    base = ["--memory", "--model", "splitsync.bench.memmodels:mlp", "--input-shape", "64",
+    base = ["--memory", "--model", "memmodels:mlp", "--input-shape", "64",
             "--batch-size", "4", "--sizes", "2,4"]
     assert plan_cmd.main(_args(*base, "--strategies", "ddp,fsdp,fsdp+offload", "--json")) == 0
     rows = {(r["strategy"], r["devices"]): r for r in json.loads(capsys.readouterr().out)}

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import splitsync as ss
-from splitsync.run.accumulate import StepPlan
+from splitsync.run.step import StepPlan
 from splitsync.train.precision import Precision, get_precision
 
 

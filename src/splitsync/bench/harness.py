@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = ["median", "median_ci", "percentile", "interleave", "paired_ratios", "LoopSummary", "summarize",
-           "markdown_table", "fmt_ratio"]
+           "markdown_table"]
 
 
 def median(xs: Sequence[float]) -> float:
@@ -113,10 +113,6 @@ def summarize(blocks: Mapping[str, Sequence[Sequence[float]]], baseline: str) ->
         out.append(LoopSummary(name, 1e3 * median(flat), 1e3 * percentile(flat, 90),
                                median(ratios), lo, hi, len(ratios), len(flat)))
     return out
-
-
-def fmt_ratio(r: float | None) -> str:
-    return "n/a" if r is None else f"{r:.3f}x"
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -1,6 +1,6 @@
 """What each rank runs: interleaved loop comparisons and the all-reduce sweep.
 
-``measure_rank`` is started on N processes by :func:`splitsync.testing.spawn` (or any
+``measure_rank`` is started on N processes by :func:`splitsync.launch.spawn.spawn` (or any
 launcher); every rank runs the same schedule, and rank 0 returns the figures.
 """
 

@@ -10,10 +10,9 @@ from splitsync.bench import otherloops
 from splitsync.bench.loops import LOOP_BUILDERS, Loop
 from splitsync.bench.workloads import Workload
 
-__all__ = ["OTHER_LOOPS", "LOOP_KINDS", "build_loop"]
+__all__ = ["OTHER_LOOPS", "build_loop"]
 
 OTHER_LOOPS = tuple(otherloops.BUILDERS)  # accelerate, fabric, dp (toolkits load on setup)
-LOOP_KINDS = (*LOOP_BUILDERS, *OTHER_LOOPS)
 
 
 def build_loop(kind: str, wl: Workload, base: nn.Module, ctx: dict[str, Any]) -> Loop:

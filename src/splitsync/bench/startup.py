@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from splitsync.bench.harness import median
-from splitsync.testing import clean_env
+from splitsync.launch.spawn import clean_env
 
 __all__ = ["import_times", "launch_times", "FIRST_STEP_SCRIPT", "run_available"]
 

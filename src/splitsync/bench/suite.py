@@ -186,7 +186,7 @@ def _meta(opts: BenchOptions) -> dict[str, Any]:
 def run_suite(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the chosen sections; return the results (what results.json holds)."""
     from splitsync.bench.measure import measure_rank, single_loop_rank
-    from splitsync.testing import spawn
+    from splitsync.launch.spawn import spawn
 
     res: dict[str, Any] = {"meta": _meta(opts), "overhead": [], "naive": [], "comm": [],
                            "comm_train": []}

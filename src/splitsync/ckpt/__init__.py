@@ -1,16 +1,23 @@
 """Checkpoints: atomic and verifiable on disk, exact resume, sharded state, safetensors export.
 
-``run.resume``, ``run.save`` and ``run.export`` are the entry points; this package holds the
-pieces: :mod:`.store` (directories, manifest, keep-last-k), :mod:`.fs` (local directory or
-fsspec object store), :mod:`.saving` and :mod:`.background` (staging, background writes),
-:mod:`.chunked` and :mod:`.reading` (checksummed I/O, verified resume), :mod:`.state` (RNG,
-loaders, optimizer naming), :mod:`.sharded` (torch.distributed.checkpoint), :mod:`.export`.
+``run.resume``, ``run.save`` and ``run.export`` go to :mod:`.session` (the run's
+``Checkpointer``: registration, the step count, the one place that waits for a save). Then:
+
+- :mod:`.save`: what a save collects, and its write (blocking, or on a background thread);
+- :mod:`.load`: finding the checkpoint to resume from, reading it verified, loading it;
+- :mod:`.store` (directories, manifest, commit, keep-last-k) and :mod:`.fs` (a local
+  directory or an fsspec object store);
+- :mod:`.integrity`: checksums, and writes and reads that check them on the way;
+- :mod:`.state`: model/optimizer state for every strategy, RNG, loader positions, kinds;
+- :mod:`.sharded` (torch.distributed.checkpoint), :mod:`.staging` (host copies for
+  background saves), :mod:`.faults` (what went wrong), :mod:`.export` (safetensors);
+- :mod:`.offline`: ``splitsync ckpt inspect``, ``convert`` and ``verify``, in one process.
 """
 
 from __future__ import annotations
 
-from splitsync.ckpt.background import SaveHandle
-from splitsync.ckpt.session import Checkpointer, CheckpointWarning, ResumeState
-from splitsync.ckpt.store import CheckpointError
+from splitsync.ckpt.save import SaveHandle
+from splitsync.ckpt.session import Checkpointer, ResumeState
+from splitsync.errors import CheckpointError, CheckpointWarning
 
 __all__ = ["Checkpointer", "CheckpointError", "CheckpointWarning", "ResumeState", "SaveHandle"]

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from splitsync.ckpt.model_state import is_sharded, model_state
-from splitsync.dist import comm
+from splitsync.ckpt.state import is_sharded, model_state
+from splitsync.distributed import comm
 
 __all__ = ["export_safetensors"]
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from splitsync.ckpt import store
-from splitsync.ckpt.store import LATEST, MANIFEST, CheckpointError
+from splitsync.ckpt.store import LATEST, MANIFEST
+from splitsync.errors import CheckpointError
 
 __all__ = ["Storage", "LocalStorage", "ObjectStorage", "is_url", "open_storage"]
 
@@ -47,7 +48,6 @@ class Storage(Protocol):
     def size(self, name: str, rel: str) -> int | None: ...
     def open(self, name: str, rel: str) -> BinaryIO: ...
     def set_aside(self, name: str) -> str: ...
-    def committed_count(self) -> int: ...
     def discard(self, work: str) -> None: ...
     def free_bytes(self) -> int | None: ...
 
@@ -111,9 +111,6 @@ class LocalStorage:
 
     def steps(self) -> list[tuple[int, str]]:
         return [(s, p.name) for s, p in store.committed_steps(self.root)]
-
-    def committed_count(self) -> int:
-        return len(self.steps())
 
     def read_manifest_text(self, name: str) -> str:
         mf = self.root / name / MANIFEST
@@ -237,9 +234,6 @@ class ObjectStorage:
             if m:
                 found.append((int(m.group(1)), name))
         return sorted(found, reverse=True)
-
-    def committed_count(self) -> int:
-        return sum(1 for _, n in self.steps() if self._has_manifest(n))
 
     def read_manifest_text(self, name: str) -> str:
         try:

@@ -18,15 +18,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from splitsync.ckpt.model_state import (
+from splitsync.ckpt.state import (
+    check_shapes,
     load_model_state,
     load_optimizer_state,
     model_state,
     optimizer_state,
     state_shapes,
 )
-from splitsync.ckpt.state import check_shapes
-from splitsync.ckpt.store import CheckpointError
+from splitsync.errors import CheckpointError
 
 __all__ = ["DCP_DIR", "sharded_state", "write_sharded", "load_sharded", "safe_reader",
            "read_shapes"]

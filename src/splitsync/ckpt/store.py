@@ -13,16 +13,15 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from splitsync.errors import CheckpointError  # defined low: strategies raise it too
+from splitsync.errors import CheckpointError
 
 __all__ = [
-    "CheckpointError", "Candidate", "MANIFEST", "LATEST", "FORMAT", "step_dirname", "tmp_dirname",
+    "MANIFEST", "LATEST", "FORMAT", "step_dirname", "tmp_dirname",
     "fsync_file", "fsync_dir", "write_manifest", "read_manifest", "verify",
-    "commit", "prune", "set_aside", "committed_steps", "newest_valid", "clear_stale",
+    "commit", "prune", "set_aside", "committed_steps", "clear_stale",
     "manifest_text", "parse_manifest", "STEP_RE",
 ]
 
@@ -103,7 +102,7 @@ def parse_manifest(text: str) -> dict[str, Any]:
 
 def write_manifest(tmp: Path, body: dict[str, Any]) -> dict[str, Any]:
     """Checksum every file under ``tmp`` and write the manifest (the last file written)."""
-    from splitsync.ckpt.digest import digest_path  # it imports this module
+    from splitsync.ckpt.integrity import digest_path  # it imports this module
 
     files: dict[str, dict[str, Any]] = {}
     for p in sorted(tmp.rglob("*")):
@@ -131,7 +130,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 def verify(path: Path) -> dict[str, Any]:
     """Check every file against the manifest; return the manifest body or raise CheckpointError."""
-    from splitsync.ckpt.digest import verify_fd  # it imports this module
+    from splitsync.ckpt.integrity import verify_fd  # it imports this module
 
     body = read_manifest(path)
     for rel, info in body["files"].items():
@@ -158,28 +157,6 @@ def committed_steps(root: Path) -> list[tuple[int, Path]]:
     found = [(int(m.group(1)), p) for p in root.iterdir()
              if p.is_dir() and (m := STEP_RE.match(p.name))]
     return sorted(found, reverse=True)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """The checkpoint chosen for resuming and the ones skipped on the way (with reasons)."""
-
-    path: Path | None
-    body: dict[str, Any] | None
-    skipped: tuple[tuple[Path, str], ...]
-
-
-def newest_valid(root: Path) -> Candidate:
-    """The newest checkpoint whose manifest and files all verify."""
-    skipped: list[tuple[Path, str]] = []
-    for _, path in committed_steps(root):
-        try:
-            return Candidate(path, verify(path), tuple(skipped))
-        except CheckpointError as e:
-            skipped.append((path, str(e)))
-        except OSError as e:
-            skipped.append((path, f"unreadable ({e})"))
-    return Candidate(None, None, tuple(skipped))
 
 
 def clear_stale(root: Path) -> None:

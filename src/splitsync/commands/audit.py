@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """0: every epoch exactly once (or in progress); 1: a problem; 2: no ledger."""
-    from splitsync.tools.ledger.audit import audit
+    from splitsync.tools.audit.audit import audit
 
     try:
         report = audit(args.run_dir)

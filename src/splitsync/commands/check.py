@@ -55,10 +55,10 @@ def _codes(text: str) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     """Run the checker; the exit status follows ``--fail-on``."""
-    from splitsync.tools.lint import check_paths, get_rule, select_rules
-    from splitsync.tools.lint.model import SEVERITIES
-    from splitsync.tools.lint.registry import gate, measured_text
-    from splitsync.tools.lint.report import render_json, render_rules, render_text, rules_json
+    from splitsync.check import check_paths, get_rule, select_rules
+    from splitsync.check.model import SEVERITIES
+    from splitsync.check.registry import gate, measured_text
+    from splitsync.check.report import render_json, render_rules, render_text, rules_json
 
     if hasattr(sys.stdout, "reconfigure"):  # quoted source may not fit an ASCII console
         sys.stdout.reconfigure(errors="backslashreplace")

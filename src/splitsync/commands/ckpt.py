@@ -142,7 +142,7 @@ def _render_step(s: Mapping[str, Any]) -> list[str]:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from splitsync.ckpt.summary import summarize
+    from splitsync.ckpt.offline.inspect import summarize
 
     report = summarize(args.dir, args.step, args.quick)
     if args.json:
@@ -155,7 +155,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from splitsync.ckpt import offline
+    from splitsync.ckpt.offline import reading as offline
 
     loc = offline.locate(args.dir)
     found = offline.entries(loc)
@@ -191,7 +191,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from splitsync.ckpt.convert import convert
+    from splitsync.ckpt.offline.convert import convert
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -161,7 +161,7 @@ def measure_network(world: int = 2, gap_s: float = 1e-3) -> Any:
     back.
     """
     from splitsync.bench.measure import comm_rank
-    from splitsync.testing import spawn
+    from splitsync.launch.spawn import spawn
     from splitsync.tools.plan.costmodel import TRAIN_COMM_SIZES, fit_network
 
     rows = spawn(comm_rank, world, list(TRAIN_COMM_SIZES), gap_s, timeout=300)[0]

@@ -85,7 +85,7 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
 
 def main(args: argparse.Namespace) -> int:
     """Validate, print or launch; returns the exit status."""
-    from splitsync.dist.env import EnvError
+    from splitsync.distributed.env import EnvError
     from splitsync.launch.agent import dry_run, run_agent, say
 
     try:

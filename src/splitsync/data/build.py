@@ -23,7 +23,7 @@ from splitsync.data.loader import DeviceLoader, ShardSampler, loader_kwargs_from
 from splitsync.data.stream.loader import StreamLoader
 from splitsync.data.stream.readers import StreamReaders
 from splitsync.data.stream.sources import HFSource, IterSource, Shards, Source, from_webdataset
-from splitsync.dist.seeding import loader_seed, worker_init_fn
+from splitsync.distributed.seeding import loader_seed, worker_init_fn
 
 __all__ = ["LoaderHooks", "ResumableLoader", "make_loader", "is_stream", "as_source", "direct",
            "DEFAULT_BUFFER"]

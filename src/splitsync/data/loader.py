@@ -18,7 +18,7 @@ from torch.utils.data import (
 )
 
 from splitsync.data.order import ORDERS, PassOrder
-from splitsync.dist.device import move_to
+from splitsync.distributed.device import move_to
 
 if TYPE_CHECKING:
     from splitsync.data.build import LoaderHooks

@@ -27,14 +27,14 @@ def say(message: str) -> None:
 
 def accelerators() -> int:
     """Visible accelerators of the most plentiful kind (imports torch)."""
-    from splitsync.dist.device import visible_device_count
+    from splitsync.distributed.device import visible_device_count
 
     return max(visible_device_count(k) for k in ("cuda", "xpu", "mps"))
 
 
 def dry_run(spec: LaunchSpec) -> int:
     """Print the equivalent torchrun command (with a free port when none was given)."""
-    from splitsync.dist.group import free_port
+    from splitsync.distributed.group import free_port
 
     if spec.rdzv_port == 0:
         spec = replace(spec, rdzv_port=free_port(spec.rdzv_host))

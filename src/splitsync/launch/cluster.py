@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from splitsync.dist.env import LAUNCHER_VARS
-from splitsync.dist.parsing import EnvError, first_host, optional_int, slurm_nodelist
+from splitsync.distributed.env import LAUNCHER_VARS
+from splitsync.distributed.parsing import EnvError, first_host, optional_int, slurm_nodelist
 
 __all__ = ["ClusterDefaults", "launch_defaults", "DEFAULT_RDZV_PORT"]
 

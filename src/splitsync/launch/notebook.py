@@ -32,22 +32,14 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from splitsync.dist.env import TORCHRUN, launched_env
-from splitsync.dist.ports import free_port
+from splitsync.distributed.env import TORCHRUN, launched_env
+from splitsync.distributed.ports import free_port
+from splitsync.errors import LaunchFailed
 
 __all__ = ["notebook_launch", "LaunchFailed", "GRACE_S"]
 
 GRACE_S = 10.0  # after a rank fails, how long the others get to fail or finish on their own
 LAUNCHER_VARS = (*TORCHRUN.names, "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
-
-
-class LaunchFailed(RuntimeError):
-    """A rank raised (or died); ``rank`` is the first that failed, ``details`` its traceback."""
-
-    def __init__(self, message: str, rank: int, details: str) -> None:
-        super().__init__(message)
-        self.rank = rank
-        self.details = details
 
 
 def _refuse_in_launched_process() -> None:

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from splitsync.errors import LaunchError
 from splitsync.launch.cluster import DEFAULT_RDZV_PORT, ClusterDefaults
 
 __all__ = [
@@ -23,10 +24,6 @@ __all__ = [
 ]
 
 DEFAULT_RDZV_TIMEOUT = 600  # seconds; torchrun's own join timeout
-
-
-class LaunchError(ValueError):
-    """An option of ``splitsync run`` is invalid; the message says how to fix it."""
 
 
 @dataclass(frozen=True)

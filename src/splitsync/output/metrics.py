@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 import torch
 
-from splitsync.dist import comm
+from splitsync.distributed import comm
 from splitsync.output.trackers.fanout import Trackers, chosen
 from splitsync.output.trackers.files import CSV_NAME, JSONL_NAME
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from splitsync.dist import comm
+from splitsync.distributed import comm
 from splitsync.observe import Observer, chain_around
 from splitsync.run.data import Loaders
 

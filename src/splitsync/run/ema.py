@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from splitsync.observe import Observer
-from splitsync.run.accumulate import StepPlan
 from splitsync.run.models import Models
+from splitsync.run.step import StepPlan
 from splitsync.train.precision import forward_with
 
 __all__ = ["Emas", "Ema", "EMA_NAME"]
@@ -155,13 +155,13 @@ class Emas:
             out[name] = ema.module
         return out
 
-    def trained_model(self, checkpointer: Any) -> nn.Module | None:
+    def trained_model(self, registered: Mapping[str, nn.Module]) -> nn.Module | None:
         """The one registered model that is not an EMA (``run.export``'s default); None
         when there is no EMA (``run.export`` then decides by itself)."""
-        if checkpointer is None or not self.made:
+        if not registered or not self.made:
             return None
         emas = {id(e.module) for e in self.made}
-        models = [m for m in checkpointer.models.values() if id(m) not in emas]
+        models = [m for m in registered.values() if id(m) not in emas]
         if len(models) != 1:
             raise TypeError("run.export(path) exports the model registered by run.resume; "
                             f"{len(models)} are registered besides the EMAs, so pass model=...")

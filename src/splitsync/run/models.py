@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from splitsync.observe import Observer, overriding
-from splitsync.run.accumulate import StepPlan, prepare_module
+from splitsync.run.step import StepPlan, prepare_module
 from splitsync.strategies import (
     Strategy,
     WrapContext,

@@ -2,7 +2,7 @@
 
 A Run is who this process is plus parts it delegates to: models (``run_models``), loaders
 (``run_data``), the training step (``run_training``), collectives (``run_collectives``),
-checkpoints (``run_checkpoints``) and ``run.log`` (``run_logging``). Tools watch it through
+checkpoints (``ckpt.session.Checkpointer``) and ``run.log`` (``run_logging``). Tools watch it through
 observers (``splitsync.observe``); the Run knows none of them by name.
 """
 
@@ -19,27 +19,26 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from splitsync.ckpt.session import Checkpointer
 from splitsync.data.build import make_loader
 from splitsync.data.loader import DeviceLoader
 from splitsync.data.stream.loader import StreamLoader
-from splitsync.dist.device import move_to
-from splitsync.dist.env import DistEnv
-from splitsync.dist.group import destroy_group
-from splitsync.dist.logs import get_logger
-from splitsync.dist.seeding import Generators
+from splitsync.distributed.device import move_to
+from splitsync.distributed.env import DistEnv
+from splitsync.distributed.group import destroy_group
+from splitsync.distributed.logs import get_logger
+from splitsync.distributed.seeding import Generators
 from splitsync.observe import Observer, appended, overriding
 from splitsync.output.progress import progress as _progress
-from splitsync.run.accumulate import StepPlan
-from splitsync.run.checkpoints import Checkpoints
 from splitsync.run.collectives import Collectives
 from splitsync.run.config import RunConfig
 from splitsync.run.data import Loaders
 from splitsync.run.ema import Emas
 from splitsync.run.logging import Logging, run_settings
 from splitsync.run.models import Models
-from splitsync.run.training import Training
+from splitsync.run.step import StepPlan, Training
 from splitsync.strategies import Strategy, unwrap
-from splitsync.train.precision import Precision, get_precision
+from splitsync.train.precision import Precision
 
 if TYPE_CHECKING:
     import os
@@ -54,8 +53,7 @@ class Run:
 
     def __init__(self, config: RunConfig, env: DistEnv, device: torch.device, backend: str,
                  seed: int, owns_group: bool, handler: logging.Handler | None, *,
-                 precision: Precision | None = None,
-                 observers: Sequence[Observer] = ()) -> None:
+                 precision: Precision, observers: Sequence[Observer] = ()) -> None:
         self.config = config
         self.env = env
         self.device = device
@@ -68,8 +66,6 @@ class Run:
         self.log_handler = handler
         self._owns_group = owns_group
         self._closed = False
-        if precision is None:
-            precision = get_precision(config.precision, device)
         # backward/step functions for this precision and accumulation, chosen once
         self._plan = StepPlan(precision, config.accumulate)
         self._data = Loaders()
@@ -81,9 +77,10 @@ class Run:
         self._generators = Generators(seed, self.rank)
         # a background save's watch listens to run.step only: the other parts keep theirs
         self._step_watch: tuple[Observer, ...] = ()
-        self._checkpoints = Checkpoints(self.rank, self.world_size, self._data, config,
-                                        self._watch_steps, self._unwatch_steps,
-                                        self._generators)
+        self._checkpoints = Checkpointer(self.rank, self.world_size, self._data.all,
+                                         generators=self._generators, timeout=config.timeout,
+                                         blocking=config.save_blocking,
+                                         watch=self._watch_steps, unwatch=self._unwatch_steps)
         self._logging = Logging(config, device, self.is_main,
                                 run_settings(config, self.world_size, seed, device, backend))
         self._observers: tuple[Observer, ...] = ()
@@ -148,7 +145,7 @@ class Run:
         model (FSDP: sharded the same way, updated locally). :meth:`resume` registers it,
         so checkpoints hold it; ``run.export(path, model=ema)`` writes it. Call it before
         :meth:`resume`, on the model :meth:`model` returned."""
-        return self._emas.make(model, decay, resumed=self._checkpoints.checkpointer is not None)
+        return self._emas.make(model, decay, resumed=self._checkpoints.registered is not None)
 
     def strategy_of(self, model: nn.Module) -> Strategy:
         """The strategy that wrapped ``model`` (found by its type if run.model did not)."""
@@ -304,7 +301,7 @@ class Run:
         """Write the model's final weights to ``path`` (a path or an fsspec URL) as one
         unsharded safetensors file (``model=ema``: an EMA's)."""
         if model is None:  # the EMAs run.resume registered are not "the model"
-            model = self._emas.trained_model(self._checkpoints.checkpointer)
+            model = self._emas.trained_model(self._checkpoints.models)
         return self._checkpoints.export(path, model)
 
     # --- output ------------------------------------------------------------------------

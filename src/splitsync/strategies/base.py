@@ -82,7 +82,6 @@ class Strategy:
     options: tuple[str, ...] = ()  # keyword options wrap() accepts
     replaces_parameters: bool = False  # wrap() swaps nn.Parameters (FSDP2: for DTensors)
     places_module: bool = False  # wrap() places the module itself; else Run moves it first
-    joins_uneven: bool = False  # run.join() lets ranks with fewer batches shadow the others
 
     def __repr__(self) -> str:
         return f"<Strategy {self.name!r}>"

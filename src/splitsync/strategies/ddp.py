@@ -21,7 +21,6 @@ class DDP(Strategy):
 
     name = "ddp"
     options = OPTIONS
-    joins_uneven = True
 
     def owns(self, model: nn.Module) -> bool:
         return isinstance(model, DistributedDataParallel)

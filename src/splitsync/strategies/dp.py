@@ -17,7 +17,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DataParallel
 
-from splitsync.dist.device import visible_device_count
+from splitsync.distributed.device import visible_device_count
+from splitsync.errors import DataParallelWarning
 from splitsync.strategies.base import Strategy, WrapContext
 from splitsync.train.actckpt import has_bound_forwards, rebind_forwards
 
@@ -27,10 +28,6 @@ DDP_NOTE = (
     "strategy='dp' (nn.DataParallel) runs every GPU from one process and is slower than DDP. "
     "Prefer `splitsync run -n {n} script.py` with strategy='ddp' (the default there)."
 )
-
-
-class DataParallelWarning(UserWarning):
-    """Notes about nn.DataParallel (shown once per process by the default filters)."""
 
 
 def check_batch(inputs: Any, n_devices: int, where: str = "input") -> None:

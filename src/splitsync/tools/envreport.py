@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from splitsync.dist.env import TORCHRUN
+from splitsync.distributed.env import TORCHRUN
 
 __all__ = ["collect", "render_text", "RELEVANT_PREFIXES", "relevant_variables"]
 
@@ -41,7 +41,7 @@ def relevant_variables(environ: Mapping[str, str]) -> dict[str, str]:
 def _versions() -> dict[str, Any]:
     import torch
 
-    from splitsync import __version__
+    from splitsync.version import __version__
 
     nccl = None
     if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
@@ -99,7 +99,7 @@ def _backends() -> dict[str, bool]:
 
 
 def _launcher(environ: Mapping[str, str]) -> dict[str, Any]:
-    from splitsync.dist.env import EnvError, detect_env
+    from splitsync.distributed.env import EnvError, detect_env
     from splitsync.launch.cluster import launch_defaults
 
     try:

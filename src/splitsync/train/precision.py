@@ -60,11 +60,6 @@ class Precision:
             return ShardedGradScaler(self.device_type)
         return torch.amp.GradScaler(self.device_type)
 
-    @property
-    def needs_forward_wrapper(self) -> bool:
-        """Whether ``run.model()`` must wrap forward (autocast or input casting)."""
-        return self.autocast_dtype is not None or self.param_dtype is not None
-
 
 def get_precision(name: str, device: torch.device | str) -> Precision:
     """Validate ``name`` for ``device`` and describe it; raises ValueError with the fix."""

@@ -17,11 +17,9 @@ from typing import Any
 
 from torch import nn
 
+from splitsync.errors import StaleOptimizerError
+
 __all__ = ["RetiredParameters", "StaleOptimizerError"]
-
-
-class StaleOptimizerError(RuntimeError):
-    """The optimizer would update parameters the wrapped model no longer uses."""
 
 
 class RetiredParameters:

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from splitsync.dist.env import batch_note, detect_env
+from splitsync.distributed.env import batch_note, detect_env
 
 env = detect_env()
 report = {"launcher": env.launcher, "rank": env.rank, "world_size": env.world_size,

@@ -21,9 +21,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from splitsync.data.stream.readers import StreamReaders
-from splitsync.dist import comm
-from splitsync.dist.device import move_to
-from splitsync.dist.logs import get_logger
+from splitsync.distributed import comm
+from splitsync.distributed.device import move_to
+from splitsync.distributed.logs import get_logger
 
 if TYPE_CHECKING:
     from splitsync.data.build import LoaderHooks

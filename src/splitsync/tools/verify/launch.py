@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import IO, Union
 
-from splitsync.dist.ports import free_port
-from splitsync.testing import FORKSERVER_PRELOAD
+from splitsync.distributed.ports import free_port
+from splitsync.launch.spawn import FORKSERVER_PRELOAD
 
 __all__ = ["Outcome", "Launch", "run_all", "start_method"]
 

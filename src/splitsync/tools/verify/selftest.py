@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from splitsync.testing import clean_env
+from splitsync.launch.spawn import clean_env
 from splitsync.tools.verify.checks import Result, compare_params
 from splitsync.tools.verify.launch import Launch, Outcome, run_all
 

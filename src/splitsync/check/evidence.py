@@ -1,0 +1,211 @@
+"""What the code shows about itself that keeps a rule quiet: evidence read from the AST.
+
+Each function answers one question a rule would otherwise guess at: does this file need CUDA
+anyway (it imports CUDA-only kernels)? Is this module a loss or activation without
+parameters? Which functions launch the ranks, so their own lines run once in the parent? Is
+logging limited to rank 0 by configuration made somewhere in the project?
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable
+from functools import lru_cache
+
+from splitsync.check.facts import Facts, dotted, last_name
+from splitsync.check.flow import is_rank_like, nonmain_test, rank0_test
+from splitsync.check.ranks import rank_in
+
+__all__ = ["world_size_one", "cuda_only_reason", "parameterless", "launcher_functions", "logging_rank_limited",
+           "logging_configured", "framework_of"]
+
+#: Imports that need an NVIDIA GPU whatever the script does (kernels, GPU-only engines).
+_CUDA_ONLY = ("triton", "flash_attn", "vllm", "transformer_engine", "apex.contrib",
+              "xformers.ops", "torch.utils.cpp_extension", "cupy", "pynvml", "nvidia.dali")
+_CUDA_EXTENSION = re.compile(r"(^|_)(cuda|cudnn|nccl)(_|$)|_cuda$", re.I)
+#: torch.nn classes that hold no parameters or buffers: `.cuda()` on them does nothing.
+_PARAMLESS = re.compile(r"(Loss|ReLU|GELU|SiLU|Sigmoid|Tanh|Softmax|LogSoftmax|Identity|"
+                        r"Dropout|Flatten|Criterion)$|^(build_)?(loss|criterion)", re.I)
+_SPAWN_CALLS = frozenset({"spawn", "start_processes", "elastic_launch", "Popen", "check_call",
+                          "launch_agent"})
+_LEVEL_CALLS = frozenset({"setLevel", "basicConfig", "set_verbosity", "disable"})
+
+
+def cuda_only_reason(facts: Facts) -> str | None:
+    """The import that makes this file CUDA-only (``import triton``), if one does."""
+    for full in facts.aliases.values():
+        for prefix in _CUDA_ONLY:
+            if full == prefix or full.startswith(prefix + "."):
+                return prefix
+        head = full.split(".")[0]
+        if head != "torch" and _CUDA_EXTENSION.search(head):
+            return head  # a compiled CUDA extension (`import nccl_p2p_cuda`, `cudnn_gbn_lib`)
+    return None
+
+
+def parameterless(facts: Facts, expr: ast.AST) -> bool:
+    """Is ``expr`` (the receiver of ``.cuda()``) a module without parameters or buffers:
+    ``nn.CrossEntropyLoss()``, ``build_loss_fun()``?"""
+    if not isinstance(expr, ast.Call):
+        return False
+    name = last_name(expr) or ""
+    return bool(_PARAMLESS.search(name)) and not expr.args
+
+
+@lru_cache(maxsize=8)  # asked once per print; Facts compare by identity
+def launcher_functions(facts: Facts) -> frozenset[str]:
+    """Functions that start the ranks (``mp.spawn(...)``, ``p.start()`` on a Process,
+    ``subprocess.Popen``): their own lines run once, in the parent process."""
+    found: set[str] = set()
+    processes = {dotted(t) for n in facts.of(ast.Assign) if isinstance(n, ast.Assign)
+                 and isinstance(n.value, ast.Call) and last_name(n.value) == "Process"
+                 for t in n.targets}
+    for call, full in facts.calls:
+        name = last_name(call)
+        starts = name in _SPAWN_CALLS or (full.startswith("subprocess.") and name == "run") or (
+            name == "start" and isinstance(call.func, ast.Attribute)
+            and (dotted(call.func.value) in processes or "proc" in (
+                dotted(call.func.value) or "").lower() or dotted(call.func.value) == "p"))
+        if not starts:
+            continue
+        scope = facts.scope(call)
+        if isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
+            found.add(scope.name)
+    return frozenset(found)
+
+
+def _under_rank_test(facts: Facts, node: ast.AST) -> bool:
+    for parent in facts.ancestors(node):
+        if isinstance(parent, ast.If | ast.IfExp) and (
+                rank0_test(parent.test) or nonmain_test(parent.test)
+                or rank_in(facts, parent.test)):
+            return True
+    return False
+
+
+def _rank_level(facts: Facts) -> bool:
+    """A level set per rank, or a handler only rank 0 gets (``NullHandler`` elsewhere)."""
+    for call, _ in facts.calls:
+        name = last_name(call)
+        args = [*call.args, *(k.value for k in call.keywords)]
+        if name in _LEVEL_CALLS and (any(rank_in(facts, a) for a in args)
+                                     or _under_rank_test(facts, call)):
+            return True
+        if name == "NullHandler" and _under_rank_test(facts, call):
+            return True
+        if name in {"addHandler", "basicConfig"} and _under_rank_test(facts, call):
+            return True
+    return False
+
+
+def _rank_in_format(facts: Facts) -> bool:
+    """A logging Formatter subclass or format string that shows the rank on every line."""
+    for cls in facts.of(ast.ClassDef):
+        if any("Formatter" in (last_name(b) or "") for b in cls.bases):  # type: ignore[attr-defined]
+            if rank_in(facts, cls):
+                return True
+    for node in facts.of(ast.Constant):
+        if isinstance(node.value, str) \
+                and re.search(r"%\(rank\)|\{rank\}|\[rank", node.value, re.I):
+            parent = facts.parents.get(node)
+            if isinstance(parent, ast.Call | ast.keyword):
+                return True
+    return False
+
+
+def logging_rank_limited(members: Iterable[Facts]) -> bool:
+    """Does the project limit log output to rank 0, or label each record with its rank?"""
+    return any(_rank_level(f) or _rank_in_format(f) for f in members)
+
+
+def logging_configured(members: Iterable[Facts]) -> bool:
+    """Does any module of the project make INFO records visible (``basicConfig``, a handler,
+    ``setLevel``, ``dictConfig``)? Without it the root logger drops INFO."""
+    names = {"basicConfig", "addHandler", "setLevel", "dictConfig", "fileConfig",
+             "set_verbosity", "set_verbosity_info", "setup_logging", "init_logger",
+             "setup_logger", "create_logger", "set_logging"}
+    return any(last_name(c) in names for f in members for c, _ in f.calls)
+
+
+def framework_of(facts: Facts) -> str | None:
+    """``"Fabric"`` or ``"Accelerator"`` when the script runs under that framework."""
+    for call, full in facts.calls:
+        name = last_name(call)
+        if name in {"Fabric", "Accelerator"} and (full.startswith(("lightning", "accelerate"))
+                                                  or full == name):
+            return name
+    return None
+
+
+_DISTRIBUTED_FLAG = re.compile(r"^(is_)?(distributed|ddp|multiprocessing_distributed|dist_on)$"
+                               r"|^is_initialized$|^is_dist", re.I)
+
+
+def _single_process_test(test: ast.AST) -> bool:
+    """``local_rank == -1``, ``world_size == 1``, ``not args.distributed``: true only when
+    the script runs as one process."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _distributed_test(test.operand)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        left, op, right = test.left, test.ops[0], test.comparators[0]
+        value = right.value if isinstance(right, ast.Constant) else None
+        if isinstance(right, ast.UnaryOp) and isinstance(right.operand, ast.Constant):
+            value = -right.operand.value  # type: ignore[operator]
+        name = (last_name(left) or "").lower()
+        if isinstance(op, ast.Eq | ast.In):
+            if "world" in name and value == 1:
+                return True
+            if is_rank_like(left) and value == -1:
+                return True
+        if isinstance(op, ast.LtE | ast.Lt) and "world" in name and value in (1, 2):
+            return True
+    return False
+
+
+def _distributed_test(test: ast.AST) -> bool:
+    """``args.distributed``, ``world_size > 1``, ``dist.is_initialized()``, ``rank != -1``."""
+    if isinstance(test, ast.Name | ast.Attribute | ast.Call):
+        return bool(_DISTRIBUTED_FLAG.search(last_name(test) or ""))
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        left, op, right = test.left, test.ops[0], test.comparators[0]
+        name = (last_name(left) or "").lower()
+        value = right.value if isinstance(right, ast.Constant) else None
+        if isinstance(right, ast.UnaryOp) and isinstance(right.operand, ast.Constant):
+            value = -right.operand.value  # type: ignore[operator]
+        if "world" in name and isinstance(op, ast.Gt) and value == 1:
+            return True
+        if is_rank_like(left) and isinstance(op, ast.NotEq) and value == -1:
+            return True
+    return False
+
+
+def world_size_one(facts: Facts, node: ast.AST) -> bool:
+    """Is ``node`` reached only when the script runs as one process: the ``else:`` of
+    ``if args.distributed:``, a block that asserts ``local_rank == -1``, or a fallback that
+    sets ``world_size = 1``?"""
+    child = node
+    for parent in facts.ancestors(node):
+        if isinstance(parent, ast.If):
+            if any(child is s for s in parent.orelse) and _distributed_test(parent.test):
+                return True
+            if any(child is s for s in parent.body) and _single_process_test(parent.test):
+                return True
+        for name in ("body", "orelse", "handlers", "finalbody"):
+            block = getattr(parent, name, None)
+            if isinstance(block, list) and any(child is s for s in block):
+                for stmt in block:
+                    if isinstance(stmt, ast.Assert) and _single_process_test(stmt.test):
+                        return True
+                    if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Tuple | ast.Constant):
+                        targets = [t for tg in stmt.targets for t in ast.walk(tg)
+                                   if isinstance(t, ast.Name)]
+                        values = stmt.value.elts if isinstance(stmt.value, ast.Tuple) else [
+                            stmt.value]
+                        if any("world" in t.id.lower() and isinstance(v, ast.Constant)
+                               and v.value == 1 for t, v in zip(targets, values, strict=False)):
+                            return True
+        if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef | ast.Module):
+            return False
+        child = parent
+    return False

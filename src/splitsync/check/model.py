@@ -1,0 +1,96 @@
+"""The plain data the checker passes around: severities, rules, hits and findings."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from splitsync.check.facts import Facts
+
+__all__ = ["SEVERITIES", "Hit", "Rule", "Finding", "Project"]
+
+#: From most to least serious; only errors make ``splitsync check`` exit 1 by default.
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Hit:
+    """What a rule function yields: where (an AST node), what is wrong and the fix."""
+
+    node: ast.AST
+    message: str
+    fix: str
+    #: Overrides the rule's severity for this hit (a finding that depends on unseen values).
+    severity: str | None = None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One check: a code such as ``SS101``, a default severity and the function that finds it."""
+
+    code: str
+    name: str
+    severity: str
+    summary: str
+    explain: str
+    check: Callable[[Facts], Iterator[Hit]]
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"rule {self.code}: severity {self.severity!r} is not one of {SEVERITIES}")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A located diagnostic, ready for a reporter."""
+
+    code: str
+    name: str
+    severity: str
+    message: str
+    fix: str
+    path: str
+    line: int
+    column: int
+    end_line: int
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-ready form (1-based line and column)."""
+        return {
+            "code": self.code, "name": self.name, "severity": self.severity,
+            "path": self.path, "line": self.line, "column": self.column,
+            "end_line": self.end_line, "message": self.message, "fix": self.fix,
+        }
+
+
+@dataclass(frozen=True)
+class Project:
+    """What the script's own modules (the file and the local modules it imports, or that
+    import it) do together: facts one file alone cannot show."""
+
+    #: The files analysed together with this one (itself included).
+    files: tuple[str, ...] = ()
+    #: Some module replaces ``builtins.print`` (``setup_for_distributed(is_master)``).
+    print_override: bool = False
+    #: The last name of every call made anywhere in those files (``set_epoch``, ``no_sync``).
+    called: frozenset[str] = frozenset()
+    #: Every name and attribute the files mention (``require_backward_grad_sync``).
+    mentioned: frozenset[str] = frozenset()
+    #: Some module wraps a model for data-parallel training (DDP, FSDP, ``run.model``).
+    wrapped: bool = False
+    #: Some module is a distributed training script.
+    distributed: bool = False
+    #: A random seed is set with the same value on every rank (``torch.manual_seed(0)``).
+    same_seed: bool = False
+    #: Log output is limited to rank 0 (a per-rank level, a NullHandler off rank 0) or each
+    #: record shows its rank (a Formatter that reads the rank).
+    log_rank_limited: bool = False
+    #: Some module makes INFO records visible (``basicConfig``, a handler, ``setLevel``).
+    log_configured: bool = False
+    #: ``"Fabric"`` or ``"Accelerator"``: a framework sets up the processes and the loaders.
+    framework: str | None = None
+    #: Some module splits the data between ranks (a DistributedSampler in the data helpers).
+    sharded: bool = False

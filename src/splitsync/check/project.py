@@ -1,0 +1,266 @@
+"""Follow a script's own imports: the local modules it imports (and that import it) are read
+together, so a ``set_epoch`` in a helper module or a ``print`` override in ``utils/misc.py``
+is seen from the script.
+
+A local import is one that resolves to a ``.py`` file next to the script or under its package
+root; everything else (torch, third-party packages) is ignored. Nothing is imported or run.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from splitsync.check.evidence import framework_of, logging_configured, logging_rank_limited
+from splitsync.check.facts import Facts, last_name
+from splitsync.check.model import Project
+from splitsync.check.ranks import is_rank_like, rank_in
+from splitsync.check.rules.data import sharded
+
+__all__ = ["Disk", "local_imports", "project_of", "file_project", "merge", "with_project", "overrides_print", "same_seed",
+           "is_seed_call"]
+
+_WRAPS = frozenset({"DistributedDataParallel", "FullyShardedDataParallel", "fully_shard"})
+_BUILTINS = frozenset({"builtins", "__builtin__", "__builtins__"})
+
+
+@dataclass(frozen=True)
+class Disk:
+    """What one check run has asked the filesystem: import resolution tests the same few
+    candidate paths for every file of a project, so each is looked up once per run."""
+
+    answers: dict[tuple[str, Path], object] = field(default_factory=dict)
+
+    def is_file(self, path: Path) -> bool:
+        """``path.is_file()``, asked once."""
+        key = ("is_file", path)
+        if key not in self.answers:
+            self.answers[key] = path.is_file()
+        return self.answers[key]  # type: ignore[return-value]
+
+    def exists(self, path: Path) -> bool:
+        """``path.exists()``, asked once."""
+        key = ("exists", path)
+        if key not in self.answers:
+            self.answers[key] = path.exists()
+        return self.answers[key]  # type: ignore[return-value]
+
+    def may_hold(self, folder: Path, name: str) -> bool:
+        """Could ``folder`` hold an entry called ``name``? A superset test (case and Unicode
+        form folded, as some filesystems do) that spares a lookup for every import of a
+        package that is not local (``torch``, ``numpy``) in every folder it is tried in."""
+        key = ("names", folder)
+        if key not in self.answers:
+            try:
+                self.answers[key] = frozenset(_fold(n) for n in os.listdir(folder))
+            except OSError:
+                self.answers[key] = None  # unreadable: every lookup asks the filesystem
+        names = self.answers[key]
+        return names is None or _fold(name) in names  # type: ignore[operator]
+
+    def resolve(self, path: Path) -> Path:
+        """``path.resolve()``, asked once."""
+        key = ("resolve", path)
+        if key not in self.answers:
+            self.answers[key] = path.resolve()
+        return self.answers[key]  # type: ignore[return-value]
+
+
+def _fold(name: str) -> str:
+    return unicodedata.normalize("NFKC", name).casefold()
+
+
+def _roots(path: Path, disk: Disk) -> list[Path]:
+    """Where the script's absolute imports resolve: its folder and its package root."""
+    folder = path.parent
+    roots = [folder]
+    top = _roots_own_top(path, disk)
+    if top != folder:
+        roots.append(top)
+    # `python -m apps.x.train` run from the repository root: the script's folder is not a
+    # package, but `lingua/` beside `apps/` is; such ancestors resolve only package imports
+    for parent in list(folder.parents)[:3]:
+        if parent not in roots:
+            roots.append(parent)
+    return roots
+
+
+def _roots_own_top(path: Path, disk: Disk) -> Path:
+    """The package root of ``path`` (its folder when it is in no package)."""
+    top = path.parent
+    while disk.exists(top / "__init__.py") and top.parent != top:
+        top = top.parent
+    return top
+
+
+def _module_file(base: Path, dotted_name: str, disk: Disk) -> Path | None:
+    target = base.joinpath(*dotted_name.split(".")) if dotted_name else base
+    for candidate in (target.with_suffix(".py"), target / "__init__.py"):
+        if disk.is_file(candidate):
+            return candidate
+    return None
+
+
+def _candidates(path: Path, folder: str, level: int, name: str,
+                disk: Disk) -> tuple[Path, ...]:
+    """The files ``name`` could be, imported from ``path``'s folder (``folder``, as text) with
+    ``level`` dots, in the order they are tried; asked once per folder and name in a run."""
+    key = ("module", folder, level, name)
+    if key in disk.answers:
+        return disk.answers[key]  # type: ignore[return-value]
+    where = ("roots", folder)
+    if where not in disk.answers:
+        roots = _roots(path, disk)
+        disk.answers[where] = (roots, set(roots[1:]) - {_roots_own_top(path, disk)})
+    roots, ancestors = disk.answers[where]  # type: ignore[misc]
+    if level:
+        base = path.parent
+        for _ in range(level - 1):
+            base = base.parent
+        bases = [base]
+    else:
+        bases = roots
+    head = name.split(".")[0]
+    hits = []
+    for base in bases:
+        if head and not (disk.may_hold(base, head) or disk.may_hold(base, head + ".py")):
+            continue  # neither `head/` nor `head.py` here: no candidate can be a file
+        if base in ancestors and not disk.is_file(base / name.split(".")[0] / "__init__.py"):
+            continue  # an ancestor folder resolves packages only, never a stray file
+        hit = _module_file(base, name, disk)
+        if hit is not None:
+            hits.append(disk.resolve(hit))
+    disk.answers[key] = found = tuple(hits)
+    return found
+
+
+def local_imports(tree: ast.Module, path: Path,
+                  nodes: Iterable[ast.AST] | None = None, disk: Disk | None = None) -> set[Path]:
+    """The project files ``tree`` (read from ``path``; ``nodes``: its nodes, or at least its
+    import statements, if already listed) imports. ``disk`` shares filesystem answers
+    between the files of one run."""
+    disk = Disk() if disk is None else disk
+    found: set[Path] = set()
+    own = disk.resolve(path)
+    folder = str(path.parent)
+    for node in ast.walk(tree) if nodes is None else nodes:
+        names: list[tuple[int, str]] = []
+        if isinstance(node, ast.Import):
+            names = [(0, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            names = [(node.level, module)]
+            # `from util import misc` imports a module, not a name
+            names += [(node.level, f"{module}.{a.name}" if module else a.name)
+                      for a in node.names]
+        for level, name in names:
+            hit = next((h for h in _candidates(path, folder, level, name, disk) if h != own),
+                       None)
+            if hit is not None:
+                found.add(hit)
+    return found
+
+
+def overrides_print(facts: Facts) -> bool:
+    """Does the file replace ``print`` for the whole process (``builtins.print = print``)?"""
+    for node in facts.of(ast.Assign):
+        for target in node.targets:  # type: ignore[attr-defined]
+            if isinstance(target, ast.Attribute) and target.attr == "print" \
+                    and isinstance(target.value, ast.Name) and target.value.id in _BUILTINS:
+                return True
+            if isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant) \
+                    and target.slice.value == "print" and "builtin" in ast.unparse(target.value):
+                return True
+    return False
+
+
+def is_seed_call(call: ast.Call) -> bool:
+    """``torch.manual_seed(...)``, ``set_seed(...)``, ``np.random.seed(...)`` ..."""
+    name = (last_name(call) or "").lower()
+    return "seed" in name and not name.startswith(("get", "initial"))
+
+
+def _rank_derived(facts: Facts) -> set[str]:
+    names: set[str] = set()
+    for node in facts.of(ast.Assign):
+        if rank_in(facts, node.value):  # type: ignore[attr-defined]
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))  # type: ignore[attr-defined]
+    return names
+
+
+def _global_seed(facts: Facts, call: ast.Call) -> bool:
+    """A seed for a global generator (``torch.manual_seed``, ``set_seed``), not for one
+    generator object (``torch.Generator().manual_seed(0)``, ``g.manual_seed(0)``)."""
+    if isinstance(call.func, ast.Name):
+        return True
+    name = facts.resolve(call.func) if isinstance(call.func, ast.Attribute) else None
+    return name is not None and name.split(".")[0] in set(facts.aliases.values()) | {
+        "torch", "numpy", "random"}
+
+
+def same_seed(facts: Facts) -> bool:
+    """Is a seed set that every rank shares (not ``seed + rank``)?"""
+    derived = _rank_derived(facts)
+    for call, _ in facts.calls:
+        if not is_seed_call(call) or not (call.args or call.keywords) \
+                or not _global_seed(facts, call):
+            continue
+        parts = [n for a in [*call.args, *(k.value for k in call.keywords)]
+                 for n in facts.subtree(a)]
+        if not any(is_rank_like(n) or (isinstance(n, ast.Name) and n.id in derived)
+                   or "offset" in (last_name(n) or "") for n in parts):
+            return True
+    return bool(facts.init_calls())  # splitsync.init seeds every rank alike
+
+
+def _wraps(facts: Facts) -> bool:
+    return bool(facts.torch_calls(*_WRAPS) or facts.run_calls("model"))
+
+
+def file_project(f: Facts) -> Project:
+    """What one file contributes to its project (read once per file, then merged)."""
+    return Project(
+        files=(f.path,),
+        print_override=overrides_print(f),
+        called=frozenset(name for c, _ in f.calls if (name := last_name(c))),
+        mentioned=f.loaded_names,
+        wrapped=_wraps(f),
+        distributed=f.is_distributed or framework_of(f) is not None,
+        same_seed=same_seed(f),
+        log_rank_limited=logging_rank_limited([f]),
+        log_configured=logging_configured([f]),
+        framework=framework_of(f),
+        sharded=sharded(f),
+    )
+
+
+def merge(parts: Iterable[Project]) -> Project:
+    """The :class:`Project` of files read together, from each file's own part."""
+    parts = list(parts)
+    return Project(
+        files=tuple(p for part in parts for p in part.files),
+        print_override=any(p.print_override for p in parts),
+        called=frozenset().union(*(p.called for p in parts)),
+        mentioned=frozenset().union(*(p.mentioned for p in parts)),
+        wrapped=any(p.wrapped for p in parts),
+        distributed=any(p.distributed for p in parts),
+        same_seed=any(p.same_seed for p in parts),
+        log_rank_limited=any(p.log_rank_limited for p in parts),
+        log_configured=any(p.log_configured for p in parts),
+        framework=next((p.framework for p in parts if p.framework), None),
+        sharded=any(p.sharded for p in parts),
+    )
+
+
+def project_of(members: Iterable[Facts]) -> Project:
+    """The :class:`Project` of files read together."""
+    return merge(file_project(f) for f in members)
+
+
+def with_project(facts: Facts, project: Project | None = None) -> Facts:
+    """``facts`` knowing its project (itself alone when ``project`` is None)."""
+    return replace(facts, project=project or project_of([facts]))

@@ -1,0 +1,111 @@
+"""Every rule, in code order, and code selection (``--select`` / ``--ignore``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from splitsync.check.measured import MEASURED
+from splitsync.check.model import SEVERITIES, Rule
+from splitsync.check.rules import (
+    data,
+    devices,
+    indices,
+    loop,
+    metrics,
+    moves,
+    output,
+    parallel,
+    seeds,
+)
+
+__all__ = ["all_rules", "get_rule", "select_rules", "gate", "measured_text", "META_CODES",
+           "META_HELP", "MIN_PRECISION"]
+
+#: Below this precision on the labelled corpus a rule reports at most `info`.
+MIN_PRECISION = 0.95
+
+#: Codes the runner itself reports: a file that does not parse, a bad suppression comment,
+#: a rule that crashed on a file.
+META_CODES = {"SS000": "syntax-error", "SS001": "bad-suppression", "SS002": "rule-failed"}
+#: (severity, what it means) of each runner code, for ``--list-rules``.
+META_HELP = {
+    "SS000": ("error", "the file cannot be read or parsed as Python; no rule ran on it"),
+    "SS001": ("warning", "a `# splitsync: ignore[...]` comment names no rule"),
+    "SS002": ("warning", "a rule failed on this file (the other rules still ran)"),
+}
+
+
+def gate(code: str, declared: str) -> tuple[str, str]:
+    """The severity a rule may use given its measured precision, and why.
+
+    ``declared`` is a ceiling: below 95% precision on the corpus a rule is at most ``info``;
+    ``error`` needs proof, i.e. findings on the corpus and none of them false.
+    """
+    true, false, _, _ = MEASURED.get(code, (0, 0, 0, 0))
+    if true + false and true / (true + false) < MIN_PRECISION:
+        return "info", f"measured precision {true / (true + false):.0%} is below 95%"
+    if declared == "error" and (false or not true):
+        why = (f"{false} false positive(s) on the corpus" if false
+               else "no finding on the corpus yet proves it")
+        return "warning", f"error needs proof: {why}"
+    return declared, ""
+
+
+def measured_text(code: str) -> str:
+    """One line on the rule's measured precision, for ``--explain`` and ``--list-rules``."""
+    true, false, held_true, held_false = MEASURED.get(code, (0, 0, 0, 0))
+    if not true + false:
+        return "not measured: no finding on the labelled corpus of public training code."
+    held = held_true + held_false
+    part = (f"; held-out part {held_true}/{held} = {held_true / held:.0%}" if held else "")
+    return (f"measured on the labelled corpus of public training code: {true} of {true + false} "
+            f"findings right = {true / (true + false):.0%}{part}.")
+
+
+def _gated(rule: Rule) -> Rule:
+    severity, _ = gate(rule.code, rule.severity)
+    if SEVERITIES.index(severity) <= SEVERITIES.index(rule.severity):
+        return rule
+    return replace(rule, severity=severity)
+
+
+def all_rules(gated: bool = True) -> tuple[Rule, ...]:
+    """All rules, sorted by code; ``gated`` caps each severity by its measured precision."""
+    rules = (*devices.RULES, *indices.RULES, *moves.RULES, *parallel.RULES, *data.RULES,
+             *seeds.RULES, *output.RULES, *metrics.RULES, *loop.RULES)
+    if gated:
+        rules = tuple(_gated(r) for r in rules)
+    return tuple(sorted(rules, key=lambda r: r.code))
+
+
+def get_rule(code: str, gated: bool = True) -> Rule:
+    """The rule with ``code`` (case-insensitive); KeyError naming the known codes otherwise."""
+    for rule in all_rules(gated):
+        if rule.code == code.upper():
+            return rule
+    raise KeyError(f"no rule {code!r}; known codes: {', '.join(r.code for r in all_rules())}")
+
+
+def _matches(code: str, prefixes: Iterable[str]) -> bool:
+    return any(code.startswith(p) for p in prefixes)
+
+
+def _validate(prefixes: list[str], flag: str) -> None:
+    codes = [r.code for r in all_rules()] + list(META_CODES)
+    for p in prefixes:
+        if not any(c.startswith(p) for c in codes):
+            raise ValueError(f"{flag} {p!r} matches no rule; codes are {', '.join(codes)} "
+                             "(a prefix such as SS5 selects SS501-SS503)")
+
+
+def select_rules(select: Iterable[str] | None = None,
+                 ignore: Iterable[str] | None = None, gated: bool = True) -> tuple[Rule, ...]:
+    """Rules whose code starts with one of ``select`` (all if None) and none of ``ignore``
+    (``gated``: severities capped by measured precision, as ``splitsync check`` reports)."""
+    chosen = [p.strip().upper() for p in select or [] if p.strip()]
+    dropped = [p.strip().upper() for p in ignore or [] if p.strip()]
+    _validate(chosen, "--select")
+    _validate(dropped, "--ignore")
+    return tuple(r for r in all_rules(gated)
+                 if (not chosen or _matches(r.code, chosen)) and not _matches(r.code, dropped))

@@ -1,0 +1,90 @@
+"""Reporters: human text (rich, colour only on a terminal) and JSON for machines."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, TextIO
+
+from splitsync.check.model import SEVERITIES, Finding, Rule
+from splitsync.check.registry import META_CODES, META_HELP
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["summary", "render_text", "render_json", "render_rules", "rules_json"]
+
+_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def summary(findings: Iterable[Finding]) -> dict[str, int]:
+    """Counts per severity, every severity present."""
+    counts = Counter(f.severity for f in findings)
+    return {s: counts.get(s, 0) for s in SEVERITIES}
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 or word == "info" else "s")
+
+
+def _console(stream: TextIO | None) -> Console:
+    from rich.console import Console
+
+    console = Console(file=stream, highlight=False, soft_wrap=True)
+    if not console.is_terminal:  # pipes and CI logs: don't squeeze tables into 80 columns
+        console.width = max(console.width, 120)
+    return console
+
+
+def render_text(findings: Sequence[Finding], files: int, stream: TextIO | None = None) -> None:
+    """``path:line:col: CODE severity name`` then the message and the fix, and a summary."""
+    from rich.text import Text
+
+    console = _console(stream)
+    for f in findings:
+        head = Text()
+        head.append(f"{f.path}:{f.line}:{f.column}: ", style="bold")
+        head.append(f"{f.code} ", style="bold")
+        head.append(f.severity, style=_STYLE[f.severity])
+        head.append(f" [{f.name}]", style="dim")
+        console.print(head)
+        console.print(Text(f"  {f.message}"))
+        console.print(Text(f"  fix: {f.fix}", style="green"))
+    counts = summary(findings)
+    checked = _plural(files, "file") + " checked"
+    if not findings:
+        console.print(Text(f"No problems found ({checked}).", style="bold green"))
+        return
+    flagged = len({f.path for f in findings})
+    parts = ", ".join(_plural(n, s) for s, n in counts.items() if n)
+    console.print(Text(f"Found {parts} in {_plural(flagged, 'file')} ({checked}).",
+                       style="bold red" if counts["error"] else "bold yellow"))
+
+
+def render_json(findings: Sequence[Finding], files: int) -> str:
+    """A JSON document: version, files checked, counts per severity, the findings."""
+    return json.dumps({"version": 1, "files_checked": files, "summary": summary(findings),
+                       "findings": [f.as_dict() for f in findings]}, indent=2)
+
+
+def rules_json(rules: Sequence[Rule]) -> str:
+    """The rule list as JSON."""
+    return json.dumps([{"code": r.code, "name": r.name, "severity": r.severity,
+                        "summary": r.summary, "explain": r.explain} for r in rules], indent=2)
+
+
+def render_rules(rules: Sequence[Rule], stream: TextIO | None = None) -> None:
+    """A table of the rules for ``--list-rules``."""
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for column in ("code", "severity", "name", "what it finds"):
+        table.add_column(column, no_wrap=column != "what it finds")
+    for r in rules:
+        table.add_row(r.code, f"[{_STYLE[r.severity]}]{r.severity}[/]", r.name,
+                      r.summary.replace("[", "\\["))
+    for code, name in META_CODES.items():
+        severity, what = META_HELP[code]
+        table.add_row(code, f"[{_STYLE[severity]}]{severity}[/]", name, what.replace("[", "\\["))
+    _console(stream).print(table)

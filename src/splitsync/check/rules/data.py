@@ -1,0 +1,323 @@
+"""Data sharding: no DistributedSampler in a data-parallel script (SS301), a sampler whose
+epoch is never advanced (SS302), and a random split that differs between ranks (SS303)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+from splitsync.check.facts import SETUP_HELPER, Facts, dotted, last_name
+from splitsync.check.flow import is_rank_like, loops_of
+from splitsync.check.model import Hit, Rule
+from splitsync.check.ranks import rank_in
+
+__all__ = ["RULES", "sharded", "seeded_per_rank"]
+
+_SHARDERS = frozenset({"DistributedSampler", "ShardSampler", "build_loader",
+                       "split_dataset_by_node", "ElasticDistributedSampler",
+                       "DistributedBatchSampler", "split_by_node", "islice"})
+_SHARD_ARGS = ("rank", "shard", "num_replicas")
+#: Framework calls that shard the loaders handed to them (Accelerate, Lightning Fabric).
+_FRAMEWORK_SHARDERS = frozenset({"prepare", "prepare_data_loader", "setup_dataloaders"})
+_DATA_WORDS = re.compile(r"data|loader|batch|sampler|shard|stream", re.I)
+#: torch functions that draw random numbers.
+RANDOM = frozenset({"randn", "rand", "randint", "randperm", "normal", "randn_like", "rand_like",
+                    "randint_like", "bernoulli", "multinomial"})
+
+
+def _kw(call: ast.Call, name: str) -> ast.AST | None:
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def _is_false(expr: ast.AST | None) -> bool:
+    return isinstance(expr, ast.Constant) and expr.value is False
+
+
+def _sharded(facts: Facts) -> bool:
+    """Is the data split between ranks anywhere in the script?"""
+    if any(last_name(c) in _SHARDERS for c, _ in facts.calls) or facts.run_calls("loader"):
+        return True
+    for node in facts.of(ast.Slice):  # manual shards: data[rank::world_size], Subset(..rank..)
+        if rank_in(facts, node.lower) or rank_in(facts, node.step):  # type: ignore[attr-defined]
+            return True
+    if any(last_name(c) == "Subset" and rank_in(facts, c) for c, _ in facts.calls):
+        return True
+    for call, full in facts.calls:  # a dataset told its rank shards itself: MyData(rank=rank)
+        name = last_name(call) or ""
+        if name[:1].isupper() and any(any(w in (k.arg or "") for w in _SHARD_ARGS)
+                                      for k in call.keywords):
+            return True
+        # a loader or data helper handed the rank (`DistributedDataLoader(path, B, T, rank,
+        # world)`, `make_imagenet1k(..., rank=rank)`) shards by rank itself
+        if _DATA_WORDS.search(name) and not full.startswith("torch.") and any(
+                is_rank_like(a) for a in (*call.args, *(k.value for k in call.keywords))):
+            return True
+        if not full.startswith("torch.") and not SETUP_HELPER.search(name) and any(
+                k.arg in {"rank", "world_size", "num_replicas", "num_shards", "shard_id"}
+                for k in call.keywords):
+            return True  # `make_imagenet1k(..., world_size=ws, rank=rank)`
+    return _seeded_per_rank(facts)
+
+
+def sharded(facts: Facts) -> bool:
+    """Does this module split data between ranks (a sampler, a rank slice, a loader given
+    the rank)? Read per module of a project: the data helpers often live apart."""
+    return _sharded(facts)
+
+
+def seeded_per_rank(facts: Facts) -> bool:
+    """Is a seed set from the rank (``torch.manual_seed(seed + rank)``)?"""
+    return _seeded_per_rank(facts)
+
+
+def _seeded_per_rank(facts: Facts) -> bool:
+    """Random batches drawn after seeding with the rank (nanoGPT's `seed + rank`): each rank
+    samples its own data, which shards it as well as a sampler does."""
+    derived: set[str] = set()
+    for node in facts.of(ast.Assign):
+        if rank_in(facts, node.value):  # type: ignore[attr-defined]
+            derived.update(t.id for t in node.targets if isinstance(t, ast.Name))  # type: ignore[attr-defined]
+    for call, _ in facts.calls:
+        if "seed" not in (last_name(call) or "").lower():
+            continue
+        for n in (n for a in call.args for n in ast.walk(a)):
+            if is_rank_like(n) or (isinstance(n, ast.Name) and n.id in derived):
+                return True
+    return False
+
+
+def _random_inputs(facts: Facts) -> list[ast.Call]:
+    """Random batches drawn with torch's generator in a function that trains (calls backward):
+    synthetic input rather than a dataset."""
+    scopes = {id(facts.scope(b)) for b in facts.method_calls("backward")}
+    return [c for c in facts.torch_calls(*RANDOM) if id(facts.scope(c)) in scopes]
+
+
+def _trains_in_parallel(facts: Facts) -> ast.AST | None:
+    """The DDP/FSDP wrap (or splitsync model call) that makes this a data-parallel script."""
+    wraps = (facts.torch_calls("DistributedDataParallel", "FullyShardedDataParallel",
+                               "fully_shard") + facts.run_calls("model"))
+    return wraps[0] if wraps else None
+
+
+def _training_loop(facts: Facts) -> ast.AST | None:
+    for call in facts.method_calls("backward"):
+        loop = next(loops_of(facts, call), None)
+        if loop is not None:
+            return loop
+    return None
+
+
+def unsharded_data(facts: Facts) -> Iterator[Hit]:
+    """SS301: a data-parallel script whose ranks all read the same data."""
+    wrap = _trains_in_parallel(facts)
+    if wrap is None or not facts.is_script or _sharded(facts) or facts.project.sharded:
+        return
+    if any(last_name(c) in _FRAMEWORK_SHARDERS and facts.scope(c) is facts.scope(wrap)
+           and any("loader" in (dotted(a) or "").lower() for a in c.args)
+           for c, _ in facts.calls):
+        return  # `accelerator.prepare(..., train_loader)` where the model is wrapped
+    loaders = facts.torch_calls("DataLoader")
+    drawn = _random_inputs(facts)
+    if not loaders and drawn:
+        if not facts.project.same_seed:
+            return  # unseeded random input is different data on every rank
+        yield Hit(drawn[0], f"`{facts.text(drawn[0], 120)}` draws the training input after a seed "
+                  "every rank shares: each rank draws the same random batches, so the ranks "
+                  "repeat each other's work (whether that matters for synthetic data depends "
+                  "on what the script is for).",
+                  "seed the data stream per rank (`torch.Generator().manual_seed(seed + rank)` "
+                  "passed as `generator=`) or read real data through a DistributedSampler "
+                  "(`run.loader(...)` in splitsync).", severity="warning")
+        return
+    fix_torch = ("shard it: `sampler = DistributedSampler(dataset, shuffle=True)`, "
+                 "`DataLoader(dataset, batch_size=B, sampler=sampler)` and "
+                 "`sampler.set_epoch(epoch)` at the start of every epoch")
+    fix_ss = "or in splitsync `loader = run.loader(dataset, batch_size=B, shuffle=True)`"
+    if facts.is_splitsync:
+        fix_torch = "pass it through `run.loader(...)`, which adds the DistributedSampler"
+        fix_ss = "and iterate `run.epochs(n)` so each epoch reshuffles"
+    for call in loaders:
+        if _kw(call, "sampler") is not None or _kw(call, "batch_sampler") is not None:
+            continue
+        shuffle = _kw(call, "shuffle")
+        moved = (" (its `shuffle=` moves to the sampler: DataLoader refuses both)"
+                 if shuffle is not None and not _is_false(shuffle) else "")
+        yield Hit(call, f"`{facts.text(call, 200)}` in a data-parallel script has no `sampler=`: "
+                  "every rank iterates the whole dataset in the same order, so each sample is "
+                  "seen once per rank per step and N processes train no faster than one.",
+                  f"{fix_torch}{moved}, {fix_ss}.")
+    if loaders:
+        return
+    where = _training_loop(facts)
+    if where is None or facts.scope(where) is not facts.scope(wrap):
+        return  # the loop and the wrap live apart (a profiler, a model class): no evidence
+    yield Hit(where, f"every rank trains on the same data: the model is wrapped for data-parallel "
+              f"training (line {wrap.lineno}) but nothing splits the data between ranks (no "
+              "DistributedSampler, no `run.loader`, no slicing by rank), so N processes repeat "
+              "one process's work.", f"build the batches from a dataset and {fix_torch}, {fix_ss}.")
+
+
+def _sampler_names(facts: Facts, call: ast.Call) -> tuple[set[str], set[str]]:
+    """The names the sampler is reachable by: its own variables, and loaders built from it."""
+    samplers: set[str] = set()
+    loaders: set[str] = set()
+    node: ast.AST = call
+    parent = facts.parents.get(node)
+    if isinstance(parent, ast.keyword):  # DataLoader(..., sampler=DistributedSampler(...))
+        holder = facts.parents.get(facts.parents[parent])
+        if isinstance(holder, ast.Assign):
+            loaders.update(d for t in holder.targets if (d := dotted(t)))
+    elif isinstance(parent, ast.Assign):
+        samplers.update(d for t in parent.targets if (d := dotted(t)))
+    for loader in facts.torch_calls("DataLoader"):
+        value = _kw(loader, "sampler")
+        holder = facts.parents.get(loader)
+        if value is not None and dotted(value) in samplers and isinstance(holder, ast.Assign):
+            loaders.update(d for t in holder.targets if (d := dotted(t)))
+    return samplers, loaders
+
+
+def _advances(facts: Facts, call: ast.Call) -> bool:
+    """In a loop, or fed a variable epoch (``def run_epoch(epoch): sampler.set_epoch(epoch)``)."""
+    return next(loops_of(facts, call), None) is not None or any(
+        not isinstance(a, ast.Constant) for a in call.args)
+
+
+def _passed_to(facts: Facts, call: ast.Call, names: set[str]) -> bool:
+    """``def train(..., sampler=None): sampler.set_epoch(epoch)`` called with one of ``names``:
+    the sampler is advanced through the helper's parameter."""
+    receiver = call.func.value  # type: ignore[attr-defined]
+    scope = facts.scope(call)
+    if not isinstance(receiver, ast.Name) or not isinstance(
+            scope, ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    params = {a.arg for a in (*scope.args.args, *scope.args.kwonlyargs)}
+    if receiver.id not in params:
+        return False
+    return any(last_name(site) == scope.name and any(
+        dotted(v) in names for v in (*site.args, *(k.value for k in site.keywords)))
+        for site, _ in facts.calls)
+
+
+def set_epoch_missing(facts: Facts) -> Iterator[Hit]:
+    """SS302: a shuffling DistributedSampler whose ``set_epoch`` is never called in a loop."""
+    calls = facts.method_calls("set_epoch")
+    if not calls and "set_epoch" in facts.project.called:
+        return  # advanced in a helper module of the same project
+    advanced = [c for c in calls if _advances(facts, c)]
+    for sampler in facts.torch_calls("DistributedSampler"):
+        if _is_false(_kw(sampler, "shuffle")):
+            continue
+        samplers, loaders = _sampler_names(facts, sampler)
+        names = samplers | loaders
+        mine = [c for c in calls if not names
+                or (receiver := dotted(c.func.value)) in names  # type: ignore[attr-defined]
+                or (receiver or "").endswith(".sampler") or _passed_to(facts, c, names)]
+        if any(_advances(facts, c) for c in mine):
+            continue
+        if advanced and not mine:
+            continue  # the script advances its training sampler; this one feeds evaluation
+        target = (sorted(samplers)[0] if samplers else
+                  f"{sorted(loaders)[0]}.sampler" if loaders else "sampler")
+        detail = (f"`set_epoch` is called only outside the epoch loop (line {mine[0].lineno})"
+                  if mine else "`set_epoch` is never called")
+        yield Hit(sampler, f"`{facts.text(sampler, 200)}` shuffles, but {detail}: the sampler seeds "
+                  "its shuffle with the epoch number, so every epoch repeats the first epoch's "
+                  "order on every rank.",
+                  f"call `{target}.set_epoch(epoch)` at the start of each epoch, inside "
+                  "`for epoch in ...:` before iterating the loader (splitsync's `run.epochs(n)` "
+                  "does it for you); an evaluation-only sampler should pass `shuffle=False`.")
+    yield from _splitsync_epochs(facts, calls)
+
+
+def _splitsync_epochs(facts: Facts, calls: list[ast.Call]) -> Iterator[Hit]:
+    if facts.run_calls("epochs") or calls:
+        return
+    for call in facts.run_calls("loader"):
+        shuffle = _kw(call, "shuffle")
+        holder = facts.parents.get(call)
+        if shuffle is None or _is_false(shuffle) or not isinstance(holder, ast.Assign):
+            continue
+        names = {d for t in holder.targets if (d := dotted(t))}
+        for loop in facts.nodes:
+            if not isinstance(loop, ast.For) or not any(
+                    dotted(n) in names for n in ast.walk(loop.iter)):
+                continue
+            outer = next(loops_of(facts, loop), None)
+            if outer is None:
+                continue
+            yield Hit(call, f"`{facts.text(call, 200)}` shuffles, but the epoch loop at line "
+                      f"{outer.lineno} is not `run.epochs(...)` and never calls "
+                      "`set_epoch`: every epoch repeats the same order.",
+                      f"write `for epoch in run.epochs({_epochs_arg(facts, outer)}):` (it calls "
+                      "`set_epoch` on every run.loader), or call "
+                      f"`{sorted(names)[0]}.set_epoch(epoch)` first thing in each epoch.")
+            break
+
+
+def _seeded_generator(facts: Facts, expr: ast.AST | None) -> bool:
+    """Is ``generator=`` a generator given a seed (``torch.Generator().manual_seed(42)``)?"""
+    if expr is None or (isinstance(expr, ast.Constant) and expr.value is None):
+        return False
+    if isinstance(expr, ast.Call) and last_name(expr) == "Generator":
+        return False  # a fresh generator is seeded from the clock
+    return True  # a variable or `.manual_seed(...)`: assume the author seeded it
+
+
+def random_split_unseeded(facts: Facts) -> Iterator[Hit]:
+    """SS303: ``random_split`` without a seeded generator in a distributed run."""
+    if not facts.in_distributed_run:
+        return
+    for call in facts.torch_calls("random_split"):
+        if _seeded_generator(facts, _kw(call, "generator")) or len(call.args) > 2:
+            continue
+        if facts.project.same_seed:
+            continue  # the global generator was seeded alike on every rank
+        yield Hit(call, f"`{facts.text(call, 200)}` splits with the unseeded global generator in "
+                  "a distributed run: every rank draws a different split, so one rank's test "
+                  "samples are another rank's training samples and the evaluation is "
+                  "contaminated.",
+                  "pass a generator seeded alike on every rank: `random_split(dataset, lengths, "
+                  "generator=torch.Generator().manual_seed(42))` (or split once, offline).")
+
+
+def _epochs_arg(facts: Facts, loop: ast.For | ast.While | ast.AsyncFor) -> str:
+    it = getattr(loop, "iter", None)
+    if isinstance(it, ast.Call) and last_name(it) == "range" and len(it.args) in (1, 2):
+        stop = facts.text(it.args[-1], 200)
+        return stop if len(it.args) == 1 else f"{stop}, start={facts.text(it.args[0], 200)}"
+    return "n"
+
+
+RULES = (
+    Rule("SS301", "unsharded-data", "error",
+         "data-parallel script without a DistributedSampler (every rank trains on the same data)",
+         "Data parallelism means splitting the data and syncing the gradients. Without a "
+         "DistributedSampler (or run.loader) each rank reads every sample, so the gradient "
+         "average is over identical batches: the lesson's DDP example admits it skips the "
+         "sampler. Random input drawn per rank with torch's generator unseeded is different "
+         "data on every rank and is not flagged; drawn after a seed every rank shares it is "
+         "the same data (a warning). Known false positives: datasets that shard themselves by "
+         "rank inside code the checker cannot read (an IterableDataset reading its rank).",
+         unsharded_data),
+    Rule("SS302", "set-epoch-missing", "warning",
+         "DistributedSampler.set_epoch never called in the epoch loop",
+         "DistributedSampler shuffles with seed + epoch. Without set_epoch(epoch) the epoch "
+         "stays 0 and every epoch uses the same permutation. set_epoch called in another "
+         "module of the project (a train_one_epoch helper) counts, and so does a helper that "
+         "advances a sampler passed to it (`train(..., sampler=s)` calling "
+         "`sampler.set_epoch(epoch)`). Once a script advances one sampler, the others are "
+         "taken to feed evaluation (where the order does not matter) and are not reported. "
+         "Known false positives: set_epoch reached through code the checker cannot read (a "
+         "third-party trainer).", set_epoch_missing),
+    Rule("SS303", "random-split-unseeded", "warning",
+         "random_split without a seeded generator in a distributed script",
+         "torch.utils.data.random_split draws from the global generator. Each rank of a "
+         "distributed run that has not seeded it alike draws its own permutation, so the "
+         "train/test split differs per rank and test data leaks into training. Pass "
+         "`generator=torch.Generator().manual_seed(SEED)`. Known false positives: the global "
+         "generator seeded alike on every rank in code the checker cannot read; datasets whose "
+         "split is irrelevant (throw-away synthetic data).", random_split_unseeded),
+)

@@ -1,0 +1,290 @@
+"""Reading a checkpoint back: finding the one to resume from, reading its files verified
+while they are read, and loading unsharded state into the registered objects.
+
+Rank 0 lists the checkpoints and checks each manifest and every file's size (cheap). Then
+every rank reads, in parallel with the others, the files it needs, hashing them on the way;
+only if every rank's files verify is the checkpoint used, otherwise the next older one is
+tried. Nothing is unpickled before its bytes match the manifest's checksums, and then only
+with ``weights_only=True``."""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from splitsync.ckpt.fs import Storage
+from splitsync.ckpt.integrity import load_bytes, read_verified, refused, verify_fd
+from splitsync.ckpt.sharded import load_sharded
+from splitsync.ckpt.state import (
+    check_optimizer_names,
+    check_shapes,
+    is_sharded,
+    load_model_state,
+    load_optimizer_state,
+    state_shapes,
+)
+from splitsync.ckpt.store import parse_manifest
+from splitsync.distributed import comm
+from splitsync.errors import CheckpointError, CheckpointWarning
+
+if TYPE_CHECKING:
+    from splitsync.ckpt.state import Registered
+
+__all__ = ["load_objects", "CheckpointWarning", "Listing", "check_size", "list_candidates", "read_part", "verify_files", "find_checkpoint", "held_state", "Freeing", "free_later", "load_full"]
+
+@dataclass(frozen=True)
+class Listing:
+    """Checkpoints whose manifest and sizes check out (newest first), and those skipped."""
+
+    good: tuple[tuple[str, dict[str, Any]], ...]
+    skipped: tuple[tuple[str, str], ...]
+    total: int  # committed checkpoints found at all
+
+
+def check_size(storage: Storage, name: str, rel: str, info: dict[str, Any]) -> None:
+    """Raise :class:`CheckpointError` unless file ``rel`` has the size its manifest gives."""
+    size = storage.size(name, rel)
+    if size is None:
+        raise CheckpointError(f"{rel} is missing")
+    if size != info["size"]:
+        what = "zero bytes" if size == 0 else f"{size} bytes"
+        raise CheckpointError(f"{rel} is {what}, the manifest says {info['size']} "
+                              "(truncated or overwritten)")
+
+
+def _check_sizes(storage: Storage, name: str, body: dict[str, Any]) -> None:
+    for rel, info in body["files"].items():
+        check_size(storage, name, rel, info)
+
+
+def list_candidates(storage: Storage) -> Listing:
+    """Rank 0: every checkpoint, newest first, split into plausible ones and broken ones."""
+    good, skipped = [], []
+    steps = storage.steps()
+    for _, name in steps:
+        try:
+            body = parse_manifest(storage.read_manifest_text(name))
+            _check_sizes(storage, name, body)
+            good.append((name, body))
+        except CheckpointError as e:
+            skipped.append((name, str(e)))
+        except (OSError, UnicodeDecodeError) as e:
+            skipped.append((name, f"unreadable ({e})"))
+    return Listing(tuple(good), tuple(skipped), len(steps))
+
+
+def read_part(storage: Storage, name: str, rel: str, info: dict[str, Any]) -> Any:
+    """One ``torch.save`` file of checkpoint ``name``, verified, then loaded (weights only).
+
+    A local file is read and hashed once, chunks by several threads at once, and then
+    memory-mapped: its pages are in the page cache by then, so it is neither read from the
+    disk nor copied a second time. From object storage the verified bytes are loaded.
+    """
+    if storage.local:
+        _verify_local(Path(storage.root) / name / rel, rel, info)
+        return _load_local(storage, name, rel)
+    with storage.open(name, rel) as f:
+        return load_bytes(read_verified(f, rel, info), rel)
+
+
+def _load_local(storage: Storage, name: str, rel: str) -> Any:
+    """A local file whose bytes were verified (by this rank, or in shares by every rank)."""
+    import pickle
+
+    try:  # mapped, so the tensors are not copied again
+        return torch.load(Path(storage.root) / name / rel, map_location="cpu",
+                          weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        raise refused(rel, e) from None
+
+
+def _verify_local(path: Path, label: str, info: dict[str, Any],
+                  share: tuple[int, int] = (0, 1)) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        verify_fd(fd, label, info, share)
+    finally:
+        os.close(fd)
+
+
+def verify_files(storage: Storage, name: str, rels: Iterable[str],
+                 files: dict[str, dict[str, Any]]) -> None:
+    """Hash ``rels`` without loading them (files another library reads, e.g. DCP shards)."""
+    for rel in rels:
+        if storage.local:
+            _verify_local(Path(storage.root) / name / rel, rel, files[rel])
+        else:
+            with storage.open(name, rel) as f:
+                read_verified(f, rel, files[rel])
+
+
+def _read_rank_parts(storage: Storage, name: str, body: Mapping[str, Any], rank: int,
+                     world: int, needed: list[str]) -> dict[str, Any]:
+    """Verify (and from object storage, load) the files this rank needs. Local files are
+    only verified here, and loaded by :func:`_load_rank_parts` once every rank's verify: the
+    first needed file, which every rank reads (``state.pt``), is hashed in shares, each rank
+    its own run of chunks, so that n ranks hash it once between them, not n times."""
+    files = body["files"]
+    # Files nobody loads here (DCP shards, which DCP reads itself) are verified in parallel,
+    # each by one rank; which rank reads which shard is DCP's business.
+    others = sorted(r for r in files if r.startswith("dcp/"))[rank::world]
+    mine = [rel for rel in needed if rel in files]
+    if not storage.local:
+        out = {rel: read_part(storage, name, rel, files[rel]) for rel in mine}
+    else:
+        for rel in mine:
+            shared = bool(needed) and rel == needed[0]
+            _verify_local(Path(storage.root) / name / rel, rel, files[rel],
+                          (rank, world) if shared else (0, 1))
+        out = dict.fromkeys(mine)
+    verify_files(storage, name, others, files)
+    return out
+
+
+def _everywhere(attempt: Callable[..., dict[str, Any]],
+                *args: Any) -> tuple[dict[str, Any], list[str]]:
+    """Collective: ``attempt(*args)`` on this rank, and why it failed on any rank (empty:
+    nowhere)."""
+    err, out = None, {}
+    try:
+        out = attempt(*args)
+    except CheckpointError as e:
+        err = str(e)
+    except OSError as e:
+        err = f"unreadable ({e})"
+    return out, [e for e in comm.gather_object(err) if e]
+
+
+def _load_rank_parts(storage: Storage, name: str, parts: dict[str, Any]) -> dict[str, Any]:
+    """The local files :func:`_read_rank_parts` verified, loaded (from object storage they
+    are loaded already)."""
+    if not storage.local:
+        return parts
+    return {rel: _load_local(storage, name, rel) for rel in parts}
+
+
+Found = tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None]
+
+
+def find_checkpoint(storage: Storage, rank: int, world: int,
+                    needed: Callable[[Mapping[str, Any]], list[str]]) -> Found | None:
+    """Collective: the newest checkpoint every rank can read and verify, read into memory:
+    (name, manifest body, state.pt contents, this rank's rank file or None). None: fresh."""
+    listing = list_candidates(storage) if rank == 0 else None
+    listing = comm.broadcast_object(listing)
+    skipped = list(listing.skipped)
+    found: Found | None = None
+    for name, body in listing.good:
+        parts, errors = _everywhere(_read_rank_parts, storage, name, body, rank, world,
+                                    needed(body))
+        if not errors and storage.local:  # every share verified: nothing unverified is read
+            parts, errors = _everywhere(_load_rank_parts, storage, name, parts)
+        if not errors:
+            wanted = needed(body)
+            found = (name, body, parts[wanted[0]], parts.get(wanted[1]))
+            break
+        skipped.append((name, errors[0]))
+    if rank == 0:
+        for name, why in skipped:
+            aside = storage.set_aside(name) if found is not None else ""
+            # set aside only when something loads: keep-last-k never counts a bad one then
+            warnings.warn(f"skipping checkpoint {storage.where(name)}: {why}{aside}",
+                          CheckpointWarning, stacklevel=4)
+    if found is None and listing.total:
+        listing_s = "; ".join(f"{storage.where(n)}: {why}" for n, why in skipped)
+        raise CheckpointError(
+            f"no usable checkpoint in {storage.where('')}: every one is incomplete or corrupted "
+            f"({listing_s}). Move them away to start fresh, or restore a good copy.")
+    return found
+
+
+
+
+def held_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:
+    """References to ``optimizer``'s per-parameter state (copies of the dicts, never the live
+    ones): they keep its tensors alive after a load replaces them, for :func:`free_later`."""
+    return {p: dict(st) for p, st in optimizer.state.items()}
+
+
+@dataclass(frozen=True)
+class Freeing:
+    """The thread of :func:`free_later`."""
+
+    thread: threading.Thread
+    hurry: threading.Event
+
+    def finish(self) -> None:
+        """Free what is left now, without pauses, and wait for it: a daemon thread still
+        dropping tensors when the interpreter shuts down aborts the process."""
+        self.hurry.set()
+        self.thread.join()
+
+
+def free_later(replaced: list[dict[Any, Any]]) -> Freeing:
+    """Drop ``replaced`` (copies of optimizers' old per-parameter states) on a thread, one
+    parameter's tensors at a time: giving GBs back to the kernel takes it tens of
+    milliseconds, which a resume need not wait for; the GIL is let go between parameters."""
+    hurry = threading.Event()
+
+    def drop() -> None:
+        while replaced:
+            state = replaced.pop()
+            while state:
+                state.popitem()  # frees under the GIL (munmap): a few ms per parameter
+                hurry.wait(0.002)  # lets the resume's own Python run in between
+
+    thread = threading.Thread(target=drop, name="ckpt-free-replaced", daemon=True)
+    thread.start()
+    return Freeing(thread, hurry)
+
+
+def load_full(where: str, state: Mapping[str, Any], models: Mapping[str, nn.Module],
+              optims: Mapping[str, tuple[torch.optim.Optimizer, str]]) -> Freeing:
+    """Load an unsharded checkpoint into any model, sharded or not (every shape and every
+    optimizer's parameter names are checked before anything is loaded). Returns the thread
+    that frees the optimizer state it replaced: finish it before the run ends."""
+    for name, m in models.items():
+        check_shapes(name, {k: v.shape for k, v in state["model"][name].items()},
+                     state_shapes(m), where)
+    for name, (o, owner) in optims.items():
+        check_optimizer_names(models[owner], o, state["optim"][name])
+    # whole tensors are resharded into a sharded model; an unsharded one takes them as
+    # they are (DCP's "full" path needs a tensor state to find the device: SGD has none)
+    for name, m in models.items():
+        load_model_state(m, state["model"][name], full=is_sharded(m))
+    replaced = [held_state(o) for o, _ in optims.values()]  # not freed in this thread
+    for name, (o, owner) in optims.items():
+        load_optimizer_state(models[owner], o, state["optim"][name],
+                             full=is_sharded(models[owner]))
+    return free_later(replaced)
+
+
+def load_objects(storage: Storage, name: str, body: Mapping[str, Any], state: Mapping[str, Any],
+                 reg: Registered) -> tuple[dict[str, Any], Freeing | None]:
+    """Load checkpoint ``name`` into the registered objects. Returns the saved extras and
+    the thread freeing the optimizer state the load replaced (None for sharded state)."""
+    held = (*body["models"], *body["optimizers"], *body["objects"])
+    missing = [n for n in (*reg.models, *reg.optims, *reg.others) if n not in held]
+    where = storage.where(name)
+    if missing:
+        raise CheckpointError(f"checkpoint {where} has no state for {missing}; it holds "
+                              f"{list(held)}.")
+    freeing = None
+    if body["layout"] == "sharded":
+        if not storage.local:
+            raise CheckpointError(f"{where}: sharded checkpoints are read from a "
+                                  "filesystem path, not from object storage.")
+        load_sharded(Path(storage.root) / name, reg.models, reg.optims)
+    else:
+        freeing = load_full(name, state, reg.models, reg.optims)
+    for n, o in reg.others.items():
+        o.load_state_dict(state["objects"][n])
+    return {**body["extra"], **state["extra"]}, freeing

@@ -1,0 +1,71 @@
+"""What ``init`` attaches to a run, as observers of the core: the guards, the straggler clock,
+the sample ledger's recorder and ``splitsync verify``'s recorder.
+
+:func:`configure` and :func:`attach` are the only names ``init`` knows: each observer reads
+its own settings (the run's config, or the environment a tool launched the script with), so
+a new observer is wired here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from splitsync.distributed.env import DistEnv
+    from splitsync.observe import Observer
+    from splitsync.run.config import RunConfig
+
+__all__ = ["configure", "attach", "collective_timeout"]
+
+
+def configure(config: RunConfig, environ: Mapping[str, str]) -> RunConfig:
+    """``config`` as the tools that launched this script impose it (``splitsync verify
+    --strategies/--accumulate`` sets the strategy and the accumulation)."""
+    from splitsync.observers.verify.record import settings
+
+    strategy, accumulate = settings(environ, config.strategy, config.accumulate)
+    if (strategy, accumulate) == (config.strategy, config.accumulate):
+        return config
+    return replace(config, strategy=strategy, accumulate=accumulate)
+
+
+def collective_timeout(config: RunConfig, world_size: int) -> timedelta:
+    """The timeout the process group's collectives get: with guards on, a little less than
+    ``config.timeout``, so the guards' explained error comes first."""
+    from splitsync.observers.guards.session import collective_timeout as guarded
+
+    return guarded(config, world_size)
+
+
+def attach(config: RunConfig, env: DistEnv, device: torch.device, seed: int, ledger: bool,
+           environ: Mapping[str, str]) -> tuple[RunConfig, list[Observer]]:
+    """The observers ``config`` and ``environ`` ask for, in the order they are called, and
+    the config with ``run_dir`` where they want it (verify gives each run its own folder).
+    Collective when guards or debug mode are on (they form a side group)."""
+    from splitsync.observe import redirect
+    from splitsync.observers.guards.session import start as start_guards
+    from splitsync.observers.verify.record import from_environ
+
+    observers: list[Observer] = list(start_guards(config, env.rank, env.world_size, device))
+    verify = from_environ(environ, env.rank, env.world_size, config.accumulate)
+    if verify is not None:
+        observers.append(verify)
+    if config.straggler_threshold is not None and env.world_size > 1:
+        from splitsync.observers.stragglers import StepClock
+
+        # innermost around the collectives: it times the call itself, not the guards
+        observers.append(StepClock(env.rank, env.world_size, config.straggler_threshold))
+    if config.run_dir is not None:  # an observer may move it (verify's own folder)
+        config = replace(config, run_dir=str(redirect(observers, Path(config.run_dir))))
+    if ledger:
+        from splitsync.observers.ledger.recorder import Ledger
+
+        observers.append(Ledger(config.run_dir, env.rank, env.world_size, env.restart_count,
+                                seed))
+    return config, observers

@@ -1,0 +1,321 @@
+"""``run.backward`` and ``run.step`` in one room: loss scaling, gradient accumulation,
+clipping, the observers around them, and uneven inputs (``run.join``).
+
+Everything is decided once (when the run starts, when a model is prepared, when the run's
+observers change), never per call: precision "32" without accumulation and without
+observers gets a backward that is exactly ``loss.backward()`` and a step that is exactly
+``optimizer.step(); optimizer.zero_grad(set_to_none=True)``.
+
+Accumulation over ``k`` micro-batches keeps one counter of backward calls. The wrapped
+model's forward reads it to decide whether this micro-step synchronises gradients (DDP
+decides that in forward: ``require_backward_grad_sync`` is what ``no_sync()`` toggles;
+FSDP2 reads ``set_requires_gradient_sync`` in backward), ``backward`` divides the loss by
+``k`` and ``step`` steps only on every ``k``-th micro-batch. So the ordinary loop is
+correct with ``init(accumulate=k)`` alone. The counter runs across epochs: when an epoch's
+batch count is not a multiple of ``k``, its last window is completed by the next epoch's
+first micro-batches (every optimizer step still sees exactly ``k``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
+from functools import partial
+from typing import Any
+from weakref import WeakSet
+
+import torch
+from torch import nn
+from torch.distributed.algorithms.join import Join, Joinable
+
+from splitsync.observe import Observer, chain_around, overriding, step_end_calls
+from splitsync.run.data import Loaders
+from splitsync.strategies import Strategy, SyncSetter, for_model
+from splitsync.train.clip import clip_optimizer
+from splitsync.train.precision import Precision, forward_with
+
+__all__ = ["StepPlan", "Training", "prepare_module", "accumulate_for", "join"]
+
+def accumulate_for(accumulate: int | Callable[[int], int], world_size: int) -> int:
+    """``init(accumulate=...)``: the number itself, or what a function of the world size
+    returns for this one (checked: a positive integer)."""
+    if not callable(accumulate):
+        return accumulate  # RunConfig checks it, with the other arguments
+    value = accumulate(world_size)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"init(accumulate=...) returned {value!r} at world size {world_size}: return the "
+            "micro-batches per optimizer step on each process, an integer >= 1 (e.g. "
+            "lambda world_size: max(1, 40 // world_size)).")
+    return value
+
+
+def _plain_backward(loss: torch.Tensor) -> None:
+    loss.backward()
+
+
+class StepPlan:
+    """The run's backward/step functions and its micro-step counter."""
+
+    def __init__(self, precision: Precision, accumulate: int) -> None:
+        self.precision = precision
+        self.every = accumulate
+        self.micro = 0  # backward calls so far; a step boundary when divisible by `every`
+        self.scaler: Any = precision.make_scaler()
+        self._update_due = False  # GradScaler.update() runs before the next backward
+        # Whether the last step really stepped: the plain step always does; the general one
+        # not inside an accumulation window, nor when the GradScaler skipped it.
+        self.stepped = True
+        self._watched: WeakSet[torch.optim.Optimizer] = WeakSet()
+        self.backward: Callable[[torch.Tensor], None]
+        self.step: Callable[..., torch.Tensor | None]
+        self._choose()
+
+    def _choose(self) -> None:
+        if self.scaler is None and self.every == 1:
+            self.backward = _plain_backward
+            self.step = self._step_plain
+        else:
+            self.backward = self._backward_general
+            self.step = self._step_general
+
+    def use_strategy_scaler(self, strategy: Strategy, model: nn.Module) -> None:
+        """The scaler the model's strategy needs (FSDP2's sharded one: found-inf must agree
+        across ranks), swapped in only before the first backward."""
+        if self.scaler is None or self.micro:
+            return
+        scaler = strategy.make_scaler(self.precision, model)
+        if type(scaler) is not type(self.scaler):
+            self.scaler = scaler
+
+    @property
+    def sync_now(self) -> bool:
+        """Whether the coming micro-step ends an accumulation window (syncs and steps)."""
+        return (self.micro + 1) % self.every == 0
+
+    # --- backward ----------------------------------------------------------------------
+    def _backward_general(self, loss: torch.Tensor) -> None:
+        scaler = self.scaler
+        if scaler is not None:
+            if self._update_due:  # deferred so that several optimizers share one scale
+                scaler.update()
+                self._update_due = False
+            loss = scaler.scale(loss)
+        if self.every > 1:
+            loss = loss / self.every
+        loss.backward()
+        self.micro += 1
+
+    # --- step --------------------------------------------------------------------------
+    @staticmethod
+    def _step_plain(optimizer: torch.optim.Optimizer,
+                    clip: float | None = None) -> torch.Tensor | None:
+        norm = None if clip is None else clip_optimizer(optimizer, clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def _step_general(self, optimizer: torch.optim.Optimizer,
+                      clip: float | None = None) -> torch.Tensor | None:
+        if self.micro % self.every:
+            self.stepped = False
+            return None  # inside an accumulation window: keep gradients, do not step
+        norm = None
+        scaler = self.scaler
+        if scaler is None:
+            if clip is not None:
+                norm = clip_optimizer(optimizer, clip)
+            optimizer.step()
+            self.stepped = True
+        else:
+            self._watch(optimizer)
+            self.stepped = False  # set again by the optimizer's post-hook if it steps
+            if clip is not None:
+                scaler.unscale_(optimizer)  # clip true gradients, not scaled ones
+                norm = clip_optimizer(optimizer, clip)
+            scaler.step(optimizer)  # skipped when gradients hold inf/nan
+            self._update_due = True
+        optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def _watch(self, optimizer: torch.optim.Optimizer) -> None:
+        # GradScaler.step calls optimizer.step only when the gradients are finite: a
+        # post-hook is the one public signal of a step it did not skip.
+        if optimizer not in self._watched:
+            self._watched.add(optimizer)
+            optimizer.register_step_post_hook(self._on_real_step)
+
+    def _on_real_step(self, *_: Any) -> None:
+        self.stepped = True
+
+    # --- models ------------------------------------------------------------------------
+    def install_forward(self, model: nn.Module, autocast: bool = True,
+                        strategy: Strategy | None = None) -> nn.Module:
+        """Give ``model`` a forward with the precision's autocast and the accumulation sync.
+
+        The forward is replaced on the instance (keys of ``state_dict`` are unchanged); when
+        neither is needed the model is returned untouched. ``autocast=False`` leaves autocast
+        to the user (``run.autocast()``).
+        """
+        strategy = for_model(model) if strategy is None else strategy
+        self.use_strategy_scaler(strategy, model)
+        forward = model.forward
+        precision = self.precision if autocast else replace(self.precision, autocast_dtype=None)
+        wrapped = forward_with(forward, precision)
+        setter = strategy.sync_setter(model) if self.every > 1 else None
+        if setter is not None:
+            wrapped = _synced(wrapped, setter, self)
+        if wrapped is not forward:
+            model.forward = wrapped
+        return model
+
+    def accumulate(self, model: nn.Module) -> AbstractContextManager[None]:
+        """Skip gradient sync for the coming micro-step unless it ends the window."""
+        if self.sync_now:
+            return nullcontext()
+        return for_model(model).no_sync(model)
+
+
+def _synced(forward: Callable[..., Any], setter: SyncSetter,
+            plan: StepPlan) -> Callable[..., Any]:
+    def synced_forward(*args: Any, **kwargs: Any) -> Any:
+        setter((plan.micro + 1) % plan.every == 0)
+        return forward(*args, **kwargs)
+
+    return synced_forward
+
+
+def prepare_module(module: nn.Module, precision: Precision) -> nn.Module:
+    """Cast parameters for "bf16-true" (before any wrapper builds buckets or shards)."""
+    if precision.param_dtype is not None:
+        module = module.to(precision.param_dtype)
+    return module
+
+_BACKWARD_OP = "backward (gradient all-reduce)"
+
+
+class Training:
+    """backward/step and friends, over one StepPlan."""
+
+    def __init__(self, plan: StepPlan, loaders: Loaders, world_size: int,
+                 check_optimizer: Callable[[Any], None] | None = None) -> None:
+        self.plan = plan
+        self.loaders = loaders
+        self.world_size = world_size
+        self.backward: Callable[[torch.Tensor], None] = plan.backward
+        self.step: Callable[..., torch.Tensor | None] = plan.step
+        # optimizer -> its step function, filled at its first run.step (after the check);
+        # Run.step looks the optimizer up here, so a checked one costs one dict lookup
+        self.steps: dict[Any, Callable[..., torch.Tensor | None]] = {}
+        self._check = check_optimizer
+
+    def first_step(self, optimizer: torch.optim.Optimizer,
+                   clip: float | None = None) -> torch.Tensor | None:
+        """The first run.step of ``optimizer``: check it once, then step."""
+        if not isinstance(optimizer, torch.optim.Optimizer):  # e.g. run.step(1.0, opt)
+            raise TypeError(f"run.step(optimizer, clip=None) takes the optimizer first, got a "
+                            f"{type(optimizer).__name__}; write run.step(opt) or "
+                            "run.step(opt, clip=1.0).")
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))):
+            raise TypeError(f"run.step(optimizer, clip=...) takes a maximum gradient norm "
+                            f"(a number) as clip, got a {type(clip).__name__}.")
+        if self._check is not None:
+            self._check(optimizer)  # raises for an optimizer run.model made stale
+        self.steps[optimizer] = self.step
+        return self.step(optimizer, clip)
+
+    def set_observers(self, observers: Sequence[Observer]) -> None:
+        """Choose backward/step for these observers (the plain ones when none listens)."""
+        before = overriding(observers, "on_backward")
+        around = chain_around(observers) if self.world_size > 1 else None
+        self.backward = self._observed_backward(before, around)
+        self.step = self._observed_step(overriding(observers, "on_step_begin"),
+                                        step_end_calls(observers))
+        self.steps = dict.fromkeys(self.steps, self.step)
+
+    def _observed_backward(self, before: tuple[Observer, ...],
+                           around: Callable[..., Any] | None) -> Callable[[torch.Tensor], None]:
+        plan, loaders = self.plan, self.loaders
+        if not before and around is None:
+            return plan.backward
+        if not before:  # only watched (guards): a C-level partial, no Python frame of ours
+            return partial(around, _BACKWARD_OP, plan.backward)  # type: ignore[arg-type]
+
+        def backward(loss: torch.Tensor) -> None:
+            for obs in before:
+                obs.on_backward(loss, loaders.active)
+            if around is None:
+                plan.backward(loss)
+            else:
+                around(_BACKWARD_OP, plan.backward, loss)
+
+        return backward
+
+    def _observed_step(self, begin: tuple[Observer, ...],
+                       end: tuple[Callable[..., Any], ...]) -> Callable[..., torch.Tensor | None]:
+        plan = self.plan
+        if not begin and not end:
+            return plan.step
+        if not begin and len(end) == 1:  # one watcher after the step (the usual case):
+            after = end[0]  # the least Python around the plain step
+
+            def step_then(optimizer: torch.optim.Optimizer,
+                          clip: float | None = None) -> torch.Tensor | None:
+                norm = plan.step(optimizer, clip)
+                after(optimizer, norm, plan.stepped)  # may end the script (SystemExit)
+                return norm
+
+            return step_then
+
+        def step(optimizer: torch.optim.Optimizer,
+                 clip: float | None = None) -> torch.Tensor | None:
+            for obs in begin:
+                obs.on_step_begin(optimizer)
+            norm = plan.step(optimizer, clip)
+            if end:
+                stepped = plan.stepped
+                for call in end:
+                    call(optimizer, norm, stepped)  # may end the script (SystemExit)
+            return norm
+
+        return step
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        return self.plan.precision.autocast()
+
+    def accumulate(self, model: nn.Module) -> AbstractContextManager[None]:
+        return self.plan.accumulate(model)
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.plan.micro % self.plan.every == 0
+
+    @property
+    def scaler(self) -> Any:
+        return self.plan.scaler
+
+    @staticmethod
+    def join(*models: nn.Module, enable: bool = True,
+             throw_on_early_termination: bool = False) -> AbstractContextManager[Any]:
+        return join(*models, enable=enable, throw_on_early_termination=throw_on_early_termination)
+
+def join(*objects: nn.Module | Joinable, enable: bool = True,
+         throw_on_early_termination: bool = False) -> AbstractContextManager[Any]:
+    """``torch.distributed.algorithms.Join`` over the models' joinables (DDP) and Joinables.
+
+    Each model's strategy says what to join: a single-process model needs nothing (a no-op
+    context); FSDP has no join support in PyTorch and raises with the fix (give every rank
+    the same number of batches, ``run.loader(..., drop_last=True)``).
+    """
+    joinables: list[Any] = []
+    for obj in objects:
+        if isinstance(obj, Joinable):
+            joinables.append(obj)
+        elif isinstance(obj, nn.Module):
+            joinables.extend(for_model(obj).joinables(obj))
+        else:
+            raise TypeError(f"run.join() takes models (or Joinables), got {type(obj).__name__}.")
+    if not joinables or not enable:
+        return nullcontext()
+    return Join(joinables, enable=enable, throw_on_early_termination=throw_on_early_termination)

@@ -1,0 +1,155 @@
+"""SS501 print, SS502 torch.save, SS503 logging on every rank: positive and negative cases,
+and the rank-0 guard forms the checker understands."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from splitsync.check import check_source, select_rules
+
+HEAD = "import logging\nimport torch\nimport torch.distributed as dist\ndist.init_process_group()\n"
+
+
+def run(code: str, source: str, head: str = HEAD) -> list:
+    return check_source(head + textwrap.dedent(source), "case.py", select_rules([code], gated=False))
+
+
+def test_ss501_flags_print_on_every_rank() -> None:
+    found = run("SS501", """
+        def train():
+            print("epoch done")
+    """)
+    assert len(found) == 1 and found[0].line == 7
+    assert "in train() runs on every rank" in found[0].message
+    assert "`if rank == 0:`" in found[0].fix
+
+
+def test_ss501_in_splitsync_script_suggests_run_print() -> None:
+    found = run("SS501", """
+        import splitsync
+        run = splitsync.init()
+        print("hello")
+        run.print("hello")
+        if run.is_main:
+            print("once")
+    """, head="")
+    assert [f.line for f in found] == [4] and "run.print(...)" in found[0].fix
+
+
+@pytest.mark.parametrize("guard", [
+    "if rank == 0:", "if 0 == rank:", "if dist.get_rank() == 0:", "if args.local_rank in (-1, 0):",
+    "if is_main:", "if master_process:", "if not rank:", "if run.is_main:",
+    "if int(os.environ['RANK']) == 0:", "if world_size == 1 or rank == 0:",
+    "if is_main_process():",
+])
+def test_ss501_accepts_rank0_guards(guard: str) -> None:
+    assert run("SS501", f"""
+        def train(rank):
+            {guard}
+                print("once")
+    """) == []
+
+
+def test_ss501_accepts_else_branch_early_exit_decorator_and_guarded_helper() -> None:
+    assert run("SS501", """
+        def a(rank):
+            if rank != 0:
+                pass
+            else:
+                print("once")
+        def b(rank):
+            if rank != 0:
+                return
+            print("once")
+        @rank_zero_only
+        def c():
+            print("once")
+        def report(msg):
+            print(msg)
+        def d(rank):
+            if rank == 0:
+                report("once")
+        def e(rank):
+            print(f"rank {rank}: my shard has 10 samples")  # names its rank: deliberate
+    """) == []
+
+
+def test_ss501_silent_in_non_distributed_script_and_spawn_parent() -> None:
+    assert run("SS501", "print('hi')\n", head="import torch\n") == []
+    assert run("SS501", """
+        import torch.multiprocessing as mp
+        def train(rank):
+            pass
+        if __name__ == "__main__":
+            print("spawning")
+            mp.spawn(train, nprocs=2)
+    """) == []
+
+
+def test_ss502_flags_torch_save_on_every_rank() -> None:
+    found = run("SS502", """
+        torch.save(model.state_dict(), "ckpt.pt")
+    """)
+    assert len(found) == 1 and '`"ckpt.pt"`' in found[0].message
+    assert "dist.barrier()" in found[0].fix
+
+
+def test_ss502_accepts_guarded_or_per_rank_paths() -> None:
+    assert run("SS502", """
+        if dist.get_rank() == 0:
+            torch.save(model.state_dict(), "ckpt.pt")
+        torch.save(shard, f"shard_{rank}.pt")
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        torch.distributed.checkpoint.save(state, checkpoint_id="ckpt")
+    """) == []
+
+
+def test_ss503_flags_logging_info_on_every_rank() -> None:
+    found = run("SS503", """
+        logging.basicConfig(level=logging.INFO)
+        logger = logging.getLogger(__name__)
+        logger.info("step done")
+        logging.info("step done")
+    """)
+    assert [f.line for f in found] == [8, 9]
+
+
+def test_ss503_is_quiet_when_nothing_makes_info_records_visible() -> None:
+    # no basicConfig, handler or level anywhere: the root logger (WARNING) drops INFO
+    assert run("SS503", """
+        logger = logging.getLogger(__name__)
+        logger.info("step done")
+    """) == []
+
+
+def test_ss503_accepts_guarded_rank_tagged_and_run_logger() -> None:
+    assert run("SS503", """
+        logger = logging.getLogger(__name__)
+        if rank == 0:
+            logger.info("once")
+        logger.info("rank %d ready", rank)
+        logger.warning("every rank may warn")
+        run.logger.info("rank-prefixed")
+    """) == []
+
+
+def test_output_rules_skip_library_modules() -> None:
+    library = """
+        import torch.distributed as dist
+        def helper():
+            print("a library may print; its caller decides which ranks call it")
+            torch.save(obj, "x.pt")
+    """
+    assert run("SS501", library, head="import torch\n") == []
+    assert run("SS502", library, head="import torch\n") == []
+
+
+def test_ss501_accepts_imagenet_style_local_main_guard() -> None:
+    assert run("SS501", """
+        def main_worker(gpu, args):
+            if not args.multiprocessing_distributed or args.rank % ngpus_per_node == 0:
+                print("saving")
+    """) == []

@@ -1,0 +1,59 @@
+"""Loading unsharded checkpoints: the optimizer state a resume replaces is freed on a thread,
+and only when nothing else holds it."""
+
+from __future__ import annotations
+
+import time
+import weakref
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import splitsync as ss
+from splitsync.ckpt.load import free_later, held_state
+
+
+def _trained() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Linear(16, 8)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(4, 16)).square().mean().backward()
+    opt.step()
+    return model, opt
+
+
+def _dead(ref: weakref.ref, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while ref() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return ref() is None
+
+
+def test_free_later_drops_copies_never_the_live_state() -> None:
+    _, opt = _trained()
+    before = {p: {k: v.clone() for k, v in st.items()} for p, st in opt.state.items()}
+    free_later([held_state(opt)]).finish()
+    assert opt.state.keys() == before.keys()
+    for p, st in before.items():  # the optimizer still holds all of it, unchanged
+        assert st.keys() == opt.state[p].keys()
+        assert all(torch.equal(v, opt.state[p][k]) for k, v in st.items())
+
+
+def test_a_resume_frees_the_optimizer_state_it_replaces(tmp_path: Path) -> None:
+    with ss.init(seed=0) as run:
+        torch.manual_seed(0)
+        model = run.model(nn.Linear(16, 8))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        run.resume(tmp_path, model=model, optimizer=opt)
+        run.backward(model(torch.randn(4, 16)).square().mean())
+        run.step(opt)
+        run.save(tmp_path)
+        saved = {n: opt.state[p]["exp_avg"].clone() for n, p in model.named_parameters()}
+        run.backward(model(torch.randn(4, 16)).square().mean())
+        run.step(opt)
+        old = weakref.ref(opt.state[model.weight]["exp_avg"])
+        assert run.resume(tmp_path, model=model, optimizer=opt).step == 1
+        for n, p in model.named_parameters():  # the loaded state, not the replaced one
+            assert torch.equal(opt.state[p]["exp_avg"], saved[n])
+        assert _dead(old), "the replaced optimizer state is still alive"
