@@ -17,3 +17,5 @@ _.to_device  # run/runtime.py Run: a public verb
 _.require_backward_grad_sync  # strategies/ddp.py: DDP's own flag, read by DDP in forward
 HELP  # commands/*.py: each command's one-line help, read by cli.py with getattr
 _.writable  # ckpt/integrity.py HashingWriter: io.RawIOBase protocol
+_.replica_group  # ft/runtime.py FTRun: a public property, read by users' scripts
+_.per_timeline  # tools/goodput.py GoodputReport: a field of `splitsync goodput --json`
