@@ -78,13 +78,22 @@ def run_job(out: Path, plain: bool, a: argparse.Namespace) -> dict:
             first = time.time()
         if first is None:
             continue
-        due = first + a.every * (len(kills) + 1)
+        # periodic in wall time: each failure `every` seconds after the one before (a kill
+        # that finds the victim still starting waits for its first step)
+        due = (first if not kills else began + kills[-1]) + a.every
         if time.time() >= due and len(kills) < a.restarts:
             pid = _victim(out, plain)
             if pid is not None and _alive(pid):
                 os.kill(pid, signal.SIGKILL)
                 kills.append(time.time() - began)
     return {"rc": proc.returncode, "kills": kills, "seconds": time.time() - began}
+
+
+def _period(job: dict, every: float) -> float:
+    """The failure period the job saw: ``every``, or longer when a kill had to wait for the
+    victim's first step."""
+    k = job["kills"]
+    return max(every, (k[-1] - k[0]) / (len(k) - 1)) if len(k) > 1 else every
 
 
 def measured_costs(out: Path, plain: bool) -> dict:
@@ -125,7 +134,8 @@ def main() -> None:
         costs = measured_costs(out, plain)
         rep = costs.pop("report")
         inputs = FailureInputs(
-            nodes=2, mtbf=2 * a.every, save=costs["save"], restart=costs["restart"],
+            nodes=2, mtbf=2 * _period(job, a.every), save=costs["save"],
+            restart=costs["restart"],
             step=costs["step"], groups=2, heartbeat=1.0, heal=costs["heal"],
             rejoin=costs["restart"], quorum=costs["quorum"], startup=costs["startup"],
             work=costs["productive"], pattern="periodic")

@@ -17,6 +17,8 @@ import pytest
 from ftkit import SCRIPT, summary
 from launch_helpers import splitsync
 
+from splitsync.tools.goodput import goodput
+
 pytest.importorskip("torchft")
 
 
@@ -43,6 +45,10 @@ def _run(tmp_path: Path, nproc: int, samples: int, kill: int) -> dict:
     assert audit.returncode == 0, audit.stdout
     assert [e["status"] for e in report["epochs"]] == ["exactly once"], report["epochs"]
     assert report["epochs"][0]["once"] == samples
+    time_spent = goodput(out)  # where the time went: the parts add up to the wall time
+    assert time_spent.fault_tolerant and time_spent.timelines == 2
+    assert abs(time_spent.residual) < 0.01 and time_spent.steps["discarded"] >= 1
+    assert time_spent.parts["quorum"] > 0 and time_spent.restarts >= 1
     return s
 
 

@@ -20,6 +20,7 @@ import pytest
 from launchkit import launch
 
 from splitsync import cli
+from splitsync.tools.goodput import goodput
 
 SCRIPT = Path(__file__).with_name("ledger_script.py")
 N = 48
@@ -91,6 +92,13 @@ def test_exactly_once_across_kills_restarts_and_other_world_sizes(tmp_path: Path
             N - len(mine)) == (N, N, 0, 0), (note, key, text)
     assert "OK: every epoch exactly once" in text
     assert rep["bytes_per_sample"] > 0
+    # where the time went, across the same kills and relaunches (splitsync goodput)
+    time_spent = goodput(tmp_path)
+    assert time_spent.launches == 5 and time_spent.restarts == 4, time_spent
+    assert abs(time_spent.residual) < 0.01, time_spent  # the parts add up to the wall time
+    assert time_spent.steps["rolled_back"] > 0 and time_spent.parts["rolled_back"] > 0
+    assert time_spent.parts["startup"] > 0 and time_spent.parts["productive"] > 0
+    assert "goodput" in text and "rolled back" in text
 
 
 def _first_launch(base: Path) -> None:
