@@ -22,14 +22,15 @@ from splitsync.tools.goodput import goodput
 pytest.importorskip("torchft")
 
 
-def _run(tmp_path: Path, nproc: int, samples: int, kill: int) -> dict:
+def _run(tmp_path: Path, nproc: int, samples: int, kill: int, strategy: str = "ddp") -> dict:
     out = tmp_path / "run"
     out.mkdir()
     proc = splitsync("run", "--replica-groups", "2", "-n", str(nproc), "--max-restarts", "3",
                      str(SCRIPT), str(out), "--kill-at", str(kill), "--kill-mid",
-                     "--samples", str(samples), "--slow", "0.3", timeout=540,
+                     "--samples", str(samples), "--slow", "0.3", "--strategy", strategy,
+                     timeout=540,
                      OMP_NUM_THREADS="1")
-    note = f"kill mid-step after step {kill}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    note = f"{strategy}: kill mid-step after step {kill}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     assert proc.returncode == 0, note
     s = summary(out)
     assert s["pids"][(0, 0)] == [s["done"][(0, 0)]["pid"]], note  # one survivor, never restarted
@@ -62,3 +63,11 @@ def test_two_groups_of_one_train_through_a_kill(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_two_groups_of_two_train_through_a_kill(tmp_path: Path) -> None:
     _run(tmp_path, 2, samples=2003, kill=random.randint(20, 60))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_hsdp_groups_of_two_train_through_a_kill(tmp_path: Path) -> None:
+    """FSDP2 sharded inside each group, its gradient shards averaged across groups; a
+    recovered group receives its shards from the peer rank that holds the same ones."""
+    _run(tmp_path, 2, samples=2003, kill=random.randint(20, 60), strategy="hsdp")
