@@ -62,8 +62,10 @@ def test_every_hook_fires_in_order_and_close_runs_in_reverse(tmp_path: Path) -> 
     events: list[str] = []
     data = torch.utils.data.TensorDataset(torch.randn(8, 3), torch.randn(8, 1))
     with ss.init(seed=0, guards=False, run_dir=str(tmp_path)) as run:
+        clock = run.observers  # with a run_dir: the goodput clock (where the time went)
+        assert [type(o).__name__ for o in clock] == ["GoodputClock"]
         a, b = run.add_observer(Tape("a", events)), run.add_observer(Tape("b", events))
-        assert run.observers == (a, b)
+        assert run.observers == (*clock, a, b)
         model = run.model(nn.Linear(3, 1))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         run.resume(tmp_path / "ckpt", model=model, optimizer=opt)
