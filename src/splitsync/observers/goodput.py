@@ -6,7 +6,8 @@ One JSON-lines file per process incarnation, ``run_dir/goodput/<group>-<start ns
 so imports and set-up count), when ``run.resume`` returned and at which step, the end of
 every optimizer step (its number, whether it counted, and under torchft the seconds its
 quorum and a live recovery took), each ``run.save``'s stall (from the call until it returns)
-and ``run.close``. Records are buffered and appended at most every ``FLUSH_SECONDS``, so a
+and ``run.close``; a run that never resumes, steps or saves writes nothing. Records are
+buffered and appended at most every ``FLUSH_SECONDS``, so a
 killed process loses less than that; a step costs a clock read and a list append.
 """
 
@@ -45,22 +46,20 @@ class GoodputClock(Observer):
 
     def __init__(self, run_dir: str | os.PathLike[str], *, world_size: int, restart_count: int,
                  group: int | None, fault_tolerant: bool) -> None:
-        folder = Path(run_dir) / GOODPUT_DIR
-        folder.mkdir(parents=True, exist_ok=True)
         started = process_start_time()
         name = f"{'x' if group is None else group}-{int(started * 1e9)}-{os.getpid()}.jsonl"
-        self.path = folder / name
+        self.path = Path(run_dir) / GOODPUT_DIR / name
         self.ft = fault_tolerant
         self.step = 0
         self._rows: list[list[float]] = []
         self._lines: list[str] = []
         self._session: Any = None
         self._save_began: float | None = None
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = -1  # opened at the first resume, step or save: a run that trains nothing
+        self._opened = False  # leaves no file
         self._next_flush = 0.0
         self._event("start", started=started, group=group, world_size=world_size,
                     restart_count=restart_count, ft=fault_tolerant, pid=os.getpid())
-        self._flush()
 
     def _event(self, kind: str, **fields: Any) -> None:
         self._lines.append(json.dumps({"ev": kind, "t": time.time(), **fields}))
@@ -116,6 +115,10 @@ class GoodputClock(Observer):
         self._fd = -1
 
     def _flush(self) -> None:
+        if not self._opened:
+            self._opened = True
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         if self._rows:
             self._lines.append(json.dumps({"ev": "steps", "rows": self._rows}))
             self._rows = []
