@@ -119,7 +119,7 @@ def main(a: argparse.Namespace) -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if res and a.save_every and res.step % a.save_every == 0:
                     run.save()
-        log.write(json.dumps({"ev": "done", "pid": me, "step": res.step if a.plain else
+        log.write(json.dumps({"ev": "done", "pid": me, "step": taken if a.plain else
                               run.session.step,
                               "hash": weights_hash(model), "t": time.time()}) + "\n")
 
