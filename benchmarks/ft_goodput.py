@@ -79,8 +79,9 @@ def run_job(out: Path, plain: bool, a: argparse.Namespace) -> dict:
         if first is None:
             continue
         # periodic in wall time: each failure `every` seconds after the one before (a kill
-        # that finds the victim still starting waits for its first step)
-        due = (first if not kills else began + kills[-1]) + a.every
+        # that finds the victim still starting waits for its first step); the first half a
+        # period in, the mean phase of failures that do not know when the job began
+        due = first + a.every / 2 if not kills else began + kills[-1] + a.every
         if time.time() >= due and len(kills) < a.restarts:
             pid = _victim(out, plain)
             if pid is not None and _alive(pid):

@@ -18,6 +18,8 @@ hash). Options:
   --sleep SECONDS    simulated compute per step
   --strategy ddp|hsdp, --samples N, --epochs E, --save-every K
   --plain            the same training without fault tolerance (DDP; a failure restarts all)
+  --stop-at S        every group ends after committed step S (the job stops; relaunched, it
+                     resumes from its last checkpoint)
 """
 
 from __future__ import annotations
@@ -119,6 +121,10 @@ def main(a: argparse.Namespace) -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if res and a.save_every and res.step % a.save_every == 0:
                     run.save()
+                if res and a.stop_at and res.step >= a.stop_at:
+                    log.write(json.dumps({"ev": "stopped", "pid": me, "step": res.step,
+                                          "t": time.time()}) + "\n")
+                    return  # every group stops here, without a save of its own
         log.write(json.dumps({"ev": "done", "pid": me, "step": taken if a.plain else
                               run.session.step,
                               "hash": weights_hash(model), "t": time.time()}) + "\n")
@@ -141,4 +147,5 @@ if __name__ == "__main__":
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--save-every", type=int, default=0)
     p.add_argument("--plain", action="store_true", help="no fault tolerance (DDP, restarts)")
+    p.add_argument("--stop-at", type=int, default=0, help="end the job after this step")
     main(p.parse_args())

@@ -71,3 +71,32 @@ def test_hsdp_groups_of_two_train_through_a_kill(tmp_path: Path) -> None:
     """FSDP2 sharded inside each group, its gradient shards averaged across groups; a
     recovered group receives its shards from the peer rank that holds the same ones."""
     _run(tmp_path, 2, samples=2003, kill=random.randint(20, 60), strategy="hsdp")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_whole_job_restart_resumes_from_the_durable_checkpoint(tmp_path: Path) -> None:
+    """Both groups stop after step 60 (checkpoints every 25 steps, written by one group);
+    relaunched, the job resumes at step 50 and finishes; the audit spans both jobs."""
+    out = tmp_path / "run"
+    out.mkdir()
+    common = ["run", "--replica-groups", "2", "-n", "1", str(SCRIPT), str(out),
+              "--samples", "403", "--save-every", "25", "--slow", "0"]
+    first = splitsync(*common, "--stop-at", "60", timeout=400, OMP_NUM_THREADS="1")
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert sorted(p.name for p in (out / "ckpt").glob("step-*")) == [
+        "step-000025", "step-000050"]
+    second = splitsync(*common, timeout=400, OMP_NUM_THREADS="1")
+    assert second.returncode == 0, second.stderr[-4000:]
+    rows = [json.loads(x) for f in out.glob("steps-g*-r0.jsonl")
+            for x in f.read_text().splitlines()]
+    ended = max(r["t"] for r in rows if r["ev"] == "stopped")  # the first job's end
+    again = [r["step"] for r in rows if r["ev"] == "start" and r["t"] > ended]
+    assert again == [50, 50], rows[-5:]  # the second job resumed from step 50, not from 0
+    s = summary(out)
+    finals = {d["hash"] for d in s["done"].values() if d is not None}
+    assert len(finals) == 1 and None not in s["done"].values(), s["done"]
+    audit = splitsync("audit", str(out), "--json", timeout=120)
+    assert audit.returncode == 0, audit.stdout[-4000:]
+    report = json.loads(audit.stdout)
+    assert [(e["status"], e["once"]) for e in report["epochs"]] == [("exactly once", 403)]

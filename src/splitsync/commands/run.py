@@ -66,9 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "1000)")
     ft.add_argument("--ft-min-replicas", type=int, default=1, metavar="K",
                     help="groups a quorum needs (default: 1)")
-    ft.add_argument("--ft-grace", type=float, default=30.0, metavar="SECONDS",
+    ft.add_argument("--ft-grace", type=float, default=10.0, metavar="SECONDS",
                     help="once a group has finished, the others get this long to finish "
-                    "before they are stopped (default: 30)")
+                    "(the groups of the last quorum end together) before they are stopped "
+                    "(default: 10)")
     parser.add_argument("-m", "--module", action="store_true",
                         help="SCRIPT is a module name, run like `python -m`")
     parser.add_argument("--dry-run", action="store_true",

@@ -37,7 +37,7 @@ class ReplicaGroups:
     heartbeat_timeout_ms: int = 1000  # the Lighthouse declares a silent group dead after it
     min_replicas: int = 1
     join_timeout_ms: int = 60000  # how long a quorum waits for a live group that has not asked
-    grace: float = 30.0  # seconds the other groups get to finish after the first one did
+    grace: float = 10.0  # seconds the other groups get to finish after the first one did
     monitor_interval: float | None = None
     module: bool = False
 

@@ -13,7 +13,7 @@ fault tolerance, each replica group's incarnations) are
 - ``save``: stalls inside ``run.save``;
 - ``startup``: from the process's start to ``run.resume`` (a restart's cost);
 - ``down``: from a process's last record to the next incarnation's start (the failure);
-- ``idle``: a replica group not yet started or already finished while the job runs;
+- ``idle``: a replica group not yet started, or finished, while the job runs;
 - ``other``: after the last step until ``run.close``.
 
 They add up to the job's wall time (per group under fault tolerance); ``goodput`` is the
@@ -140,6 +140,13 @@ def goodput(run_dir: str | Path) -> GoodputReport:
     if not incs:
         raise FileNotFoundError(f"{Path(run_dir) / 'goodput'}: no goodput records; they are "
                                 "written by runs made with splitsync.init(run_dir=...).")
+    # The job ends with the last incarnation that trained; one that starts after that (a
+    # group restarted once the others had finished, which refuses to train alone) is not
+    # part of the job's time.
+    trained = [i for i in incs if i.rows]
+    if trained:
+        last = max(i.closed if i.closed is not None else i.last for i in trained)
+        incs = [i for i in incs if i.started < last]
     ft = any(i.ft for i in incs)
     begin = min(i.started for i in incs)
     groups = sorted({i.group for i in incs})
@@ -157,7 +164,9 @@ def goodput(run_dir: str | Path) -> GoodputReport:
         per[g], ends[g] = parts, prev_end
     end = max(ends.values())
     for g, parts in per.items():
-        parts["idle"] += end - ends[g]  # finished before the job did
+        tail = end - ends[g]  # this group ended before the job did: done, or died for good
+        closed = timelines[g][-1].closed is not None and timelines[g][-1].rows
+        parts["idle" if closed else "down"] += tail
     wall = end - begin
     totals = {k: sum(p[k] for p in per.values()) for k in PARTS}
     whole = wall * len(per)
