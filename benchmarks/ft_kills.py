@@ -34,7 +34,7 @@ def one(out: Path, nproc: int, every: int, kills: int, samples: int) -> dict:
         [sys.executable, "-m", "splitsync", "run", "--replica-groups", "2", "-n", str(nproc),
          "--max-restarts", str(kills + 1), str(SCRIPT), str(out), "--kill-mid",
          "--kill-every", str(every), "--kills", str(kills), "--samples", str(samples),
-         "--slow", "0.1", "--save-every", "100"],
+         "--slow", "0.3", "--save-every", "100"],
         env=env, capture_output=True, text=True, timeout=1500)
     audit = subprocess.run([sys.executable, "-m", "splitsync", "audit", str(out), "--json"],
                            env=env, capture_output=True, text=True, timeout=300)
@@ -68,7 +68,7 @@ def main() -> None:
     rows = []
     for nproc in (int(x) for x in a.nprocs.split(",")):
         for k in (int(x) for x in a.ks.split(",")):
-            samples = 1600 * nproc + 3  # 401 group-batches of 4 a process: padded at the end
+            samples = 4000 * nproc + 3  # 1001 group-batches of 4 a process: padded at the end
             r = one(Path(a.out) / f"n{nproc}-k{k}", nproc, k, a.kills, samples)
             rows.append(r)
             print(json.dumps(r), flush=True)
