@@ -81,7 +81,7 @@ def test_a_whole_job_restart_resumes_from_the_durable_checkpoint(tmp_path: Path)
     out = tmp_path / "run"
     out.mkdir()
     common = ["run", "--replica-groups", "2", "-n", "1", str(SCRIPT), str(out),
-              "--samples", "403", "--save-every", "25", "--slow", "0"]
+              "--samples", "1003", "--save-every", "25", "--slow", "0"]
     first = splitsync(*common, "--stop-at", "60", timeout=400, OMP_NUM_THREADS="1")
     assert first.returncode == 0, first.stderr[-4000:]
     assert sorted(p.name for p in (out / "ckpt").glob("step-*")) == [
@@ -101,4 +101,4 @@ def test_a_whole_job_restart_resumes_from_the_durable_checkpoint(tmp_path: Path)
     audit = splitsync("audit", str(out), "--json", timeout=120)
     assert audit.returncode == 0, audit.stdout[-4000:]
     report = json.loads(audit.stdout)
-    assert [(e["status"], e["once"]) for e in report["epochs"]] == [("exactly once", 403)]
+    assert [(e["status"], e["once"]) for e in report["epochs"]] == [("exactly once", 1003)]
