@@ -40,7 +40,7 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
          straggler_threshold: float | None = DEFAULT_STRAGGLER_THRESHOLD,
          save_blocking: bool = True, ledger: bool = False,
          fault_tolerance: str | None = None, ft_min_replicas: int = 1,
-         ft_heartbeat_ms: int = 100, ft_timeout: float = 10.0,
+         ft_heartbeat_ms: int = 100, ft_timeout: float = 30.0,
          ft_lighthouse: str | None = None, **strategy_options: Any) -> Run:
     """Detect the launcher, pick the device, form the process group and seed every RNG.
 

@@ -26,7 +26,7 @@ class FTOptions:
     lighthouse: str  # http://host:port of torchft's Lighthouse
     min_replicas: int = 1  # groups that must take part for a step to count
     heartbeat_ms: int = 100  # how often the group tells the Lighthouse it is alive
-    timeout: float = 10.0  # seconds: a cross-group all-reduce, a commit vote, a live recovery
+    timeout: float = 30.0  # seconds: a cross-group all-reduce, a commit vote, a live recovery
     quorum_timeout: float = 60.0  # seconds to wait for a quorum (must exceed the heartbeat timeout)
 
     @property
@@ -54,7 +54,7 @@ def _env_int(environ: Mapping[str, str], key: str, default: int | None) -> int |
 
 
 def ft_options(fault_tolerance: str, environ: Mapping[str, str], *, min_replicas: int = 1,
-               heartbeat_ms: int = 100, timeout: float = 10.0,
+               heartbeat_ms: int = 100, timeout: float = 30.0,
                lighthouse: str | None = None) -> FTOptions:
     """``init(fault_tolerance=...)``'s settings checked, the group read from ``environ``."""
     if fault_tolerance not in FAULT_TOLERANCE:
@@ -66,7 +66,7 @@ def ft_options(fault_tolerance: str, environ: Mapping[str, str], *, min_replicas
          "(>= 1), e.g. 100.")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"ft_timeout={timeout!r}: give the seconds (> 0) a cross-group "
-                         "all-reduce, commit or recovery may take, e.g. 10.")
+                         "all-reduce, commit or recovery may take, e.g. 30.")
     address = lighthouse or environ.get(ENV_LIGHTHOUSE, "")
     if not address:
         raise ValueError(

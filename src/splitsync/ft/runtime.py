@@ -77,7 +77,7 @@ class FTRun(Run):
         self.ft = ft
         super().__init__(*args, **kwargs)  # (init refused accumulate > 1 already)
         self._session = FTSession(ft, restart_count=self.env.restart_count,
-                                  world_size=self.world_size)
+                                  world_size=self.world_size, agree=_group_agrees)
         self._manager_state = _ManagerState(self._session)
         self._train_loader: FTLoader | None = None
         self._guarded: set[int] = set()
@@ -319,6 +319,14 @@ class _Marks:
     def __iter__(self) -> Iterator[None]:
         while not self.done:
             yield None
+
+
+def _group_agrees(values: list[int]) -> bool:
+    """Whether every rank of the replica group holds ``values`` (one small all-reduce)."""
+    both = torch.tensor([*values, *(-v for v in values)], dtype=torch.int64)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    n = len(values)
+    return all(int(both[i]) == -int(both[n + i]) for i in range(n))
 
 
 def _committed_only(step: Any, session: FTSession) -> Any:

@@ -12,6 +12,7 @@ the cursor; a discarded one leaves it, so the next quorum hands out the same gro
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,11 +21,16 @@ import torch
 from splitsync.ft.cursor import DataCursor
 from splitsync.ft.options import FTOptions
 
-__all__ = ["FTSession", "StepOutcome", "Committed", "AloneAfterRestartError"]
+__all__ = ["FTSession", "StepOutcome", "Committed", "AloneAfterRestartError",
+           "GroupDivergedError"]
 
 
 class AloneAfterRestartError(RuntimeError):
     """A restarted group found no other group and nothing to continue from."""
+
+
+class GroupDivergedError(RuntimeError):
+    """The ranks of one replica group hold different steps (a partial live recovery)."""
 
 
 @dataclass(frozen=True)
@@ -56,8 +62,13 @@ class Committed:
 class FTSession:
     """The Manager of this process's replica group and the state of the step under way."""
 
-    def __init__(self, options: FTOptions, *, restart_count: int, world_size: int) -> None:
+    def __init__(self, options: FTOptions, *, restart_count: int, world_size: int,
+                 agree: Callable[[list[int]], bool] | None = None) -> None:
         self.options = options
+        # Whether the group's ranks hold the same values (a collective over the group), for
+        # groups of more than one process: torchft keeps a step per rank, and a rank whose
+        # live recovery failed stays behind while its group-mates go on.
+        self.agree = agree if world_size > 1 else None
         self.restart_count = restart_count
         self.world_size = world_size
         self.cursor = DataCursor()
@@ -133,6 +144,12 @@ class FTSession:
         self.taking = self.participants if left is None else max(0, min(self.participants, left))
         self.idle = self.rank_in_quorum is not None and self.rank_in_quorum >= self.taking
         self.open, self.decision, self.handed = True, None, False
+        if self.agree is not None and not self.agree([self.step, self.cursor.cursor]):
+            raise GroupDivergedError(
+                f"the ranks of replica group {self.options.group} disagree on the step or the "
+                "data cursor after this quorum (a rank's live recovery failed while the "
+                "others' succeeded): ending the group so that its agent restarts it and it "
+                "recovers whole.")
         if self._first:
             self._first = False
             self._refuse_alone()
