@@ -163,6 +163,7 @@ class ScriptRecorder(Observer):
         self._orders[id(loader)] = (order, loader.batch_size or 1, len(self.data["passes"]))
         self.data["passes"].append({"loader": id(loader) % 100003,
                                     "shuffle": bool(getattr(sampler, "shuffle", False)),
+                                    "custom": getattr(sampler, "user_sampler", None) is not None,
                                     "epoch": getattr(sampler, "epoch", None), "trained": 0})
 
     def epochs(self, start: int, n: int) -> int:

@@ -31,7 +31,8 @@ def _ids(records: Sequence[Record], step: int) -> list[list[Any]]:
 def unshuffled(record: Record) -> bool:
     """Whether the script trained on a ``run.loader`` made without ``shuffle=True`` (verify
     takes such a loader for evaluation and leaves its batch and data alone)."""
-    return any(not p["shuffle"] and p.get("trained", 1) for p in record["passes"])
+    return any(not p["shuffle"] and not p.get("custom") and p.get("trained", 1)
+               for p in record["passes"])
 
 
 UNSHUFFLED = ("the training loader is not shuffled: verify leaves a run.loader without "
@@ -166,6 +167,10 @@ def _global_batch(single: Record, multi: Sequence[Record], steps: int, n: int) -
         return Result(name, True, shape)
     if unshuffled(single) or unshuffled(multi[0]):
         return not_checkable(name, f"{shape}: {UNSHUFFLED}")
+    if any(p.get("custom") for p in single["passes"]):
+        return not_checkable(name, f"{shape}: the training loader takes its order from a "
+                                   "sampler of the script's own (run.loader(..., sampler=)), "
+                                   "which verify leaves as the script made it")
     return not_checkable(name, f"{shape}. verify sets the global batch of run.loader and of "
                                "init(accumulate=...); this script accumulates or batches by "
                                "itself: give --batch B, or let init(accumulate=k) accumulate")
