@@ -1,7 +1,9 @@
-"""The run's checkpoints: ``run.resume``, ``run.save``, ``run.export`` and the save in flight.
+"""The run's checkpoints: ``run.resume``, ``run.save``, ``run.load``, ``run.export`` and the
+save in flight.
 
-One :class:`Checkpointer` per run holds what ``run.resume`` registered, the optimizer-step
-count a save is named after, and the save lifecycle: the staging buffers, the background
+One :class:`Checkpointer` per run holds what ``run.resume`` registered (without it, saves
+take what the run wrapped, asked from the run at each save), the optimizer-step count a
+save is named after, and the save lifecycle: the staging buffers, the background
 gloo group, the save in flight and the threads freeing replaced optimizer state.
 :meth:`Checkpointer.settle` is the one place that waits for a background save; it is called
 before the next save or resume, at ``close``, and (without waiting) after each ``run.step``
