@@ -14,6 +14,7 @@ _.global_order  # data/loader.py ShardSampler: the whole pass in order, for user
 worker_id  # distributed/seeding.py worker_init_fn: DataLoader's calling convention
 _.num_nodes  # distributed/env.py DistEnv: public, the number of machines
 _.to_device  # run/runtime.py Run: a public verb
+_.main_process_first  # run/collectives.py CollectiveVerbs: a public verb of the Run
 _.require_backward_grad_sync  # strategies/ddp.py: DDP's own flag, read by DDP in forward
 HELP  # commands/*.py: each command's one-line help, read by cli.py with getattr
 _.writable  # ckpt/integrity.py HashingWriter: io.RawIOBase protocol

@@ -98,7 +98,7 @@ def clip_hooks_rank(rank: int, world: int) -> dict:
         out["norm"] = float(norm)
         out["manual_norm"] = float(torch.linalg.vector_norm(
             torch.stack([torch.linalg.vector_norm(g) for g in grads])))
-        out["none_without_clip"] = run.step(opt) is None
+        out["none_without_clip"] = run.step(opt).norm is None
         # compression hooks and DDP tuning options: training runs, ranks stay identical
         for hook, extra in [("fp16", {}),
                             ("powersgd", {"comm_hook_options": {"start_powerSGD_iter": 2,

@@ -68,7 +68,7 @@ def fsdp_rank(rank: int, world: int, accumulate: int, clip: float | None) -> dic
                 loss = nn.functional.mse_loss(model(x[start:start + micro]),
                                               y[start:start + micro])
                 run.backward(loss)
-                norm = run.step(opt, clip=clip)
+                norm = run.step(opt, clip=clip).norm  # None: no clip, or a micro-step
                 if norm is not None:
                     norms.append(float(norm))
         params = _full(model)

@@ -120,8 +120,8 @@ def test_correct_patterns_pass_and_leave_the_users_directory_alone(tmp_path: Pat
     (["--no-set-epoch"], "The sampler's epoch never advances", "set_epoch advanced"),
     (["--world-seed"], "initial weights depend on the number of processes",
      "initial weights: 1 vs 2 processes"),
-    (["--lr-by-world"], "learning rate and batch size do not depend on world_size",
-     "per-step gradient norm"),
+    (["--lr-by-world"], "The learning rate depends on the number of processes",
+     "per-step learning rate"),
 ], ids=["sum", "plain-loader", "dropout", "batchnorm", "no-set-epoch", "world-seed",
         "lr-by-world"])
 def test_each_fault_is_reported_with_its_own_cause(flags: list[str], cause: str,
@@ -135,6 +135,14 @@ def test_each_fault_is_reported_with_its_own_cause(flags: list[str], cause: str,
     if flags == ["--reduction", "sum"]:
         row = next(r for r in report.results if r.check == "per-step loss")
         assert "first differs at step 0" in row.detail
+
+
+def test_an_unshuffled_training_loader_is_named() -> None:
+    """It used to read "this script accumulates or batches by itself: give --batch B"."""
+    report = verify_script(str(SCRIPT), ["--no-shuffle"], 2, timeout=240)
+    row = next(r for r in report.results if r.check == "equal global batch")
+    assert not row.checkable and "the training loader is not shuffled" in row.detail, row
+    assert "--batch" not in row.detail
 
 
 def test_a_script_without_splitsync_is_told_so() -> None:
@@ -168,6 +176,20 @@ def test_each_mode_names_its_planted_fault() -> None:
     rows, cause = _mode(out.stdout, "--resume")
     assert rows["resumed at 2 processes: optimizer state restored"][0] == "FAIL", rows
     assert "The checkpoint does not restore the optimizer state" in cause
+
+
+def test_a_scheduler_stepped_on_micro_steps_is_named() -> None:
+    """It used to say only "See the first failed check"; stepped once per optimizer step
+    (if run.step(opt): ...) the same scheduler passes."""
+    out = _verify("-n", "2", "--accumulate", "2", "--steps", "3", str(SCRIPT), "--sched-micro")
+    assert out.returncode == 1, out.stdout + out.stderr
+    rows, cause = _mode(out.stdout, "--accumulate")
+    assert rows["per-step learning rate"][0] == "FAIL", rows
+    assert "runs 2x too fast" in cause and "if run.step(opt): sched.step()" in cause, cause
+    out = _verify("-n", "2", "--accumulate", "2", "--steps", "3", str(SCRIPT), "--sched")
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows, _ = _mode(out.stdout, "--accumulate")
+    assert rows["per-step learning rate"] == ("PASS", "equal at every step"), rows
 
 
 def test_digits_example_passes_every_mode() -> None:

@@ -33,16 +33,24 @@ def test_custom_batch_sampler_is_refused() -> None:
         run.loader(custom)
 
 
-def test_custom_sampler_is_refused() -> None:
-    class Evens(torch.utils.data.Sampler[int]):
-        def __iter__(self):  # type: ignore[no-untyped-def]
-            return iter(range(0, 10, 2))
+class Evens(torch.utils.data.Sampler[int]):
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(range(0, 10, 2))
 
-        def __len__(self) -> int:
-            return 5
+    def __len__(self) -> int:
+        return 5
 
-    with splitsync.init(seed=0) as run, pytest.raises(ValueError, match="custom sampler"):
-        run.loader(DataLoader(DATA, batch_size=2, sampler=Evens()))
+
+def test_a_custom_sampler_gives_the_order_in_a_dataloader_or_as_an_option() -> None:
+    with splitsync.init(seed=0) as run:
+        loader = run.loader(DataLoader(DATA, batch_size=2, sampler=Evens()))
+        assert [b[0].tolist() for b in loader] == [[0.0, 2.0], [4.0, 6.0], [8.0]]
+        loader = run.loader(DATA, batch_size=2, sampler=Evens(), drop_last=True)
+        assert [b[0].tolist() for b in loader] == [[0.0, 2.0], [4.0, 6.0]]
+        with pytest.raises(ValueError, match="drop shuffle=True"):
+            run.loader(DATA, batch_size=2, sampler=Evens(), shuffle=True)
+        with pytest.raises(TypeError, match="give sampler="):
+            run.loader(DATA, batch_size=2, batch_sampler=Evens())
 
 
 def test_bad_batch_size() -> None:

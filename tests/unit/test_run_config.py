@@ -71,6 +71,24 @@ def test_every_public_name_is_documented_in_the_readme() -> None:
     assert not missing and "launch" in splitsync.__all__, missing
 
 
+def test_every_run_verb_and_ss_function_is_in_the_readme_reference() -> None:
+    """The README's reference table names every public attribute of a Run (methods,
+    properties, and what init sets on it) and every top-level name."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    table = re.search(r"^## Reference: every run verb and ss function\n(.*?)(?=^## )", readme,
+                      flags=re.S | re.M)
+    assert table, "the README has no reference section"
+    with splitsync.init(seed=0) as run:
+        names = {n for n in (*dir(type(run)), *vars(run)) if not n.startswith("_")}
+    missing = sorted(n for n in names if f"`run.{n}" not in table.group(1))
+    assert not missing, f"run.* names the README reference leaves out: {missing}"
+    top = [n for n in splitsync.__all__ if not n.startswith("__")]
+    missing = sorted(n for n in top if f"`ss.{n}" not in table.group(1))
+    assert not missing, f"ss.* names the README reference leaves out: {missing}"
+
+
 def test_loggers_and_straggler_threshold_are_checked_in_the_config() -> None:
     assert RunConfig(loggers=["jsonl", "mlflow"]).loggers == ("jsonl", "mlflow")
     assert RunConfig(loggers="csv").loggers == ("csv",)

@@ -112,3 +112,29 @@ def test_cli_says_which_choices_fit_and_honours_the_optimizer(
     assert [r["optimizer_bytes"] for r in sgd] == [0, 0]
     adamw = rows["ddp", 2]  # two moments per element, and a step counter per parameter
     assert adamw["optimizer_bytes"] == pytest.approx(2 * adamw["params_bytes"], rel=1e-3)
+
+
+@pytest.mark.slow  # a fresh interpreter that imports torch
+def test_the_console_script_imports_the_model_from_the_working_directory(tmp_path) -> None:
+    """``splitsync plan --model mymodel:build`` run from the folder that holds mymodel.py,
+    through the installed console script (which, unlike ``python -m``, does not put the
+    working directory on the import path by itself)."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from splitsync.testing import clean_env
+
+    script = Path(sys.executable).with_name("splitsync")
+    if not script.exists():
+        script = Path(shutil.which("splitsync") or "splitsync")
+    (tmp_path / "mymodel.py").write_text(
+        "from torch import nn\n\n\ndef build():\n    return nn.Linear(16, 4)\n")
+    out = subprocess.run([str(script), "plan", "--memory", "--model", "mymodel:build",
+                          "--input-shape", "16", "--batch-size", "2", "--strategies", "ddp",
+                          "--sizes", "2", "--json"], cwd=tmp_path, env=clean_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert rows and rows[0]["params_bytes"] == (16 * 4 + 4) * 4

@@ -61,9 +61,9 @@ def test_a_pass_that_trained_on_nothing_is_not_an_epoch() -> None:
 
 
 def _step(loss: float, grad: float, rows: list[str], micro: int = 1,
-          opt_steps: float = 0.0) -> dict:
+          opt_steps: float = 0.0, lr: float = 0.1) -> dict:
     return {"loss": loss, "grad_norm": grad, "rows": rows, "indices": [], "pass": 0,
-            "micro": micro, "optimizer_steps": opt_steps}
+            "micro": micro, "optimizer_steps": opt_steps, "lr": [lr]}
 
 
 def _record(steps: list[dict], *, world: int = 1, first: int = 0, loader: bool = False,
@@ -139,3 +139,48 @@ def test_mode_flags_are_checked_before_anything_runs(argv: list[str], message: s
     args = parser.parse_args(["-n", "2", *argv, "missing.py"])
     assert verify.main(args) == 2
     assert message in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_scheduler_stepped_on_micro_steps_is_named() -> None:
+    # warmup over 4 calls: the accumulation run's scheduler stepped twice per step
+    ref = _side("as written", [_step(1.0, 0.5, ["a", "b"], lr=0.25),
+                               _step(0.9, 0.4, ["c", "d"], lr=0.5)])
+    acc = _side("accumulate x2", [_step(1.0, 0.5, ["a", "b"], micro=2, lr=0.25),
+                                  _step(0.9, 0.4, ["c", "d"], micro=2, lr=0.75)])
+    results = compare_pair(ref, acc)
+    rows = {r.check: r for r in results}
+    assert not rows["per-step learning rate"].ok
+    assert rows["per-step learning rate"].detail == ("first differs at step 1: as written 0.5, "
+                                                     "accumulate x2 0.75")
+    cause = pair_cause(results, ref, acc)
+    assert cause is not None and "runs 2x too fast" in cause
+    assert "if run.step(opt): sched.step()" in cause
+    # after a resume, the same symptom is a scheduler the checkpoint did not hold
+    straight = _side("straight", [_step(1.0, 0.5, ["a"], lr=0.2), _step(0.9, 0.4, ["b"], lr=0.1)])
+    resumed = _side("resumed", [_step(0.9, 0.4, ["b"], lr=0.2)], first=1, resumed=1)
+    results = compare_pair(straight, resumed, exact=True)
+    cause = pair_cause(results, straight, resumed)
+    assert cause is not None and "scheduler's state was not restored" in cause
+
+
+def test_a_learning_rate_scaled_by_the_world_size_is_named() -> None:
+    single = _record([_step(2.0, 1.0, ["a", "b", "c", "d"], lr=0.1)], loader=True)
+    multi = [_record([_step(2.0, 1.0, ["a", "b"], lr=0.2)], world=2, loader=True),
+             _record([_step(2.0, 1.0, ["c", "d"], lr=0.2)], world=2, loader=True)]
+    results = compare_runs(single, multi, 2)
+    assert not {r.check: r for r in results}["per-step learning rate"].ok
+    cause = likely_cause(results, single, multi, 2)
+    assert cause is not None and cause.startswith("The learning rate depends on the number")
+    assert "num_processes" in cause
+
+
+def test_an_unshuffled_training_loader_is_named_not_a_batch_flag() -> None:
+    trained = [{"loader": 1, "shuffle": False, "epoch": 0, "trained": 2}]
+    single = _record([_step(2.0, 1.0, ["a", "b"])])
+    multi = [_record([_step(2.0, 1.0, ["a", "b"])], world=2),
+             _record([_step(2.0, 1.0, ["c", "d"])], world=2)]
+    for record in (single, *multi):
+        record["passes"] = trained
+    row = {r.check: r for r in compare_runs(single, multi, 2)}["equal global batch"]
+    assert not row.checkable and "the training loader is not shuffled" in row.detail
+    assert "--batch" not in row.detail and "shuffle=True" in row.detail

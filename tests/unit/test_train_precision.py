@@ -79,7 +79,10 @@ def test_accumulation_equals_one_step_on_the_concatenated_batch(k: int) -> None:
         for xb, yb in zip(x.chunk(k), y.chunk(k), strict=True):
             run.backward(nn.functional.mse_loss(model(xb), yb))
             results.append(run.step(opt, clip=100.0))
-    assert [r is None for r in results] == [True] * (k - 1) + [False]
+    # run.step says whether it stepped; the norm comes only with the step that reached clip
+    assert [r.stepped for r in results] == [False] * (k - 1) + [True]
+    assert [r.norm is None for r in results] == [True] * (k - 1) + [False]
+    assert [bool(r) for r in results] == [r.stepped for r in results]
     ref = _net()
     nn.functional.mse_loss(ref(x), y).backward()
     torch.optim.SGD(ref.parameters(), lr=0.5).step()
@@ -95,7 +98,9 @@ def test_clip_returns_norm_before_clipping_and_clips() -> None:
         expected = torch.linalg.vector_norm(
             torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))
         grads = [p.grad for p in model.parameters()]
-        norm = run.step(opt, clip=1.0)
+        result = run.step(opt, clip=1.0)
+        assert result.stepped and float(result) == float(result.norm)  # float(): the norm
+        norm = result.norm
         assert float(norm) == pytest.approx(float(expected), rel=1e-6)
         after = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
         assert float(after) == pytest.approx(1.0, rel=1e-4)
@@ -111,13 +116,36 @@ def test_scaler_skips_inf_steps_and_unscales_before_clipping() -> None:
     scale0 = plan.scaler.get_scale()
     plan.backward(model(torch.randn(3, 5)).sum())
     next(model.parameters()).grad[0, 0] = float("inf")
-    assert plan.step(opt) is None
+    skipped = plan.step(opt)  # a step the scaler skipped did not step: distinct from ...
+    assert not skipped.stepped and skipped.norm is None
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
     plan.backward(model(torch.randn(3, 5)).sum())  # deferred update lowers the scale
     assert plan.scaler.get_scale() < scale0
     norm = plan.step(opt, clip=1e9)
     assert 0 < float(norm) < 1e3  # unscaled: the true gradient norm, far below the loss scale
     assert not all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+    plan.backward(model(torch.randn(3, 5)).sum())
+    plain = plan.step(opt)  # ... a step without clip, which stepped and has no norm
+    assert plain.stepped and plain.norm is None
+
+
+def test_step_result_says_stepped_apart_from_the_norm() -> None:
+    from splitsync.run.step import NOT_STEPPED, STEPPED, StepResult
+
+    with ss.init(seed=0) as run:
+        model = run.model(_net())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        run.backward(model(torch.randn(3, 5)).sum())
+        result = run.step(opt)
+    assert result is STEPPED and result.stepped and result and result.norm is None
+    assert not NOT_STEPPED and not NOT_STEPPED.stepped
+    with pytest.raises(TypeError, match="give run.step\\(opt, clip=...\\)"):
+        float(result)
+    with pytest.raises(TypeError, match="did not step"):
+        float(NOT_STEPPED)
+    assert float(StepResult(True, torch.tensor(2.5))) == 2.5
+    with pytest.raises(AttributeError):
+        result.stepped = False  # type: ignore[misc]  # frozen: the shared constants stay true
 
 
 def test_get_precision_describes_each_policy() -> None:

@@ -1,6 +1,6 @@
 """Checkpoints: atomic and verifiable on disk, exact resume, sharded state, safetensors export.
 
-``run.resume``, ``run.save`` and ``run.export`` go to :mod:`.session` (the run's
+``run.resume``, ``run.save``, ``run.load`` and ``run.export`` go to :mod:`.session` (the run's
 ``Checkpointer``: registration, the step count, the one place that waits for a save). Then:
 
 - :mod:`.save`: what a save collects, and its write (blocking, or on a background thread);

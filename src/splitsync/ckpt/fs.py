@@ -18,7 +18,7 @@ from splitsync.ckpt import store
 from splitsync.ckpt.store import LATEST, MANIFEST
 from splitsync.errors import CheckpointError
 
-__all__ = ["Storage", "LocalStorage", "ObjectStorage", "is_url", "open_storage"]
+__all__ = ["Storage", "LocalStorage", "ObjectStorage", "is_url", "open_storage", "open_dir"]
 
 # Object stores upload in parts of this size (s3fs multipart); large parts, few requests.
 _BLOCK = 64 << 20
@@ -57,6 +57,18 @@ def open_storage(where: str | os.PathLike[str]) -> Storage:
     if is_url(where):
         return ObjectStorage(str(where))
     return LocalStorage(Path(where))
+
+
+def open_dir(where: str | os.PathLike[str]) -> Storage:
+    """The storage of a run's checkpoint directory; a path that is a file is refused at once
+    (not found out at the first save, after training from scratch)."""
+    path = Path(where)
+    if "://" not in str(where) and path.exists() and not path.is_dir():
+        raise CheckpointError(
+            f"checkpoint directory {str(path)!r} is a regular file, not a directory: pass the "
+            "directory that holds (or will hold) the step-* checkpoints, e.g. "
+            f"{str(path.parent / 'ckpt')!r}.")
+    return open_storage(where)
 
 
 class LocalStorage:

@@ -38,7 +38,7 @@ from splitsync.errors import CheckpointError, CheckpointWarning
 if TYPE_CHECKING:
     from splitsync.ckpt.state import Registered
 
-__all__ = ["load_objects", "CheckpointWarning", "Listing", "check_size", "list_candidates", "read_part", "verify_files", "find_checkpoint", "held_state", "Freeing", "free_later", "load_full"]
+__all__ = ["load_objects", "CheckpointWarning", "Listing", "check_size", "list_candidates", "read_part", "verify_files", "find_checkpoint", "held_state", "Freeing", "free_later", "load_full", "only_step", "load_models", "unregistered"]
 
 @dataclass(frozen=True)
 class Listing:
@@ -174,12 +174,28 @@ def _load_rank_parts(storage: Storage, name: str, parts: dict[str, Any]) -> dict
 Found = tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None]
 
 
+def only_step(listing: Listing, step: int, storage: Storage) -> Listing:
+    """The listing cut to the checkpoint of ``step``; a clear error when it is not there or
+    did not check out (never an older one instead)."""
+    good = tuple((n, b) for n, b in listing.good if int(b["step"]) == step)
+    if good:
+        return Listing(good, (), listing.total)
+    bad = [why for n, why in listing.skipped if n.endswith(f"-{step:06d}")]
+    have = sorted(int(b["step"]) for _, b in listing.good)
+    raise CheckpointError(f"no usable checkpoint of step {step} in {storage.where('')}: "
+                          + (bad[0] if bad else f"the complete ones are of steps {have}") + ".")
+
+
 def find_checkpoint(storage: Storage, rank: int, world: int,
-                    needed: Callable[[Mapping[str, Any]], list[str]]) -> Found | None:
-    """Collective: the newest checkpoint every rank can read and verify, read into memory:
-    (name, manifest body, state.pt contents, this rank's rank file or None). None: fresh."""
+                    needed: Callable[[Mapping[str, Any]], list[str]],
+                    step: int | None = None) -> Found | None:
+    """Collective: the newest checkpoint every rank can read and verify (``step``: that
+    step's, or an error), read into memory: (name, manifest body, state.pt contents, this
+    rank's rank file or None). None: fresh."""
     listing = list_candidates(storage) if rank == 0 else None
     listing = comm.broadcast_object(listing)
+    if step is not None:
+        listing = only_step(listing, step, storage)
     skipped = list(listing.skipped)
     found: Found | None = None
     for name, body in listing.good:
@@ -265,6 +281,22 @@ def load_full(where: str, state: Mapping[str, Any], models: Mapping[str, nn.Modu
         load_optimizer_state(models[owner], o, state["optim"][name],
                              full=is_sharded(models[owner]))
     return free_later(replaced)
+
+
+def load_models(storage: Storage, name: str, body: Mapping[str, Any], state_file: str,
+                models: Mapping[str, nn.Module]) -> None:
+    """Collective: load ``models`` (registered after checkpoint ``name`` was loaded, e.g. an
+    EMA made after ``run.resume``) from it; ``state_file`` is read again, verified."""
+    if body["layout"] == "sharded":
+        load_sharded(Path(storage.root) / name, models, {})
+        return
+    state = read_part(storage, name, state_file, body["files"][state_file])
+    load_full(storage.where(name), state, models, {}).finish()
+
+
+def unregistered(body: Mapping[str, Any], reg: Registered) -> list[str]:
+    """Optimizers checkpoint ``body`` holds that ``reg`` lacks (their state would be lost)."""
+    return sorted(n for n in body["optimizers"] if n not in reg.optims)
 
 
 def load_objects(storage: Storage, name: str, body: Mapping[str, Any], state: Mapping[str, Any],

@@ -42,9 +42,10 @@ from splitsync.ckpt.state import (
 from splitsync.ckpt.store import manifest_text, step_dirname
 from splitsync.distributed import comm
 from splitsync.errors import CheckpointError
+from splitsync.observe import Observer
 from splitsync.tree import iter_tensors
 
-__all__ = ["STATE_FILE", "rank_file", "collect", "build_job", "collective_ok", "SaveJob", "SaveHandle", "side_group", "destroy_side_group", "run_job", "gather", "broadcast", "direct", "start"]
+__all__ = ["STATE_FILE", "rank_file", "collect", "build_job", "collective_ok", "SaveJob", "SaveHandle", "side_group", "destroy_side_group", "run_job", "gather", "broadcast", "direct", "start", "SaveWatch"]
 
 if TYPE_CHECKING:
     from splitsync.data.loader import DeviceLoader
@@ -337,3 +338,17 @@ def build_job(reg: Registered, storage: Storage, loaders: Sequence[DeviceLoader]
                    body=body, parts=parts, after_parts=after, group=group,
                    final=storage.where(step_dirname(step)), nbytes=nbytes,
                    call=call or direct, world_size=reg.world_size)
+
+
+class SaveWatch(Observer):
+    """Attached while a background save is in flight: its outcome surfaces at ``run.step``
+    (``owner.settle``: the run's Checkpointer)."""
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+
+    def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None,
+                    stepped: bool = True) -> None:
+        # After the step, not before: each rank learns of the failure at its own step, and a
+        # rank that raised before stepping would have skipped a step the others took.
+        self.owner.settle(wait=False)

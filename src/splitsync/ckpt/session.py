@@ -1,7 +1,9 @@
-"""The run's checkpoints: ``run.resume``, ``run.save``, ``run.export`` and the save in flight.
+"""The run's checkpoints: ``run.resume``, ``run.save``, ``run.load``, ``run.export`` and the
+save in flight.
 
-One :class:`Checkpointer` per run holds what ``run.resume`` registered, the optimizer-step
-count a save is named after, and the save lifecycle: the staging buffers, the background
+One :class:`Checkpointer` per run holds what ``run.resume`` registered (without it, saves
+take what the run wrapped, asked from the run at each save), the optimizer-step count a
+save is named after, and the save lifecycle: the staging buffers, the background
 gloo group, the save in flight and the threads freeing replaced optimizer state.
 :meth:`Checkpointer.settle` is the one place that waits for a background save; it is called
 before the next save or resume, at ``close``, and (without waiting) after each ``run.step``
@@ -13,18 +15,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from splitsync.ckpt.fs import Storage, open_storage
-from splitsync.ckpt.load import Freeing, find_checkpoint, load_objects
+from splitsync.ckpt.fs import Storage, open_dir
+from splitsync.ckpt.load import Freeing, find_checkpoint, load_models, load_objects, unregistered
 from splitsync.ckpt.save import (
     STATE_FILE,
     SaveHandle,
+    SaveWatch,
     build_job,
     collect,
     destroy_side_group,
@@ -34,7 +37,7 @@ from splitsync.ckpt.save import (
     start,
 )
 from splitsync.ckpt.staging import Stager
-from splitsync.ckpt.state import Registered, register, restore_loader, restore_rng
+from splitsync.ckpt.state import Registered, register, restore_loader, restore_rng, split_state
 from splitsync.data.build import ResumableLoader
 from splitsync.distributed.seeding import Generators
 from splitsync.errors import CheckpointError, CheckpointWarning
@@ -58,39 +61,17 @@ class ResumeState:
         return self.path is not None
 
 
-def _open(where: str | os.PathLike[str]) -> Storage:
-    """The storage of a run's checkpoint directory; a path that is a file is refused at once
-    (not found out at the first save, after training from scratch)."""
-    path = Path(where)
-    if "://" not in str(where) and path.exists() and not path.is_dir():
-        raise CheckpointError(
-            f"checkpoint directory {str(path)!r} is a regular file, not a directory: pass the "
-            "directory that holds (or will hold) the step-* checkpoints, e.g. "
-            f"{str(path.parent / 'ckpt')!r}.")
-    return open_storage(where)
-
-
-class _SaveWatch(Observer):
-    """Attached while a background save is in flight: its outcome surfaces at ``run.step``."""
-
-    def __init__(self, owner: Checkpointer) -> None:
-        self.owner = owner
-
-    def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None,
-                    stepped: bool = True) -> None:
-        # After the step, not before: each rank learns of the failure at its own step, and a
-        # rank that raised before stepping would have skipped a step the others took.
-        self.owner.settle(wait=False)
-
-
 class Checkpointer:
-    """resume/save/export for one run. ``loaders`` is the run's live list of loaders;
-    ``watch``/``unwatch`` add and remove an observer of ``run.step`` alone."""
+    """resume/save/load/export for one run. ``loaders`` is the run's live list of loaders;
+    ``watch``/``unwatch`` add and remove an observer of ``run.step`` alone; ``wrapped()``
+    names what the run wrapped (models, optimizers it stepped, EMAs), which saves and loads
+    take when nothing is registered."""
 
     def __init__(self, rank: int, world_size: int, loaders: Sequence[ResumableLoader], *,
                  generators: Generators | None = None, timeout: Any = None,
                  blocking: bool = True, watch: Callable[[Observer], Any] | None = None,
-                 unwatch: Callable[[Observer], None] | None = None) -> None:
+                 unwatch: Callable[[Observer], None] | None = None,
+                 wrapped: Callable[[], dict[str, Any]] = dict) -> None:
         self.rank = rank
         self.world_size = world_size
         self.loaders = loaders
@@ -99,17 +80,20 @@ class Checkpointer:
         self.default_blocking = blocking  # init(save_blocking=...)
         self.blocking = blocking  # run.save's default: init's, or run.resume's save_blocking
         self._watch_steps, self._unwatch_steps = watch, unwatch
+        self.wrapped = wrapped
         # set by run.resume
         self.where: Any = None
         self.storage: Storage | None = None
-        self.registered: Registered | None = None
-        self.step = 0
+        self.registered: Registered | None = None  # None: saves take what the run wrapped
+        self.keep = 3
+        self.loaded: tuple[Storage, str, dict[str, Any]] | None = None  # the last one read
+        self.step = 0  # optimizer steps the run took (see count); a checkpoint loaded sets it
         self._hook: Any = None  # post-hook counting the first optimizer's steps
         self._counting = True
         self._pending: list[tuple[Mapping[str, int], torch.Tensor | None]] = []
         # the save lifecycle, for the whole run
         self.inflight: SaveHandle | None = None
-        self._watch: _SaveWatch | None = None
+        self._watch: SaveWatch | None = None
         self._stager: Stager | None = None  # host buffers of background saves, reused
         self._reserved = False
         self._group: Any = None  # gloo group of background saves: made on first use
@@ -118,7 +102,13 @@ class Checkpointer:
 
     @property
     def models(self) -> Mapping[str, nn.Module]:
-        return {} if self.registered is None else self.registered.models
+        if self.registered is not None:
+            return self.registered.models
+        return {n: m for n, m in self.wrapped().items() if isinstance(m, nn.Module)}
+
+    def _register(self, objects: Mapping[str, Any], keep: int) -> Registered:
+        return register(objects, rank=self.rank, world_size=self.world_size, keep=keep,
+                        generators=self.generators)
 
     # --- observers -----------------------------------------------------------------------
     def set_observers(self, observers: Sequence[Observer]) -> None:
@@ -148,19 +138,21 @@ class Checkpointer:
         ``dir``, or start fresh."""
         self.settle(wait=True)  # the save in flight commits (or raises) first
         where = self._path(dir)
-        registered = register(objects, rank=self.rank, world_size=self.world_size, keep=keep,
-                              generators=self.generators)
-        storage = _open(where)
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
-        self.where, self.storage, self.registered = where, storage, registered
+        # no objects: what the run wrapped, looked up again at each save
+        registered = self._register(objects or self.wrapped(), keep)
+        storage = open_dir(where)
+        self.where, self.storage = where, storage
+        self.registered = registered if objects else None
+        self.keep = keep
         self.blocking = self.default_blocking if save_blocking is None else save_blocking
         self._reserved = False
-        state = self._load(storage, registered)
-        self._start_counting()
+        state = self._load(storage, registered, check=not objects)
+        self._start_counting(registered)
         if not self.blocking:
             self.reserve()  # on a thread, and only once the optimizers have state
+        return self._resumed(state)
+
+    def _resumed(self, state: ResumeState) -> ResumeState:
         if state.resumed:
             for obs in self._on_resume:
                 obs.on_resume(state.path, state.step)
@@ -168,14 +160,46 @@ class Checkpointer:
             obs.after_resume(state)
         return state
 
-    def _load(self, storage: Storage, reg: Registered) -> ResumeState:
+    def load(self, dir: str | os.PathLike[str], objects: Mapping[str, Any] | None = None,
+             step: int | None = None) -> ResumeState:
+        """Collective: load the checkpoint of ``step`` (None: the newest) under ``dir`` into
+        ``objects`` (else what is registered, else what the run wrapped), RNG states and
+        loader positions included; registers nothing. No checkpoint there is an error."""
+        self.settle(wait=True)
+        reg = self._register(objects, self.keep) if objects else (
+            self.registered or self._register(self.wrapped(), self.keep))
+        where = self._path(dir)
+        state = self._load(open_dir(where), reg, step=step,
+                           check=not objects and self.registered is None)
+        if not state.resumed:
+            raise CheckpointError(f"run.load: no checkpoint under {str(where)!r}; "
+                                  "run.resume(dir, ...) starts fresh when there is none.")
+        return self._resumed(state)
+
+    def add_late(self, name: str, module: nn.Module) -> None:
+        """Register ``module`` (an EMA made after ``run.resume``) and, if the checkpoint
+        last loaded holds it, load its state now. Collective."""
+        if self.registered is not None:
+            self.registered = replace(self.registered,
+                                      models={**self.registered.models, name: module})
+        if self.loaded is not None and name in self.loaded[2]["models"]:
+            load_models(*self.loaded, STATE_FILE, {name: module})
+
+    def _load(self, storage: Storage, reg: Registered, step: int | None = None,
+              check: bool = False) -> ResumeState:
         self._pending = []
-        self.step = 0
         found = find_checkpoint(storage, self.rank, self.world_size,
-                                lambda body: [STATE_FILE, rank_file(self.rank)])
-        if found is None:
-            return ResumeState()
+                                lambda body: [STATE_FILE, rank_file(self.rank)], step)
+        if found is None:  # a fresh start: the steps taken so far still count
+            return ResumeState(step=self.step)
         name, body, state, per_rank = found
+        lost = unregistered(body, reg) if check else []
+        if lost:  # what the run wrapped lacks them: never drop saved state silently
+            raise CheckpointError(
+                f"checkpoint {storage.where(name)} holds optimizer state {lost}, and this run "
+                "has stepped no optimizer to load it into yet: register it, "
+                f"run.resume(dir, model=model, {lost[0]}=opt).")
+        self.loaded = (storage, name, body)
         self._counting = False  # DCP may step optimizers to build their state
         try:
             extra, freeing = load_objects(storage, name, body, state, reg)
@@ -209,11 +233,16 @@ class Checkpointer:
             restore_loader(loader, pos, gen)
 
     # --- step counting -------------------------------------------------------------------
-    def _start_counting(self) -> None:
-        reg = self.registered
-        if self._hook is None and reg is not None and reg.optims:
-            first = next(iter(reg.optims.values()))[0]
-            self._hook = first.register_step_post_hook(self._on_step)
+    def _start_counting(self, reg: Registered) -> None:
+        if reg.optims:
+            self.count(next(iter(reg.optims.values()))[0])
+
+    def count(self, optimizer: torch.optim.Optimizer) -> None:
+        """Count the run's optimizer steps on ``optimizer`` unless one is counted already
+        (``run.step`` calls this with each new optimizer, ``run.resume`` with the first it
+        registers): a later registration never moves or resets the count."""
+        if self._hook is None:
+            self._hook = optimizer.register_step_post_hook(self._on_step)
 
     def _on_step(self, *_: Any) -> None:
         if self._counting:
@@ -242,27 +271,22 @@ class Checkpointer:
 
     def save(self, dir: str | os.PathLike[str] | None = None, *, step: int | None = None,
              epoch: int | None = None, blocking: bool | None = None,
-             **extra: Any) -> Path | str | SaveHandle:
-        """Collective: write everything registered as ``step-<step>/`` under ``dir`` (the
-        resume directory by default). Blocking: returns its location once committed;
-        ``blocking=False``: returns a :class:`SaveHandle` once the state is staged, and the
-        background thread's handshakes run on a group of their own (never the loop's)."""
-        reg = self.registered
-        if reg is None or self.storage is None:
-            raise RuntimeError("run.save() saves the objects registered by run.resume(dir, "
-                               "model=..., optimizer=...); call run.resume first.")
+             state: Mapping[str, Any] | None = None, **extra: Any) -> Path | str | SaveHandle:
+        """Collective: write ``state``'s objects, else everything registered, else what the
+        run wrapped, as ``step-<step>/`` under ``dir`` (the resume directory by default).
+        Blocking: returns its location once committed; ``blocking=False``: returns a
+        :class:`SaveHandle` once the state is staged, and the background thread's handshakes
+        run on a group of their own (never the loop's)."""
         self.settle(wait=True)  # at most one save in flight; an earlier failure raises here
+        reg, storage, extra = self._target(dir, state, extra)
         for obs in self._before_save:
             obs.before_save(step)
         blocking = self.blocking if blocking is None else blocking
         if step is None:
-            if not reg.optims:
-                raise TypeError("run.save(...) cannot count steps without a registered "
-                                "optimizer; pass step=<number of steps done>.")
+            if self._hook is None and not reg.optims:
+                raise TypeError("run.save(...) names checkpoints after optimizer steps, and "
+                                "this run has stepped no optimizer: pass step=<steps done>.")
             step = self.step
-        root = None if dir is None else self._path(dir)
-        storage = self.storage if root is None or str(root) == str(self.where) else \
-            _open(root)
         group = None
         if not blocking:
             if self._group is None:
@@ -284,11 +308,31 @@ class Checkpointer:
             return path
         self.inflight = start(job)
         if self._watch_steps is not None:
-            self._watch = _SaveWatch(self)
+            self._watch = SaveWatch(self)
             self._watch_steps(self._watch)
         for obs in self._on_staged:
             obs.on_save_staged(step)
         return self.inflight
+
+    def _target(self, dir: Any, state: Mapping[str, Any] | None,
+                extra: dict[str, Any]) -> tuple[Registered, Storage, dict[str, Any]]:
+        """What a save writes, where, and its extras (``state``'s plain values join them)."""
+        if state is not None:
+            objects, plain = split_state(state)
+            both = sorted(set(plain) & set(extra))
+            if both:
+                raise TypeError(f"run.save(state=..., **extra): {both} given twice.")
+            extra = {**plain, **extra}
+            reg = self._register(objects, self.keep)
+        else:
+            reg = self.registered or self._register(self.wrapped(), self.keep)
+        root = None if dir is None else self._path(dir)
+        if root is None and self.storage is None:
+            raise TypeError("run.save() needs a directory when run.resume(dir, ...) was not "
+                            "called: run.save('ckpt/').")
+        if root is None or str(root) == str(self.where):
+            return reg, self.storage, extra  # type: ignore[return-value]
+        return reg, open_dir(root), extra
 
     def settle(self, *, wait: bool, raise_errors: bool = True) -> None:
         """Finish with the background save in flight, if it is done (or ``wait``): its
@@ -321,8 +365,8 @@ class Checkpointer:
         if model is None:
             models = list(self.models.values())
             if len(models) != 1:
-                raise TypeError("run.export(path) exports the model registered by run.resume; "
-                                f"{len(models)} are registered, so pass model=...")
+                raise TypeError("run.export(path) exports the run's one model; it has "
+                                f"{len(models)}, so pass model=...")
             model = models[0]
         return export_safetensors(model, self._path(path), self.rank)
 

@@ -33,7 +33,7 @@ from splitsync.strategies import for_model
 from splitsync.strategies.modules import unwrap
 from splitsync.strategies.state import optimizer_to_fqn
 
-__all__ = ["Registered", "register", "RESERVED", "split_extra", "capture_rng", "restore_rng", "loader_position", "restore_loader", "check_shapes", "owner_of", "model_state", "optimizer_state", "load_model_state", "load_optimizer_state", "state_shapes", "check_optimizer_names", "is_sharded", "KINDS", "type_name", "kind_of", "kind_from_state", "described"]
+__all__ = ["Registered", "register", "RESERVED", "split_extra", "capture_rng", "restore_rng", "loader_position", "restore_loader", "check_shapes", "owner_of", "model_state", "optimizer_state", "load_model_state", "load_optimizer_state", "state_shapes", "check_optimizer_names", "is_sharded", "split_state", "KINDS", "type_name", "kind_of", "kind_from_state", "described"]
 
 # --- RNG ---------------------------------------------------------------------------------
 def capture_rng(generators: Generators | None = None) -> dict[str, Any]:
@@ -358,3 +358,12 @@ def register(objects: Mapping[str, Any], *, rank: int, world_size: int, keep: in
                             "extra instead.")
     return Registered(models=models, optims=optims, others=others, rank=rank,
                       world_size=world_size, keep=keep, generators=generators)
+
+
+def split_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A Fabric-style ``state`` dict split into objects to register (models, optimizers,
+    anything with ``state_dict()``/``load_state_dict()``) and plain values (extras)."""
+    objects = {k: v for k, v in state.items() if isinstance(v, (nn.Module, torch.optim.Optimizer))
+               or (callable(getattr(v, "state_dict", None))
+                   and callable(getattr(v, "load_state_dict", None)))}
+    return objects, {k: v for k, v in state.items() if k not in objects}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
+import sys
 from typing import Any
 
 DESCRIPTION = """\
@@ -104,14 +106,7 @@ def _fail(msg: str) -> SystemExit:
 
 
 def _load_model(path: str) -> Any:
-    mod_name, _, attr = path.partition(":")
-    if not attr:
-        raise _fail(f"--model {path!r}: write MODULE:FACTORY, e.g. mypkg.nets:Net.")
-    try:
-        factory = getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise _fail(f"--model {path!r}: cannot import it ({exc}).") from exc
-    return factory()
+    return _factory(path)()
 
 
 def measure_step(model: Any, shape: tuple[int, ...], batch: int, steps: int = 10) -> float:
@@ -175,13 +170,19 @@ def measure_network(world: int = 2, gap_s: float = 1e-3) -> Any:
 
 
 def _factory(path: str) -> Any:
+    """``MODULE:FACTORY``, imported as ``python -m`` would: the working directory first on
+    the import path (the console script does not put it there by itself)."""
     mod_name, _, attr = path.partition(":")
     if not attr:
         raise _fail(f"--model {path!r}: write MODULE:FACTORY, e.g. mypkg.nets:Net.")
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
     try:
         return getattr(importlib.import_module(mod_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise _fail(f"--model {path!r}: cannot import it ({exc}).") from exc
+        raise _fail(f"--model {path!r}: cannot import it ({exc}), from {here} or the "
+                    "installed packages.") from exc
 
 
 def _size(n: int) -> str:

@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
+from splitsync.data.custom import SamplerShards
 from splitsync.data.loader import DeviceLoader, ShardSampler, loader_kwargs_from
 from splitsync.data.stream.loader import StreamLoader
 from splitsync.data.stream.readers import StreamReaders
@@ -111,6 +112,8 @@ def _map_loader(data: Dataset | DataLoader, batch_size: int | None, *, rank: int
 
     ``order`` (an option) is the shuffle order (see :class:`ShardSampler`): "bijection" by
     default, flat in the dataset's size; "randperm" for DistributedSampler's exact order.
+    ``sampler`` (an option): a sampler of the user's own gives the global order instead
+    (see :mod:`splitsync.data.custom`).
     """
     # Distinct, reproducible worker seeds per rank: the generator seeds the workers' base.
     generator = torch.Generator()
@@ -135,11 +138,29 @@ def _map_loader(data: Dataset | DataLoader, batch_size: int | None, *, rank: int
         raise ValueError(f"batch_size={batch_size!r}: give a positive per-process batch size.")
     kwargs.setdefault("pin_memory", device.type == "cuda")
     kwargs.setdefault("worker_init_fn", worker_init_fn)
-    sampler = ShardSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
-                           seed=seed, drop_last=drop_last, order=order)
+    sampler = _sampler(dataset, kwargs, shuffle=shuffle, rank=rank, world_size=world_size,
+                       seed=seed, drop_last=drop_last, order=order)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
                         generator=generator, **kwargs)
     return DeviceLoader(loader, device, world_size, hooks)
+
+
+def _sampler(dataset: Any, kwargs: dict[str, Any], *, shuffle: bool, rank: int,
+             world_size: int, seed: int, drop_last: bool, order: str) -> ShardSampler:
+    """splitsync's sharded sampler, over the order of the user's ``sampler=`` if given."""
+    if kwargs.pop("batch_sampler", None) is not None:
+        raise TypeError("run.loader(..., batch_sampler=...): a batch sampler's batches cannot "
+                        "be dealt out over ranks and resumed; give sampler= (one index at a "
+                        "time) with batch_size=, and splitsync batches each rank's part.")
+    user = kwargs.pop("sampler", None)
+    if user is None:
+        return ShardSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
+                            seed=seed, drop_last=drop_last, order=order)
+    if shuffle:
+        raise ValueError("run.loader(..., sampler=..., shuffle=True): the sampler gives the "
+                         "order; drop shuffle=True (as DataLoader refuses both).")
+    return SamplerShards(user, len(dataset), num_replicas=world_size, rank=rank, seed=seed,
+                         drop_last=drop_last)
 
 
 def _stream_loader(data: Any, batch_size: int | None, *, shuffle: bool, drop_last: bool,

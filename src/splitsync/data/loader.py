@@ -200,7 +200,8 @@ class DeviceLoader:
         s = self.sampler
         per_rank = self.batches_seen * (self.loader.batch_size or 1)
         start = s.start if s is not None else 0
-        return start + min(per_rank * self.world_size, len(self.dataset) - start)  # type: ignore[arg-type]
+        total = len(s.dataset if s is not None else self.dataset)  # type: ignore[arg-type]
+        return start + min(per_rank * self.world_size, total - start)
 
     def __iter__(self) -> Iterator[Any]:
         self.previous_pass_batches, self.batches_seen = self.batches_seen, 0
@@ -317,15 +318,14 @@ def loader_kwargs_from(loader: DataLoader) -> dict[str, Any]:
         shuffle = True
     elif isinstance(sampler, (SequentialSampler, DistributedSampler)):
         shuffle = bool(getattr(sampler, "shuffle", False))
-    else:
-        raise ValueError(
-            f"Cannot re-shard a DataLoader with a custom sampler ({type(sampler).__name__}). "
-            "Pass the dataset to run.loader(...) or wrap your sampler per rank yourself."
-        )
+    else:  # the user's own order: dealt out over the ranks (splitsync.data.custom)
+        shuffle = False
     kwargs: dict[str, Any] = {
         "dataset": loader.dataset, "batch_size": loader.batch_size, "shuffle": shuffle,
         "drop_last": loader.drop_last,
     }
+    if not isinstance(sampler, (RandomSampler, SequentialSampler, DistributedSampler)):
+        kwargs["sampler"] = sampler
     for name in _PASSTHROUGH:
         if hasattr(loader, name):
             kwargs[name] = getattr(loader, name)

@@ -5,7 +5,8 @@ under FSDP: the strategy's ``replica``). After each optimizer step that really s
 (``StepPlan.stepped``: not inside an accumulation window, not skipped by the GradScaler) it
 becomes ``decay * ema + (1 - decay) * weights``, shard by shard, with no communication.
 Floating-point buffers are averaged the same way; other buffers (counters) are copied.
-``run.resume`` registers every EMA, so checkpoints hold it with no extra argument.
+``run.resume`` registers every EMA, so checkpoints hold it with no extra argument; one made
+after ``run.resume`` is registered then, and loaded from the checkpoint if that holds it.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class Emas:
         self.attach = attach
         self.made: list[Ema] = []
 
-    def make(self, model: nn.Module, decay: float, *, resumed: bool) -> nn.Module:
+    def make(self, model: nn.Module, decay: float) -> nn.Module:
         """See ``Run.ema``."""
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not (
                 0.0 <= decay <= 1.0):
@@ -122,11 +123,6 @@ class Emas:
                 f"run.ema(model): this {type(model).__name__} was not returned by "
                 "run.model(); pass the model run.model returned, e.g. "
                 "model = run.model(net); ema = run.ema(model).")
-        if resumed:
-            raise RuntimeError(
-                "run.ema(model) after run.resume(...): the EMA would not be restored from "
-                "the checkpoint. Call ema = run.ema(model) before run.resume(...), which "
-                "then saves and restores it with the model.")
         if how.template is None and how.template_error:
             raise RuntimeError(f"run.ema: the model could not be copied when run.model "
                                f"wrapped it ({how.template_error}).")
@@ -163,6 +159,6 @@ class Emas:
         emas = {id(e.module) for e in self.made}
         models = [m for m in registered.values() if id(m) not in emas]
         if len(models) != 1:
-            raise TypeError("run.export(path) exports the model registered by run.resume; "
-                            f"{len(models)} are registered besides the EMAs, so pass model=...")
+            raise TypeError("run.export(path) exports the run's one model; it has "
+                            f"{len(models)} besides the EMAs, so pass model=...")
         return models[0]

@@ -103,6 +103,10 @@ class Models:
         self.retired.record(before, wrapped, _why(strat, self.plan))
         return wrapped
 
+    def all(self) -> list[nn.Module]:
+        """The models ``run.model`` returned that are still alive, in the order it made them."""
+        return list(self._made)
+
     def made(self, model: nn.Module) -> Wrapped | None:
         """How ``run.model`` made ``model``; None if it did not return it."""
         return self._made.get(model)

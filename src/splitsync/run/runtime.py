@@ -1,9 +1,12 @@
 """The :class:`Run` handle the user's script talks to (made by ``splitsync.init``).
 
-A Run is who this process is plus parts it delegates to: models (``run_models``), loaders
-(``run_data``), the training step (``run_training``), collectives (``run_collectives``),
-checkpoints (``ckpt.session.Checkpointer``) and ``run.log`` (``run_logging``). Tools watch it through
-observers (``splitsync.observe``); the Run knows none of them by name.
+A Run is who this process is plus parts it delegates to: models (``run/models.py``), loaders
+(``run/data.py``), the training step (``run/step.py``), collectives (``run/collectives.py``),
+checkpoints (``ckpt.session.Checkpointer``) and ``run.log`` (``run/logging.py``). Its verbs
+come in families, each a mixin beside its part: training (``run/training.py``), collectives
+(``run/collectives.py``) and checkpoints (``run/checkpoints.py``); this module keeps the
+rest (models, data, output, observers, teardown). Tools watch it through observers
+(``splitsync.observe``); the Run knows none of them by name.
 """
 
 from __future__ import annotations
@@ -11,9 +14,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,25 +32,22 @@ from splitsync.distributed.logs import get_logger
 from splitsync.distributed.seeding import Generators
 from splitsync.observe import Observer, appended, overriding
 from splitsync.output.progress import progress as _progress
-from splitsync.run.collectives import Collectives
+from splitsync.run.checkpoints import CheckpointVerbs
+from splitsync.run.collectives import Collectives, CollectiveVerbs
 from splitsync.run.config import RunConfig
 from splitsync.run.data import Loaders
 from splitsync.run.ema import Emas
 from splitsync.run.logging import Logging, run_settings
 from splitsync.run.models import Models
 from splitsync.run.step import StepPlan, Training
+from splitsync.run.training import TrainingVerbs
 from splitsync.strategies import Strategy, unwrap
 from splitsync.train.precision import Precision
-
-if TYPE_CHECKING:
-    import os
-
-    from splitsync.ckpt import ResumeState, SaveHandle
 
 __all__ = ["Run"]
 
 
-class Run:
+class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
     """Who this process is, plus the helpers that make a loop data-parallel."""
 
     def __init__(self, config: RunConfig, env: DistEnv, device: torch.device, backend: str,
@@ -72,7 +71,7 @@ class Run:
         self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
                               config.strategy_options, env.local_world_size)
         self._training = Training(self._plan, self._data, self.world_size,
-                                  self._models.retired.check)
+                                  self._new_optimizer)
         self._collectives = Collectives(device, self._data)
         self._generators = Generators(seed, self.rank)
         # a background save's watch listens to run.step only: the other parts keep theirs
@@ -80,7 +79,8 @@ class Run:
         self._checkpoints = Checkpointer(self.rank, self.world_size, self._data.all,
                                          generators=self._generators, timeout=config.timeout,
                                          blocking=config.save_blocking,
-                                         watch=self._watch_steps, unwatch=self._unwatch_steps)
+                                         watch=self._watch_steps, unwatch=self._unwatch_steps,
+                                         wrapped=self._wrapped)
         self._logging = Logging(config, device, self.is_main,
                                 run_settings(config, self.world_size, seed, device, backend))
         self._observers: tuple[Observer, ...] = ()
@@ -121,6 +121,11 @@ class Run:
         self._step_watch = tuple(o for o in self._step_watch if o is not observer)
         self._training.set_observers((*self._observers, *self._step_watch))
 
+    def _new_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """The first ``run.step`` of ``optimizer``: refuse it if stale, count its steps."""
+        self._models.retired.check(optimizer)
+        self._checkpoints.count(optimizer)
+
     # --- model -------------------------------------------------------------------------
     def model(self, module: nn.Module, *, strategy: str | None = None,
               sync_batchnorm: bool = False, compile: bool | dict[str, Any] = False,
@@ -142,10 +147,12 @@ class Run:
         """A frozen copy of ``model``'s weights and floating-point buffers that becomes
         ``decay * ema + (1 - decay) * weights`` after each optimizer step that really steps
         (not an accumulation micro-step, not one the GradScaler skipped). Laid out like the
-        model (FSDP: sharded the same way, updated locally). :meth:`resume` registers it,
-        so checkpoints hold it; ``run.export(path, model=ema)`` writes it. Call it before
-        :meth:`resume`, on the model :meth:`model` returned."""
-        return self._emas.make(model, decay, resumed=self._checkpoints.registered is not None)
+        model (FSDP: sharded the same way, updated locally). Checkpoints hold it (made after
+        :meth:`resume`, it is loaded from the checkpoint resume read, if that holds it);
+        ``run.export(path, model=ema)`` writes it. Takes the model :meth:`model` returned."""
+        ema = self._emas.make(model, decay)
+        self._ema_made(ema)
+        return ema
 
     def strategy_of(self, model: nn.Module) -> Strategy:
         """The strategy that wrapped ``model`` (found by its type if run.model did not)."""
@@ -195,115 +202,6 @@ class Run:
         """Move a (nested) batch to the run's device."""
         return move_to(obj, self.device)
 
-    # --- training (the hot path: each call is one lookup and the chosen function) --------
-    def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()``, scaled under "16-mixed" and divided by ``accumulate``."""
-        self._training.backward(loss)
-
-    def step(self, optimizer: torch.optim.Optimizer,
-             clip: float | None = None) -> torch.Tensor | None:
-        """``run.step(optimizer, clip=None)``: step the optimizer (every ``accumulate``-th
-        call), then zero its gradients.
-
-        Parameters, in this order: ``optimizer``, the optimizer to step (first, and the only
-        one required); ``clip``, a maximum global gradient norm (best given by keyword:
-        ``run.step(opt, clip=1.0)``). With ``clip`` the step does, in order: unscale the
-        gradients (under "16-mixed"), clip them to ``clip`` over all ranks and shards, step,
-        zero the gradients; it returns the norm before clipping (None without ``clip``, and
-        on accumulation micro-steps). The first call per optimizer raises
-        :class:`splitsync.StaleOptimizerError` if it holds parameters ``run.model`` replaced
-        (e.g. built before an FSDP ``run.model``).
-        """
-        training = self._training  # a known optimizer: one dict lookup, then its step
-        return training.steps.get(optimizer, training.first_step)(optimizer, clip)
-
-    def autocast(self) -> AbstractContextManager[Any]:
-        """The precision's autocast context (models from ``run.model`` already use it)."""
-        return self._training.autocast()
-
-    def accumulate(self, model: nn.Module) -> AbstractContextManager[None]:
-        """Around one micro-step (forward and backward): no gradient sync unless it is the
-        ``accumulate``-th. Models from ``run.model`` decide this by themselves."""
-        return self._training.accumulate(model)
-
-    @property
-    def sync_gradients(self) -> bool:
-        """Whether the last backward completed an accumulation window (the step will step)."""
-        return self._training.sync_gradients
-
-    @property
-    def scaler(self) -> Any:
-        """The GradScaler under "16-mixed" (for checkpoints), else None."""
-        return self._training.scaler
-
-    def join(self, *models: nn.Module, enable: bool = True,
-             throw_on_early_termination: bool = False) -> AbstractContextManager[Any]:
-        """Uneven inputs: ranks that run out of batches keep shadowing the others' all-reduces
-        (``torch.distributed.algorithms.Join``) so that nobody hangs."""
-        return self._training.join(*models, enable=enable,
-                                   throw_on_early_termination=throw_on_early_termination)
-
-    # --- collectives -------------------------------------------------------------------
-    def mean(self, x: Any) -> Any:
-        """Average over ranks (tensor or number)."""
-        return self._collectives.mean(x)
-
-    def sum(self, x: Any) -> Any:
-        """Sum over ranks."""
-        return self._collectives.sum(x)
-
-    def max(self, x: Any) -> Any:
-        """Maximum over ranks."""
-        return self._collectives.max(x)
-
-    def gather(self, x: Any) -> torch.Tensor:
-        """Concatenate along dim 0 from all ranks, in rank order."""
-        return self._collectives.gather(x)
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        """Rank ``src``'s object on every rank."""
-        return self._collectives.broadcast(obj, src)
-
-    def barrier(self) -> None:
-        """Wait for every rank (with guards: a monitored barrier that names absent ranks)."""
-        self._collectives.barrier()
-
-    def gather_for_metrics(self, x: torch.Tensor) -> torch.Tensor:
-        """Gather results of the current batch without the sampler's padded duplicates."""
-        return self._collectives.gather_for_metrics(x)
-
-    # --- checkpoints -------------------------------------------------------------------
-    def resume(self, dir: str | os.PathLike[str], *, keep: int = 3,
-               save_blocking: bool | None = None, **objects: Any) -> ResumeState:
-        """Register ``objects`` (model=, optimizer=, ...) and every :meth:`ema` (as "ema",
-        "ema_1", ...) for :meth:`save` and load the
-        newest complete checkpoint under ``dir`` (a path or an fsspec URL), RNG states and
-        loader positions included. ``save_blocking``: :meth:`save`'s default. Collective."""
-        state = self._checkpoints.resume(dir, keep=keep, save_blocking=save_blocking,
-                                         **self._emas.with_emas(objects))
-        if state.resumed and self.is_main:  # one line, so a log shows where a run went on
-            get_logger().info("resumed from %s at epoch %d, step %d (saved by %d process%s)",
-                              state.path, state.epoch, state.step, state.world_size or 0,
-                              "" if state.world_size == 1 else "es")
-        return state
-
-    def save(self, dir: str | os.PathLike[str] | None = None, *, step: int | None = None,
-             epoch: int | None = None, blocking: bool | None = None,
-             **extra: Any) -> Path | str | SaveHandle:
-        """Atomically save what :meth:`resume` registered, plus ``extra``, as
-        ``dir/step-<step>/``, keeping the last ``keep``. ``blocking=False`` returns a
-        :class:`~splitsync.ckpt.SaveHandle` once the state is staged in host memory (the next
-        save, ``run.step`` or ``close`` raise a background failure). Collective."""
-        return self._checkpoints.save(dir, step=step, epoch=epoch, blocking=blocking, **extra)
-
-    def export(self, path: str | os.PathLike[str],
-               model: nn.Module | None = None) -> Path | str:
-        """Write the model's final weights to ``path`` (a path or an fsspec URL) as one
-        unsharded safetensors file (``model=ema``: an EMA's)."""
-        if model is None:  # the EMAs run.resume registered are not "the model"
-            model = self._emas.trained_model(self._checkpoints.models)
-        return self._checkpoints.export(path, model)
-
     # --- output ------------------------------------------------------------------------
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on rank 0 only."""
@@ -317,8 +215,10 @@ class Run:
         return _progress(iterable, show=self.is_main, total=total, desc=desc, every=every)
 
     def log(self, **metrics: Any) -> dict[str, int | float]:
-        """Average ``metrics`` over ranks (one all-reduce); rank 0 prints them and hands them
-        to the trackers chosen with ``init(loggers=...)``."""
+        """Average ``metrics`` over ranks (one all-reduce) and return the averages on every
+        rank; rank 0 prints them and hands them to the trackers chosen with
+        ``init(loggers=...)``. A collective: every rank calls it, with the same names (not
+        Fabric's ``log_dict``, which logs rank 0's own values)."""
         return self._logging.log(metrics)
 
     def log_config(self, params: dict[str, Any]) -> None:

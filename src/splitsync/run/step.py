@@ -18,9 +18,9 @@ first micro-batches (every optimizer step still sees exactly ``k``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 from weakref import WeakSet
@@ -35,7 +35,34 @@ from splitsync.strategies import Strategy, SyncSetter, for_model
 from splitsync.train.clip import clip_optimizer
 from splitsync.train.precision import Precision, forward_with
 
-__all__ = ["StepPlan", "Training", "prepare_module", "accumulate_for", "join"]
+__all__ = ["StepPlan", "StepResult", "Training", "prepare_module", "accumulate_for", "join"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What ``run.step`` did. ``stepped``: the optimizer stepped (False on an accumulation
+    micro-step and on a step the GradScaler skipped for inf/nan gradients); ``norm``: the
+    global gradient norm before clipping when ``clip`` was given and the step reached the
+    clip, else None. True in a condition exactly when it stepped; ``float(result)`` is the
+    norm (what ``run.step`` used to return)."""
+
+    stepped: bool
+    norm: torch.Tensor | None = None
+
+    def __bool__(self) -> bool:
+        return self.stepped
+
+    def __float__(self) -> float:
+        if self.norm is None:
+            why = "give run.step(opt, clip=...)" if self.stepped else \
+                "it did not step (an accumulation micro-step or a skipped step)"
+            raise TypeError(f"this run.step has no gradient norm: {why}; check "
+                            "result.stepped / result.norm first.")
+        return float(self.norm)
+
+
+# No allocation on the steps without a norm, the common case.
+STEPPED, NOT_STEPPED = StepResult(True), StepResult(False)
 
 def accumulate_for(accumulate: int | Callable[[int], int], world_size: int) -> int:
     """``init(accumulate=...)``: the number itself, or what a function of the world size
@@ -69,7 +96,8 @@ class StepPlan:
         self.stepped = True
         self._watched: WeakSet[torch.optim.Optimizer] = WeakSet()
         self.backward: Callable[[torch.Tensor], None]
-        self.step: Callable[..., torch.Tensor | None]
+        self.step: Callable[..., StepResult]
+        self.held = 0  # run.no_sync blocks open: no micro-step inside one syncs
         self._choose()
 
     def _choose(self) -> None:
@@ -109,18 +137,21 @@ class StepPlan:
 
     # --- step --------------------------------------------------------------------------
     @staticmethod
-    def _step_plain(optimizer: torch.optim.Optimizer,
-                    clip: float | None = None) -> torch.Tensor | None:
-        norm = None if clip is None else clip_optimizer(optimizer, clip)
+    def _step_plain(optimizer: torch.optim.Optimizer, clip: float | None = None) -> StepResult:
+        if clip is None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return STEPPED
+        norm = clip_optimizer(optimizer, clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return norm
+        return StepResult(True, norm)
 
     def _step_general(self, optimizer: torch.optim.Optimizer,
-                      clip: float | None = None) -> torch.Tensor | None:
+                      clip: float | None = None) -> StepResult:
         if self.micro % self.every:
             self.stepped = False
-            return None  # inside an accumulation window: keep gradients, do not step
+            return NOT_STEPPED  # inside an accumulation window: keep gradients, do not step
         norm = None
         scaler = self.scaler
         if scaler is None:
@@ -137,7 +168,9 @@ class StepPlan:
             scaler.step(optimizer)  # skipped when gradients hold inf/nan
             self._update_due = True
         optimizer.zero_grad(set_to_none=True)
-        return norm
+        if norm is None:
+            return STEPPED if self.stepped else NOT_STEPPED
+        return StepResult(self.stepped, norm)
 
     def _watch(self, optimizer: torch.optim.Optimizer) -> None:
         # GradScaler.step calls optimizer.step only when the gradients are finite: a
@@ -176,11 +209,25 @@ class StepPlan:
             return nullcontext()
         return for_model(model).no_sync(model)
 
+    @contextmanager
+    def no_sync(self, model: nn.Module, enabled: bool = True) -> Iterator[None]:
+        """No gradient sync of ``model`` inside the block, whatever the accumulation
+        window says (the forward installed for ``accumulate`` reads ``held``)."""
+        if not enabled:
+            yield
+            return
+        self.held += 1
+        try:
+            with for_model(model).no_sync(model):
+                yield
+        finally:
+            self.held -= 1
+
 
 def _synced(forward: Callable[..., Any], setter: SyncSetter,
             plan: StepPlan) -> Callable[..., Any]:
     def synced_forward(*args: Any, **kwargs: Any) -> Any:
-        setter((plan.micro + 1) % plan.every == 0)
+        setter(not plan.held and (plan.micro + 1) % plan.every == 0)
         return forward(*args, **kwargs)
 
     return synced_forward
@@ -204,14 +251,14 @@ class Training:
         self.loaders = loaders
         self.world_size = world_size
         self.backward: Callable[[torch.Tensor], None] = plan.backward
-        self.step: Callable[..., torch.Tensor | None] = plan.step
+        self.step: Callable[..., StepResult] = plan.step
         # optimizer -> its step function, filled at its first run.step (after the check);
         # Run.step looks the optimizer up here, so a checked one costs one dict lookup
-        self.steps: dict[Any, Callable[..., torch.Tensor | None]] = {}
+        self.steps: dict[Any, Callable[..., StepResult]] = {}
         self._check = check_optimizer
 
     def first_step(self, optimizer: torch.optim.Optimizer,
-                   clip: float | None = None) -> torch.Tensor | None:
+                   clip: float | None = None) -> StepResult:
         """The first run.step of ``optimizer``: check it once, then step."""
         if not isinstance(optimizer, torch.optim.Optimizer):  # e.g. run.step(1.0, opt)
             raise TypeError(f"run.step(optimizer, clip=None) takes the optimizer first, got a "
@@ -253,7 +300,7 @@ class Training:
         return backward
 
     def _observed_step(self, begin: tuple[Observer, ...],
-                       end: tuple[Callable[..., Any], ...]) -> Callable[..., torch.Tensor | None]:
+                       end: tuple[Callable[..., Any], ...]) -> Callable[..., StepResult]:
         plan = self.plan
         if not begin and not end:
             return plan.step
@@ -261,23 +308,20 @@ class Training:
             after = end[0]  # the least Python around the plain step
 
             def step_then(optimizer: torch.optim.Optimizer,
-                          clip: float | None = None) -> torch.Tensor | None:
-                norm = plan.step(optimizer, clip)
-                after(optimizer, norm, plan.stepped)  # may end the script (SystemExit)
-                return norm
+                          clip: float | None = None) -> StepResult:
+                result = plan.step(optimizer, clip)
+                after(optimizer, result.norm, result.stepped)  # may end the script (SystemExit)
+                return result
 
             return step_then
 
-        def step(optimizer: torch.optim.Optimizer,
-                 clip: float | None = None) -> torch.Tensor | None:
+        def step(optimizer: torch.optim.Optimizer, clip: float | None = None) -> StepResult:
             for obs in begin:
                 obs.on_step_begin(optimizer)
-            norm = plan.step(optimizer, clip)
-            if end:
-                stepped = plan.stepped
-                for call in end:
-                    call(optimizer, norm, stepped)  # may end the script (SystemExit)
-            return norm
+            result = plan.step(optimizer, clip)
+            for call in end:
+                call(optimizer, result.norm, result.stepped)  # may end the script (SystemExit)
+            return result
 
         return step
 
@@ -286,6 +330,9 @@ class Training:
 
     def accumulate(self, model: nn.Module) -> AbstractContextManager[None]:
         return self.plan.accumulate(model)
+
+    def no_sync(self, model: nn.Module, enabled: bool = True) -> AbstractContextManager[None]:
+        return self.plan.no_sync(model, enabled)
 
     @property
     def sync_gradients(self) -> bool:

@@ -13,6 +13,9 @@ Faults (each has one likely cause in ``splitsync verify``):
 --params-before   the optimizer takes a parameter list collected before run.model (right
                   under DDP, stale under FSDP; caught by --strategies ddp,fsdp)
 --ckpt-no-opt     the checkpoint holds the model but not the optimizer (caught by --resume)
+--sched-micro     a warmup scheduler stepped after every run.step call, micro-steps
+                  included (caught by --accumulate K)
+--no-shuffle      the training loader is made without shuffle=True (verify says so)
 
 Correct patterns that verify must pass:
 --ckpt DIR        run.resume(DIR, ...) before training and run.save() every step
@@ -20,6 +23,7 @@ Correct patterns that verify must pass:
 --accumulate K    init(accumulate=K)
 --peek            draws one batch with next(iter(loader)) before training
 --world-batch G   per-process batch G // run.world_size (a global batch G)
+--sched           a warmup scheduler stepped once per optimizer step (if run.step(opt))
 """
 
 import argparse
@@ -48,6 +52,9 @@ parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--sum-micro", action="store_true")
 parser.add_argument("--params-before", action="store_true")
 parser.add_argument("--ckpt-no-opt", action="store_true")
+parser.add_argument("--sched-micro", action="store_true")
+parser.add_argument("--no-shuffle", action="store_true")
+parser.add_argument("--sched", action="store_true")
 args = parser.parse_args()
 
 g = torch.Generator().manual_seed(0)
@@ -72,7 +79,9 @@ with splitsync.init(seed=0, accumulate=args.accumulate, run_dir=args.run_dir) as
     if args.plain_loader:
         loader = DataLoader(data, batch_size=batch, shuffle=True)
     else:
-        loader = run.loader(data, batch_size=batch, shuffle=True)
+        loader = run.loader(data, batch_size=batch, shuffle=not args.no_shuffle)
+    if args.sched or args.sched_micro:  # made only when asked: it scales lr at once
+        warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
     done = start = 0
     if args.ckpt:
         objects = {"model": model} if args.ckpt_no_opt else {"model": model, "optimizer": opt}
@@ -87,7 +96,9 @@ with splitsync.init(seed=0, accumulate=args.accumulate, run_dir=args.run_dir) as
         for xb, yb in loader:
             loss = F.cross_entropy(model(xb), yb, reduction=args.reduction)
             run.backward(loss * run.config.accumulate if args.sum_micro else loss)
-            run.step(opt)
+            stepped = run.step(opt).stepped
+            if args.sched_micro or (args.sched and stepped):
+                warmup.step()
             if args.ckpt and run.sync_gradients:
                 done += 1
                 run.save(step=done) if args.ckpt_no_opt else run.save()

@@ -138,7 +138,8 @@ def convert(path: str | os.PathLike[str], out: str | os.PathLike[str], *,
     tensors = _strip(cast(tensors, DTYPES[dtype] if dtype else None), strip_prefix, where)
     meta = {"format": "pt", "splitsync_step": str(body["step"]), "splitsync_model": chosen}
     if hf is not None:
-        target = write_hf(tensors, str(out), str(hf), meta)
+        target, tied = write_hf(tensors, str(out), str(hf), meta)
+        tensors = {k: v for k, v in tensors.items() if k not in tied}  # what it wrote
     else:
         target = write_safetensors(tensors, str(out), meta)
     opt_out = None

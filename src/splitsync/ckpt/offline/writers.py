@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from splitsync.ckpt.export import tied_duplicates
 from splitsync.ckpt.fs import is_url
 from splitsync.errors import CheckpointError
 
@@ -125,25 +126,34 @@ def write_optimizer(osd: Mapping[str, Any], out: str, prefix: str | None = None)
     return _write_bytes(out, fill)
 
 
-def hf_mismatch(config_dir: Path, tensors: Mapping[str, torch.Tensor]) -> str | None:
-    """Why ``tensors`` would not load into the model ``config.json`` describes (None: they
-    fit; also None when transformers or the architecture's name is not there to check with)."""
-    try:
-        import transformers
-    except ImportError:
-        warnings.warn("transformers is not installed here: the parameter names were not "
-                      f"checked against {config_dir}/config.json.", stacklevel=3)
-        return None
-    config = transformers.AutoConfig.from_pretrained(str(config_dir), local_files_only=True)
-    archs = getattr(config, "architectures", None) or []
-    cls = getattr(transformers, archs[0], None) if archs else None
-    if cls is None:
-        warnings.warn(f"{config_dir}/config.json names no architecture transformers knows "
-                      f"({archs}); the parameter names were not checked against it.",
-                      stacklevel=3)
-        return None
+def _candidates(transformers: Any, config: Any) -> list[type]:
+    """The classes ``config`` may describe: the architecture it names, or, when it names
+    none (``config.save_pretrained`` of a config no model saved), the auto classes' choices
+    for its ``model_type``, language-model heads first."""
+    names = list(getattr(config, "architectures", None) or [])[:1]
+    if not names:
+        from transformers.models.auto import modeling_auto as auto
+
+        first = ("MODEL_FOR_CAUSAL_LM", "MODEL_FOR_MASKED_LM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM")
+        maps = [*first, *sorted(m.removesuffix("_MAPPING_NAMES") for m in dir(auto)
+                                if m.startswith("MODEL_FOR_") and m.endswith("_MAPPING_NAMES")),
+                "MODEL"]
+        for m in maps:
+            found = getattr(auto, f"{m}_MAPPING_NAMES", {}).get(config.model_type)
+            names += [found] if isinstance(found, str) else list(found or ())
+    classes = [getattr(transformers, n, None) for n in dict.fromkeys(names)]
+    return [c for c in classes if isinstance(c, type)]
+
+
+def _fit(cls: type, config: Any, tensors: Mapping[str, torch.Tensor]
+         ) -> tuple[list[str], set[str]]:
+    """What keeps ``tensors`` from loading into ``cls(config)`` (empty: nothing), and the
+    tied names save_pretrained would leave out of them."""
     with torch.device("meta"):
-        ref = cls(config).state_dict()
+        model = cls(config)
+    ref = model.state_dict(keep_vars=True)
+    tied = getattr(model, "_tied_weights_keys", None) or ()
+    drop = tied_duplicates(ref, tied)
     groups: dict[int, set[str]] = {}
     for k, v in ref.items():  # tied weights: one tensor, several names; one of them suffices
         groups.setdefault(id(v), set()).add(k)
@@ -151,18 +161,51 @@ def hf_mismatch(config_dir: Path, tensors: Mapping[str, torch.Tensor]) -> str | 
     unexpected = sorted(set(tensors) - set(ref))
     shapes = [f"{k} {tuple(tensors[k].shape)} vs {tuple(ref[k].shape)}" for k in sorted(ref)
               if k in tensors and tuple(tensors[k].shape) != tuple(ref[k].shape)]
-    if not (missing or unexpected or shapes):
-        return None
     parts = [f"{what} ({len(names)}): {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}"
              for what, names in (("missing", missing), ("unexpected", unexpected),
                                  ("shapes differ", shapes)) if names]
-    return f"the weights do not fit {archs[0]} of {config_dir}: " + "; ".join(parts)
+    return parts, drop & set(tensors)
+
+
+def hf_mismatch(config_dir: Path, tensors: Mapping[str, torch.Tensor]
+                ) -> tuple[str | None, set[str]]:
+    """Why ``tensors`` would not load into the model ``config.json`` describes (None: they
+    fit; also None when transformers or an architecture is not there to check with), and
+    the tied names ``save_pretrained`` leaves out (written once, as it does)."""
+    try:
+        import transformers
+    except ImportError:
+        warnings.warn("transformers is not installed here: the parameter names were not "
+                      f"checked against {config_dir}/config.json.", stacklevel=3)
+        return None, set()
+    config = transformers.AutoConfig.from_pretrained(str(config_dir), local_files_only=True)
+    classes = _candidates(transformers, config)
+    if not classes:
+        warnings.warn(f"{config_dir}/config.json names no architecture transformers knows "
+                      f"({getattr(config, 'architectures', None)}, model_type "
+                      f"{getattr(config, 'model_type', None)!r}); the parameter names were "
+                      "not checked against it.", stacklevel=3)
+        return None, set()
+    tried = []
+    for cls in classes:
+        parts, drop = _fit(cls, config, tensors)
+        if not parts:
+            return None, drop
+        tried.append((cls.__name__, parts))
+    if getattr(config, "architectures", None):  # the one it names: a real mismatch
+        return f"the weights do not fit {tried[0][0]} of {config_dir}: " + "; ".join(
+            tried[0][1]), set()
+    warnings.warn(f"the weights fit none of {[n for n, _ in tried]}, the classes transformers "
+                  f"has for model_type {config.model_type!r} ({config_dir}/config.json names "
+                  "no architecture); they were not checked further.", stacklevel=3)
+    return None, set()
 
 
 def write_hf(tensors: Mapping[str, torch.Tensor], out: str, config_dir: str,
-             metadata: Mapping[str, str]) -> str:
+             metadata: Mapping[str, str]) -> tuple[str, set[str]]:
     """A folder ``from_pretrained`` loads: ``config_dir``'s files (config, tokenizer,
-    generation config; no weights) plus ``model.safetensors``. Returns the weights' path."""
+    generation config; no weights) plus ``model.safetensors``, tied weights once. Returns
+    the weights' path and the tied names left out."""
     src = Path(config_dir)
     if not (src / "config.json").is_file():
         raise CheckpointError(f"--hf {src}: expected a folder with a config.json (as "
@@ -170,7 +213,7 @@ def write_hf(tensors: Mapping[str, torch.Tensor], out: str, config_dir: str,
     if is_url(out):
         raise CheckpointError(f"{out}: --hf writes a local folder; convert to a local path and "
                               "upload the folder.")
-    why = hf_mismatch(src, tensors)
+    why, tied = hf_mismatch(src, tensors)
     if why:
         raise CheckpointError(why + ". Pick the model with --model, or remove a wrapper's "
                               "prefix with --strip-prefix.")
@@ -187,4 +230,5 @@ def write_hf(tensors: Mapping[str, torch.Tensor], out: str, config_dir: str,
         if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and f.resolve() != (
                 dst / f.name).resolve():
             shutil.copyfile(f, dst / f.name)
-    return write_safetensors(tensors, str(dst / HF_WEIGHTS), metadata)
+    once = {k: v for k, v in tensors.items() if k not in tied}  # as save_pretrained writes
+    return write_safetensors(once, str(dst / HF_WEIGHTS), metadata), tied

@@ -14,9 +14,9 @@
   once ``SPLITSYNC_VERIFY_STOP`` optimizer steps are done (counted from a resumed
   checkpoint's step), after writing the final parameters (``params.pt``, rank 0);
 - records per optimizer step that really steps (``on_step_end``'s ``stepped``): the loss
-  (what the gradient is the gradient of), the micro-steps, the gradient norm, the sample
-  indices (``run.loader``), hashes of the rows the model trained on and the optimizer's own
-  step count; plus the initial-weight hash, each pass's ``set_epoch`` value, checkpoints
+  (what the gradient is the gradient of), the micro-steps, the gradient norm, the learning
+  rates the step used, the sample indices (``run.loader``), hashes of the rows the model
+  trained on and the optimizer's own step count; plus the initial-weight hash, each pass's ``set_epoch`` value, checkpoints
   saved and the step a checkpoint resumed at.
 """
 
@@ -105,6 +105,7 @@ class ScriptRecorder(Observer):
         self._pending: dict[str, Any] = {"losses": [], "rows": [], "indices": []}
         self._grad_norm = 0.0
         self._opt_steps = 0.0
+        self._lr: list[float] = []
         self._orders: dict[int, tuple[list[int], int, int]] = {}  # id -> order, batch, pass
         self._shuffled = 0
 
@@ -162,6 +163,7 @@ class ScriptRecorder(Observer):
         self._orders[id(loader)] = (order, loader.batch_size or 1, len(self.data["passes"]))
         self.data["passes"].append({"loader": id(loader) % 100003,
                                     "shuffle": bool(getattr(sampler, "shuffle", False)),
+                                    "custom": getattr(sampler, "user_sampler", None) is not None,
                                     "epoch": getattr(sampler, "epoch", None), "trained": 0})
 
     def epochs(self, start: int, n: int) -> int:
@@ -177,11 +179,14 @@ class ScriptRecorder(Observer):
 
     def on_step_begin(self, optimizer: Any = None) -> None:
         """Before ``run.step``: the gradient norm (final, all-reduced, when it steps; a
-        micro-step's is overwritten by the next) and the optimizer's own step count."""
+        micro-step's is overwritten by the next), the optimizer's own step count and the
+        learning rates this step uses (a scheduler steps after it)."""
         grads = [_local(p.grad.detach()).float().norm() for p in self._params()
                  if p.grad is not None]
         self._grad_norm = float(torch.stack(grads).norm().item()) if grads else 0.0
         self._opt_steps = _optimizer_steps(optimizer) if optimizer is not None else 0.0
+        self._lr = [float(g["lr"]) for g in optimizer.param_groups] if optimizer is not None \
+            else []
 
     def on_step_end(self, optimizer: Any = None, norm: Any = None,
                     stepped: bool = True) -> None:
@@ -195,7 +200,8 @@ class ScriptRecorder(Observer):
             "loss": sum(losses) / self.accumulate if losses else None,
             "micro": len(losses), "grad_norm": self._grad_norm,
             "rows": self._pending["rows"], "indices": self._pending["indices"],
-            "pass": len(self.data["passes"]), "optimizer_steps": self._opt_steps})
+            "pass": len(self.data["passes"]), "optimizer_steps": self._opt_steps,
+            "lr": self._lr})
         self._pending = {"losses": [], "rows": [], "indices": []}
         self.flush()
         if self.data["first_step"] + len(self.data["steps"]) >= self.stop:

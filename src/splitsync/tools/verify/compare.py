@@ -9,7 +9,8 @@ from typing import Any
 
 from splitsync.tools.verify.checks import Result, not_checkable
 
-__all__ = ["compare_runs", "likely_cause", "summed_micro_steps", "RTOL", "ATOL"]
+__all__ = ["compare_runs", "likely_cause", "summed_micro_steps", "unshuffled", "lr_row",
+           "first_lr_change", "RTOL", "ATOL", "UNSHUFFLED"]
 
 RTOL, ATOL = 1e-3, 1e-5
 Record = dict[str, Any]
@@ -25,6 +26,38 @@ def _ids(records: Sequence[Record], step: int) -> list[list[Any]]:
     """Per rank, the samples of one step: indices if every rank has them, else row hashes."""
     use_idx = all(r["steps"][step]["indices"] for r in records)
     return [r["steps"][step]["indices" if use_idx else "rows"] for r in records]
+
+
+def unshuffled(record: Record) -> bool:
+    """Whether the script trained on a ``run.loader`` made without ``shuffle=True`` (verify
+    takes such a loader for evaluation and leaves its batch and data alone)."""
+    return any(not p["shuffle"] and not p.get("custom") and p.get("trained", 1)
+               for p in record["passes"])
+
+
+UNSHUFFLED = ("the training loader is not shuffled: verify leaves a run.loader without "
+              "shuffle=True as the script made it (it takes it for evaluation), so its "
+              "batch stays per process at every world size; make the training loader with "
+              "run.loader(dataset, batch_size=..., shuffle=True)")
+
+
+def first_lr_change(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    """The first index where two series of per-step learning rates (one list per step, one
+    rate per param group) differ; None when they agree."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False))
+                 if len(x) != len(y) or not all(math.isclose(u, v, rel_tol=1e-9, abs_tol=0)
+                                                for u, v in zip(x, y, strict=True))), None)
+
+
+def lr_row(a: Sequence[Any], b: Sequence[Any], label_a: str, label_b: str,
+           steps: Sequence[int]) -> Result | None:
+    """The per-step learning rate check (None when a record predates the rates)."""
+    if any(not x for x in (*a, *b)):
+        return None
+    i = first_lr_change(a, b)
+    return Result("per-step learning rate", i is None, "equal at every step" if i is None
+                  else f"first differs at step {steps[i]}: {label_a} {a[i][0]:.6g}, "
+                       f"{label_b} {b[i][0]:.6g}")
 
 
 def _first_mismatch(a: Sequence[float | None], b: Sequence[float | None]) -> int | None:
@@ -101,6 +134,10 @@ def compare_runs(single: Record, multi: Sequence[Record], n: int) -> list[Result
                           if bad is None else f"step {bad}: the ranks' samples together "
                           "differ from the 1-process batch"))
     out.append(_epochs(multi[0]))
+    rates = lr_row([single["steps"][s].get("lr") for s in range(steps)],
+                   [multi[0]["steps"][s].get("lr") for s in range(steps)], "1 process",
+                   f"{n} processes", range(steps))
+    out += [rates] if rates is not None else []
     loss1, lossn, grad1, gradn = _series(single, multi, steps)
     for name, a, b in (("per-step loss", loss1, lossn), ("per-step gradient norm", grad1, gradn)):
         if why is not None:
@@ -128,6 +165,12 @@ def _global_batch(single: Record, multi: Sequence[Record], steps: int, n: int) -
              f"{micron} micro-batch(es) each, {many[0]} samples")
     if one == many:
         return Result(name, True, shape)
+    if unshuffled(single) or unshuffled(multi[0]):
+        return not_checkable(name, f"{shape}: {UNSHUFFLED}")
+    if any(p.get("custom") for p in single["passes"]):
+        return not_checkable(name, f"{shape}: the training loader takes its order from a "
+                                   "sampler of the script's own (run.loader(..., sampler=)), "
+                                   "which verify leaves as the script made it")
     return not_checkable(name, f"{shape}. verify sets the global batch of run.loader and of "
                                "init(accumulate=...); this script accumulates or batches by "
                                "itself: give --batch B, or let init(accumulate=k) accumulate")
@@ -179,6 +222,13 @@ def likely_cause(results: Sequence[Result], single: Record, multi: Sequence[Reco
                     "script's own feeds the model, or the script changes the batch itself.")
         return ("The ranks' batches do not make up the 1-process batch: the training data is "
                 "not read through run.loader(dataset, batch_size=..., shuffle=True).")
+    if "per-step learning rate" in failed:
+        return (f"The learning rate depends on the number of processes ({_lr_detail(results)})."
+                " The global batch and the optimizer steps are the same at every world size, "
+                "so the rate and the schedule must be too: do not scale them by world_size. "
+                "Accelerate's scripts multiply warmup and total steps by num_processes "
+                "because Accelerate steps a prepared scheduler num_processes times per "
+                "step; step yours once per optimizer step: if run.step(opt): sched.step().")
     if {"per-step loss", "per-step gradient norm"} & failed:
         return _diverged(failed, single, multi, n)
     if "set_epoch advanced" in failed:
@@ -187,6 +237,10 @@ def likely_cause(results: Sequence[Result], single: Record, multi: Sequence[Reco
     if f"initial weights: 1 vs {n} processes" in failed:
         return "The model's initial weights depend on the number of processes (seed or rank)."
     return "See the failed checks above."
+
+
+def _lr_detail(results: Sequence[Result]) -> str:
+    return next(r.detail for r in results if r.check == "per-step learning rate")
 
 
 def _diverged(failed: set[str], single: Record, multi: Sequence[Record], n: int) -> str:

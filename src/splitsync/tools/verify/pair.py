@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from splitsync.tools.verify.checks import Result, not_checkable
-from splitsync.tools.verify.compare import summed_micro_steps
+from splitsync.tools.verify.compare import UNSHUFFLED, lr_row, summed_micro_steps, unshuffled
 
 __all__ = ["Side", "compare_pair", "pair_cause", "tolerance"]
 
@@ -82,6 +82,9 @@ def compare_pair(ref: Side, other: Side, *, exact: bool = False,
     if bad is not None and samples_differ_ok:
         same_data = not_checkable("same samples per step", samples_differ_ok)
     out.append(same_data)
+    rates = lr_row([a[s][0].get("lr") for s in shared], [b[s][0].get("lr") for s in shared],
+                   ref.label, other.label, shared)
+    out += [rates] if rates is not None else []
     params = ref.params or other.params or {}
     rtol, _ = tolerance(params) if params else (1e-4, 1e-5)
     rows = (("per-step loss", lambda s, side: _loss(side[s])),
@@ -136,6 +139,9 @@ def pair_cause(results: Sequence[Result], ref: Side, other: Side) -> str | None:
     shared = sorted(set(a) & set(b))
     if "same samples per step" in failed and shared:
         return _data_cause(ref, other)
+    if "per-step learning rate" in failed and shared:
+        detail = next(r.detail for r in results if r.check == "per-step learning rate")
+        return _lr_cause(ref, other, a[shared[0]][0], b[shared[0]][0], detail)
     if {"per-step loss", "per-step gradient norm"} & set(failed) and shared:
         first = shared[0]
         la = [_loss(a[s]) for s in shared]
@@ -151,6 +157,27 @@ def pair_cause(results: Sequence[Result], ref: Side, other: Side) -> str | None:
             return ("BatchNorm normalises over each micro-batch (or each rank's part of it); "
                     "the statistics differ between the runs.")
     return None
+
+
+def _lr_cause(ref: Side, other: Side, step_a: Record, step_b: Record, detail: str) -> str:
+    """Why the learning rates of two runs part: a scheduler stepped on micro-steps (the runs
+    split a step into different numbers of them), or one a resume did not restore."""
+    at = other.records[0]["resumed_step"]
+    if at is not None:
+        return (f"After resuming at step {at} the learning rate is not the straight run's "
+                f"({detail}): the scheduler's state was not restored. Register it: "
+                "run.resume(dir, model=model, optimizer=opt, scheduler=sched).")
+    ma, mb = step_a.get("micro", 1), step_b.get("micro", 1)
+    if ma != mb:
+        more = max(ma, mb)
+        return (f"The learning rate differs ({detail}) where the runs take {ma} and {mb} "
+                "micro-steps per optimizer step: the scheduler is stepped on every "
+                f"run.step call, micro-steps included, so with {more} it runs {more}x too "
+                "fast. Step it once per optimizer step: if run.step(opt): sched.step() (or "
+                "check run.sync_gradients). Accelerate's prepared scheduler skipped those "
+                "calls by itself.")
+    return (f"The learning rate differs between the {ref.label} and {other.label} runs "
+            f"({detail}): the schedule must not depend on the strategy or the world size.")
 
 
 def _data_cause(ref: Side, other: Side) -> str:
@@ -170,6 +197,9 @@ def _data_cause(ref: Side, other: Side) -> str:
         return ("After resuming, the script drew other batches than the straight run: its "
                 "random batch stream was not restored. Draw batches from "
                 "run.generator(per_rank=True), which run.save saves and run.resume restores.")
+    if unshuffled(ref.records[0]):
+        return (f"The {ref.label} and {other.label} runs read different samples at the same "
+                f"step: {UNSHUFFLED}.")
     return (f"The {ref.label} and {other.label} runs read different samples at the same step; "
             "read the training data through run.loader(dataset, batch_size=..., shuffle=True).")
 
