@@ -79,7 +79,7 @@ def rank_main(rank: int, world: int, port: int, variant: str) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     opt.load_state_dict(saved[1])
     train(model, opt, K, STEPS, rank)
-    diff = max((a - b).abs().max().item() for a, b in zip(whole, model.parameters()))
+    diff = max((a - b).abs().max().item() for a, b in zip(whole, model.parameters(), strict=True))
     if rank == 0:
         print(f"world {world} {variant:9s}: largest difference {diff:.3g}", flush=True)
     dist.destroy_process_group()

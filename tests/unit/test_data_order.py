@@ -6,11 +6,9 @@ import math
 
 import pytest
 import torch
-from torch.utils.data import TensorDataset
-
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DistributedSampler, TensorDataset
 
 from splitsync.data.loader import ShardSampler
 from splitsync.data.order import ORDERS
