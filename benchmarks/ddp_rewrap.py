@@ -9,7 +9,7 @@ resumed run loads them), and prints the largest difference of the final weights.
   the layout rebuilt after its own first step (gradient-arrival order): at 3 or more gloo
   ranks the sums come out in another order, so other bits.
 * ``static``: ``static_graph=True``: it rebuilds after the first step too; no help.
-* ``splitsync``: ``splitsync.strategies.ddp`` (``ReversedDDP`` + ``fix_bucket_layout``):
+* ``splitsync``: ``splitsync.strategies.ddp`` (its ``DistributedDataParallel`` + ``fix_bucket_layout``):
   the layout is rebuilt before the first step, from the reverse definition order.
 
     OMP_NUM_THREADS=1 python benchmarks/ddp_rewrap.py      # worlds 2, 3, 4; all variants
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from splitsync.strategies.ddp import ReversedDDP, fix_bucket_layout
+from splitsync.strategies import ddp
 
 STEPS, K = 12, 7
 
@@ -45,8 +45,8 @@ def make() -> nn.Module:
 
 def wrap(module: nn.Module, variant: str) -> nn.Module:
     if variant == "splitsync":
-        model = ReversedDDP(module, gradient_as_bucket_view=True)
-        fix_bucket_layout(model)
+        model = ddp.DistributedDataParallel(module, gradient_as_bucket_view=True)
+        ddp.fix_bucket_layout(model)
         return model
     return DistributedDataParallel(module, gradient_as_bucket_view=True,
                                    static_graph=variant == "static")

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from splitsync.strategies.base import Strategy, SyncSetter, WrapContext
 
@@ -38,7 +38,7 @@ class DDP(Strategy):
     options = OPTIONS
 
     def owns(self, model: nn.Module) -> bool:
-        return isinstance(model, DistributedDataParallel)
+        return isinstance(model, TorchDDP)
 
     def wrap(self, module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
         if not dist.is_initialized():
@@ -53,7 +53,7 @@ class DDP(Strategy):
         hook_options = kwargs.pop("comm_hook_options", None)
         # gradient_as_bucket_view: gradients alias the buckets, so no second copy is kept.
         fixed = ctx.world_size > 2 and not kwargs.get("find_unused_parameters", False)
-        cls = ReversedDDP if fixed else DistributedDataParallel
+        cls = DistributedDataParallel if fixed else TorchDDP
         model = cls(module, device_ids=device_ids, gradient_as_bucket_view=True, **kwargs)
         if fixed:
             fix_bucket_layout(model)
@@ -66,7 +66,7 @@ class DDP(Strategy):
         return model
 
     def sync_setter(self, model: nn.Module) -> SyncSetter | None:
-        if not isinstance(model, DistributedDataParallel):
+        if not isinstance(model, TorchDDP):
             return None
 
         def set_ddp(flag: bool) -> None:
@@ -76,19 +76,20 @@ class DDP(Strategy):
         return set_ddp
 
     def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
-        if isinstance(model, DistributedDataParallel):
+        if isinstance(model, TorchDDP):
             return model.no_sync()
         return nullcontext()
 
     def joinables(self, model: nn.Module) -> list[Any]:
-        return [model] if isinstance(model, DistributedDataParallel) else []
+        return [model] if isinstance(model, TorchDDP) else []
 
 
-class ReversedDDP(DistributedDataParallel):
-    """DistributedDataParallel that hands its reducer the parameters in reverse definition
-    order: a layout built in that order (:func:`fix_bucket_layout`) puts the last layers,
-    whose gradients backward produces first, in the first bucket, and DDP all-reduces
-    buckets in their order, so communication still starts early in backward."""
+class DistributedDataParallel(TorchDDP):
+    """torch's DistributedDataParallel (same name, same behaviour) handing its reducer the
+    parameters in reverse definition order: a layout built in that order
+    (:func:`fix_bucket_layout`) puts the last layers, whose gradients backward produces
+    first, in the first bucket, and DDP all-reduces buckets in their order, so communication
+    still starts early in backward."""
 
     def _build_params_for_reducer(self, *args: Any, **kwargs: Any) -> Any:
         built = super()._build_params_for_reducer(*args, **kwargs)
@@ -100,7 +101,7 @@ class ReversedDDP(DistributedDataParallel):
         return built  # a layout this version does not know: left as DDP builds it
 
 
-def fix_bucket_layout(model: DistributedDataParallel) -> None:
+def fix_bucket_layout(model: TorchDDP) -> None:
     """Have ``model`` rebuild its buckets at its first forward, in the reducer's parameter
     order, instead of after its first backward in the order gradients arrived: then the
     first step of a resumed run's new wrapper sums as every later step does. (With
