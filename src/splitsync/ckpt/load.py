@@ -34,11 +34,13 @@ from splitsync.ckpt.state import (
 from splitsync.ckpt.store import parse_manifest
 from splitsync.distributed import comm
 from splitsync.errors import CheckpointError, CheckpointWarning
+from splitsync.strategies import for_model
 
 if TYPE_CHECKING:
+    from splitsync.ckpt.save import Window
     from splitsync.ckpt.state import Registered
 
-__all__ = ["load_objects", "CheckpointWarning", "Listing", "check_size", "list_candidates", "read_part", "verify_files", "find_checkpoint", "held_state", "Freeing", "free_later", "load_full"]
+__all__ = ["load_objects", "CheckpointWarning", "Listing", "check_size", "list_candidates", "read_part", "verify_files", "find_checkpoint", "held_state", "Freeing", "free_later", "load_full", "reopen_window"]
 
 @dataclass(frozen=True)
 class Listing:
@@ -206,6 +208,30 @@ def find_checkpoint(storage: Storage, rank: int, world: int,
     return found
 
 
+
+
+def reopen_window(window: Window | None, models: Mapping[str, nn.Module],
+                  entry: Mapping[str, int] | None, grads: Mapping[str, Any], *,
+                  world_size: int, saved_world: int, where: str) -> None:
+    """Continue the window a checkpoint was saved in (none: a new window begins). Its
+    gradients are this rank's own, so only the same world size and ``accumulate`` take it."""
+    if window is None:
+        return
+    if not entry:
+        window.reopen(0)
+        return
+    done, every = int(entry["done"]), int(entry["every"])
+    if every != window.every or saved_world != world_size:
+        raise CheckpointError(
+            f"checkpoint {where} was saved inside an accumulation window ({done} of {every} "
+            f"micro-batches, at {saved_world} processes), whose gradients are each rank's "
+            f"own; this run has accumulate={window.every} at {world_size} processes. Resume "
+            f"it with accumulate={every} at {saved_world} processes, or resume an older "
+            "checkpoint (save at window boundaries, where run.sync_gradients is True, to "
+            "change either).")
+    window.reopen(done)
+    for n, m in models.items():
+        for_model(m).restore_window_grads(m, grads.get(n, {}))
 
 
 def held_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:

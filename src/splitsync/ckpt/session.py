@@ -21,10 +21,11 @@ import torch
 from torch import nn
 
 from splitsync.ckpt.fs import Storage, open_storage
-from splitsync.ckpt.load import Freeing, find_checkpoint, load_objects
+from splitsync.ckpt.load import Freeing, find_checkpoint, load_objects, reopen_window
 from splitsync.ckpt.save import (
     STATE_FILE,
     SaveHandle,
+    Window,
     build_job,
     collect,
     destroy_side_group,
@@ -90,10 +91,12 @@ class Checkpointer:
     def __init__(self, rank: int, world_size: int, loaders: Sequence[ResumableLoader], *,
                  generators: Generators | None = None, timeout: Any = None,
                  blocking: bool = True, watch: Callable[[Observer], Any] | None = None,
-                 unwatch: Callable[[Observer], None] | None = None) -> None:
+                 unwatch: Callable[[Observer], None] | None = None,
+                 window: Window | None = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.loaders = loaders
+        self.window = window  # the run's accumulation window: a save inside one keeps it
         self.generators = generators  # the run's run.generator streams, part of its RNG state
         self.timeout = timeout
         self.default_blocking = blocking  # init(save_blocking=...)
@@ -192,11 +195,22 @@ class Checkpointer:
                          for i, pos in enumerate(body["loaders"])]
         for i, loader in enumerate(self.loaders):
             self._continue(loader, i)
+        self._reopen_window(body, per_rank, storage.where(name))
         self.step = int(body["step"])
         where = storage.where(name)
         return ResumeState(step=self.step, epoch=int(body["epoch"]), extra=extra,
                            path=Path(where) if storage.local else where,
                            world_size=int(body["world_size"]))
+
+    def _reopen_window(self, body: Mapping[str, Any], per_rank: Mapping[str, Any] | None,
+                       where: str) -> None:
+        """The accumulation window the checkpoint was saved in, with this rank's gradients
+        (none: the next micro-step begins a window)."""
+        assert self.registered is not None
+        grads = {} if per_rank is None else per_rank.get("window", {})
+        reopen_window(self.window, self.registered.models, body.get("window"), grads,
+                      world_size=self.world_size, saved_world=int(body["world_size"]),
+                      where=where)
 
     def attach_loader(self, loader: ResumableLoader) -> None:
         """A loader made after ``run.resume`` continues where the checkpoint left it."""
@@ -273,7 +287,7 @@ class Checkpointer:
         try:
             job = build_job(reg, storage, self.loaders, step=step, epoch=epoch, extra=extra,
                             blocking=blocking, group=group, stager=self._stager,
-                            call=self._call)
+                            call=self._call, window=self.window)
         finally:
             self._counting = True
         if blocking:

@@ -73,6 +73,8 @@ class Run:
                               config.strategy_options, env.local_world_size)
         self._training = Training(self._plan, self._data, self.world_size,
                                   self._models.retired.check)
+        self._plan.ends = self._data.run_ends  # the run's last batch closes its last window
+        self._data.on_end = self._training.epochs_ended
         self._collectives = Collectives(device, self._data)
         self._generators = Generators(seed, self.rank)
         # a background save's watch listens to run.step only: the other parts keep theirs
@@ -80,7 +82,8 @@ class Run:
         self._checkpoints = Checkpointer(self.rank, self.world_size, self._data.all,
                                          generators=self._generators, timeout=config.timeout,
                                          blocking=config.save_blocking,
-                                         watch=self._watch_steps, unwatch=self._unwatch_steps)
+                                         watch=self._watch_steps, unwatch=self._unwatch_steps,
+                                         window=self._plan)
         self._logging = Logging(config, device, self.is_main,
                                 run_settings(config, self.world_size, seed, device, backend))
         self._observers: tuple[Observer, ...] = ()
