@@ -323,3 +323,35 @@ def test_padding_short_batches_and_a_write_between_passes(tmp_path: Path) -> Non
         (1, 2, 0), (2, 2, 0), (3, 1, 1), (5, 4, 0)]
     assert [s.ids.tolist() for s in steps] == [*got[:3], got[3] + got[4]]
     assert got[2] == loader.sampler.global_order()[:1]  # the padding repeats the first
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["map", "stream"])
+def test_the_last_partial_window_steps_and_the_audit_passes(tmp_path: Path,
+                                                            stream: bool) -> None:
+    """10 samples (15 for the stream) in batches of 3: 4 (5) micro-batches an epoch, 2 epochs,
+    accumulate=3. The run's last window holds 2 micro-batches (1 for the stream): it steps
+    on the last batch, with the gradients' mean over what it holds, and the audit of the
+    clean run passes (before, those micro-batches never stepped: gaps, FAILED)."""
+    with ss.init(seed=0, guards=False, ledger=True, run_dir=str(tmp_path), accumulate=3) as run:
+        watch = run.add_observer(Stepped())
+        model = run.model(nn.Linear(2, 1, bias=False))
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        loader = run.loader(Stream() if stream else Indexed(), batch_size=3)
+        for _ in run.epochs(2):
+            for x, _ in loader:
+                run.backward(model(x).sum())
+                synced = run.sync_gradients
+                before = model.weight.detach().clone()
+                grad = model.weight.grad.clone()
+                run.step(opt)
+                assert synced == watch.stepped[-1]
+        change = model.weight.detach() - before
+    micro = 10 if stream else 8
+    held = micro % 3
+    assert len(watch.stepped) == micro and sum(watch.stepped) == micro // 3 + 1
+    assert watch.stepped[-1] and watch.stepped[-held - 1] and not any(watch.stepped[-held:-1])
+    # each loss was divided by 3; the last window's step takes the mean over what it held
+    assert torch.allclose(change, -grad * 3 / held)
+    rep = audit(tmp_path)
+    assert rep.ok, rep
+    assert [e.status for e in rep.epochs] == ["exactly once"] * 2
