@@ -12,6 +12,7 @@ save in flight pays nothing per step.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,14 @@ import torch
 from torch import nn
 
 from splitsync.ckpt.fs import Storage, open_storage
-from splitsync.ckpt.load import Freeing, find_checkpoint, load_objects, reopen_window
+from splitsync.ckpt.load import (
+    Freeing,
+    find_checkpoint,
+    load_objects,
+    locate,
+    newer_steps,
+    reopen_window,
+)
 from splitsync.ckpt.save import (
     STATE_FILE,
     SaveHandle,
@@ -110,6 +118,7 @@ class Checkpointer:
         self._hook: Any = None  # post-hook counting the first optimizer's steps
         self._counting = True
         self._pending: list[tuple[Mapping[str, int], torch.Tensor | None]] = []
+        self._ahead: list[str] = []  # rank 0: checkpoints newer than a step resumed on purpose
         # the save lifecycle, for the whole run
         self.inflight: SaveHandle | None = None
         self._watch: _SaveWatch | None = None
@@ -144,12 +153,16 @@ class Checkpointer:
         return redirect(self._redirect, Path(path))
 
     # --- resume --------------------------------------------------------------------------
-    def resume(self, dir: str | os.PathLike[str], *, keep: int = 3,
+    def resume(self, dir: str | os.PathLike[str], *, step: int | None = None, keep: int = 3,
                save_blocking: bool | None = None, **objects: Any) -> ResumeState:
         """Collective: register ``objects`` and load the newest complete checkpoint under
-        ``dir``, or start fresh."""
+        ``dir`` (``step``: that step, or an error listing the steps there), or start fresh.
+        A step folder ``dir/step-000050`` resumes that step of ``dir``."""
         self.settle(wait=True)  # the save in flight commits (or raises) first
-        where = self._path(dir)
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)
+                                 or step < 0):
+            raise TypeError(f"run.resume(..., step={step!r}): give the number of a saved step.")
+        where, step = locate(self._path(dir), step)
         registered = register(objects, rank=self.rank, world_size=self.world_size, keep=keep,
                               generators=self.generators)
         storage = _open(where)
@@ -159,7 +172,7 @@ class Checkpointer:
         self.where, self.storage, self.registered = where, storage, registered
         self.blocking = self.default_blocking if save_blocking is None else save_blocking
         self._reserved = False
-        state = self._load(storage, registered)
+        state = self._load(storage, registered, step)
         self._start_counting()
         if not self.blocking:
             self.reserve()  # on a thread, and only once the optimizers have state
@@ -170,11 +183,12 @@ class Checkpointer:
             obs.after_resume(state)
         return state
 
-    def _load(self, storage: Storage, reg: Registered) -> ResumeState:
+    def _load(self, storage: Storage, reg: Registered, step: int | None) -> ResumeState:
         self._pending = []
         self.step = 0
         found = find_checkpoint(storage, self.rank, self.world_size,
-                                lambda body: [STATE_FILE, rank_file(self.rank)])
+                                lambda body: [STATE_FILE, rank_file(self.rank)], step=step)
+        self._ahead = newer_steps(storage, step) if found is not None and self.rank == 0 else []
         if found is None:
             return ResumeState()
         name, body, state, per_rank = found
@@ -267,6 +281,7 @@ class Checkpointer:
         self.settle(wait=True)  # at most one save in flight; an earlier failure raises here
         for obs in self._before_save:
             obs.before_save(step)
+        self._set_aside_ahead()
         blocking = self.blocking if blocking is None else blocking
         if step is None:
             if not reg.optims:
@@ -300,6 +315,19 @@ class Checkpointer:
             self._watch = _SaveWatch(self)
             self._watch_steps(self._watch)
         return self.inflight
+
+    def _set_aside_ahead(self) -> None:
+        """After ``run.resume(dir, step=N)`` went back past newer checkpoints, the first save
+        sets them aside (``.rolled-back-step-*``; in object storage their manifests go):
+        kept, they would be the newest, so keep-last-k would prune the new ones and the next
+        resume would load the abandoned future."""
+        ahead, self._ahead = self._ahead, []
+        if not ahead or self.storage is None:
+            return
+        for name in ahead:
+            how = self.storage.set_aside(name, ".rolled-back-")
+            warnings.warn(f"checkpoint {self.storage.where(name)} is newer than the step this "
+                          f"run resumed from: set aside{how}", CheckpointWarning, stacklevel=3)
 
     def settle(self, *, wait: bool, raise_errors: bool = True) -> None:
         """Finish with the background save in flight, if it is done (or ``wait``): its

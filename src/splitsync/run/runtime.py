@@ -276,13 +276,16 @@ class Run:
         return self._collectives.gather_for_metrics(x)
 
     # --- checkpoints -------------------------------------------------------------------
-    def resume(self, dir: str | os.PathLike[str], *, keep: int = 3,
+    def resume(self, dir: str | os.PathLike[str], *, step: int | None = None, keep: int = 3,
                save_blocking: bool | None = None, **objects: Any) -> ResumeState:
         """Register ``objects`` (model=, optimizer=, ...) and every :meth:`ema` (as "ema",
         "ema_1", ...) for :meth:`save` and load the
         newest complete checkpoint under ``dir`` (a path or an fsspec URL), RNG states and
-        loader positions included. ``save_blocking``: :meth:`save`'s default. Collective."""
-        state = self._checkpoints.resume(dir, keep=keep, save_blocking=save_blocking,
+        loader positions included; ``step=N``: checkpoint N (an error lists the steps there;
+        newer ones are set aside at the next save). A step folder (``ckpt/step-000050``)
+        resumes that step of its parent, where saves then go. ``save_blocking``:
+        :meth:`save`'s default. Collective."""
+        state = self._checkpoints.resume(dir, step=step, keep=keep, save_blocking=save_blocking,
                                          **self._emas.with_emas(objects))
         if state.resumed and self.is_main:  # one line, so a log shows where a run went on
             get_logger().info("resumed from %s at epoch %d, step %d (saved by %d process%s)",
