@@ -7,6 +7,7 @@ module nor the core (``runtime`` and the Run's parts) names them.
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Callable
 from datetime import timedelta
@@ -96,6 +97,10 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         raise
     run = Run(config, env, dev, chosen_backend, final_seed, owns, handler, precision=policy,
               observers=observers)
+    # A run never closed (``run = ss.init()`` without ``with`` or ``run.close()``) closes
+    # itself at interpreter exit, before torch's own exit work and the teardown of its
+    # threads and stores; ``run.close()`` takes this back.
+    atexit.register(run._close_at_exit)
     return run
 
 

@@ -8,7 +8,9 @@ observers (``splitsync.observe``); the Run knows none of them by name.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -352,6 +354,7 @@ class Run:
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self._close_at_exit)
         try:
             try:  # a background save commits (or raises its failure) before teardown
                 self._checkpoints.settle(wait=True, raise_errors=clean)
@@ -372,6 +375,17 @@ class Run:
                 get_logger().removeHandler(self.log_handler)
             if self._owns_group:
                 destroy_group()
+
+    def _close_at_exit(self) -> None:
+        """``close()`` for a run the script never closed, at interpreter exit (registered by
+        ``init``): clean unless the script ended on an uncaught exception, whose rank must not
+        wait at a barrier for peers it may have left in a collective. Never raises: the
+        script's own outcome decides the exit code."""
+        crashed = getattr(sys, "last_value", None) is not None
+        try:
+            self.close(clean=not crashed)
+        except BaseException as exc:  # a save that failed, a peer gone: said, not raised
+            get_logger().warning("closing the run at exit: %s: %s", type(exc).__name__, exc)
 
     def __enter__(self) -> Run:
         return self
