@@ -42,11 +42,11 @@ def configs(draw: st.DrawFn, other_world: bool = False) -> Config:
 
 @SETTINGS
 @given(cfg=configs())
-@example(cfg=with_cuts(Config(n=257, world=2, batch=4), 0.4, 3)).via("issue 30")
-@example(cfg=with_cuts(Config(n=250, world=3, batch=4), 0.6, 2)).via("issue 30")
-@example(cfg=with_cuts(Config(n=253, world=3, batch=5, shuffle=False), 0.3, 1)).via("issue 30")
+@example(cfg=with_cuts(Config(n=257, world=2, batch=4), 0.4, 3)).via("reported")
+@example(cfg=with_cuts(Config(n=250, world=3, batch=4), 0.6, 2)).via("reported")
+@example(cfg=with_cuts(Config(n=253, world=3, batch=5, shuffle=False), 0.3, 1)).via("reported")
 @example(cfg=with_cuts(Config(n=203, world=4, batch=3, accumulate=2), 0.55, 2)).via("4 ranks")
-@example(cfg=with_cuts(Config(n=3, world=1, batch=1, accumulate=2), 0.5, 1)).via("issue 30")
+@example(cfg=with_cuts(Config(n=3, world=1, batch=1, accumulate=2), 0.5, 1)).via("reported")
 def test_kill_and_resume_is_bit_equal(cfg: Config, tmp_path_factory: pytest.TempPathFactory,
                                       ) -> None:
     assert check(cfg, tmp_path_factory.mktemp("run")) == [], cfg.describe()

@@ -253,7 +253,7 @@ def test_audit_without_a_ledger_says_how_to_make_one(tmp_path: Path) -> None:
 def test_a_resume_that_pads_with_the_wrong_sample_fails(tmp_path: Path) -> None:
     """5 samples, 2 ranks, batch 1, killed after step 1 and resumed at position 2: rank 1's
     last position (5) is padding and repeats the epoch's position 0, index 0. A resume that
-    wrapped within what remained (the bug of issue 30) repeated index 2 instead: the same
+    wrapped within what remained (as resumed passes once did) repeated index 2 instead: the same
     count of padding, so counting alone called it exactly once."""
     def run(name: str, pad: int) -> tuple[int, dict[str, Any], str]:
         first = P(n=5, bs=1, shuffle=False)
