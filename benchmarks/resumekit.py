@@ -185,6 +185,9 @@ def _compare_same(cfg: Config, results: list[dict[str, Any]]) -> list[str]:
             diff = max(float(np.abs(x - y).max()) for x, y in
                        zip(base["params"], second["params"], strict=True))
             problems.append(f"rank {rank}: final weights differ by {diff:.3g}")
+        if max(first["losses"], default=0) < cfg.save_at:
+            problems.append(f"rank {rank}: the run ended before micro-batch {cfg.save_at}, "
+                            "so it never saved (the configuration tests nothing)")
         merged = {k: v for k, v in first["losses"].items() if k <= cfg.save_at}
         merged.update(second["losses"])
         if merged != base["losses"]:
@@ -261,7 +264,10 @@ def as_dict(cfg: Config) -> dict[str, Any]:
 def with_cuts(cfg: Config, save_frac: float, lost: int) -> Config:
     """``cfg`` with its checkpoint at ``save_frac`` of the run's micro-batches (at least
     the first, never the last) and ``lost`` micro-batches after it lost with the kill."""
-    per_epoch = micro_batches(cfg) or max(1, math.ceil(cfg.n / cfg.world / cfg.batch) - 1)
+    if cfg.stream:  # every rank a few batches an epoch: a stream stops at the first end
+        cfg = replace(cfg, batch=min(cfg.batch, max(1, cfg.n // (4 * cfg.world))))
+    # a stream's batches per rank are known only as it is read: a bound below them
+    per_epoch = micro_batches(cfg) or max(1, cfg.n // (cfg.world * cfg.batch) - 1)
     total = per_epoch * cfg.epochs
     save = min(max(1, int(save_frac * total)), max(1, total - 1))
     if cfg.new_world not in (None, cfg.world) and cfg.accumulate > 1:
