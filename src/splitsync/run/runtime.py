@@ -283,10 +283,9 @@ class Run:
         """Register ``objects`` (model=, optimizer=, ...) and every :meth:`ema` (as "ema",
         "ema_1", ...) for :meth:`save` and load the
         newest complete checkpoint under ``dir`` (a path or an fsspec URL), RNG states and
-        loader positions included; ``step=N``: checkpoint N (an error lists the steps there;
-        newer ones are set aside at the next save). A step folder (``ckpt/step-000050``)
-        resumes that step of its parent, where saves then go. ``save_blocking``:
-        :meth:`save`'s default. Collective."""
+        loader positions included; ``step=N`` (or a step folder, ``ckpt/step-000050``):
+        that step, whose parent saves then go to. ``save_blocking``: :meth:`save`'s
+        default. Collective."""
         state = self._checkpoints.resume(dir, step=step, keep=keep, save_blocking=save_blocking,
                                          **self._emas.with_emas(objects))
         if state.resumed and self.is_main:  # one line, so a log shows where a run went on
@@ -377,13 +376,11 @@ class Run:
                 destroy_group()
 
     def _close_at_exit(self) -> None:
-        """``close()`` for a run the script never closed, at interpreter exit (registered by
-        ``init``): clean unless the script ended on an uncaught exception, whose rank must not
-        wait at a barrier for peers it may have left in a collective. Never raises: the
-        script's own outcome decides the exit code."""
-        crashed = getattr(sys, "last_value", None) is not None
+        """``close()`` at interpreter exit for a run never closed (``init`` registers it):
+        not clean after an uncaught exception (no barrier with peers it may have left in a
+        collective); never raises, so the script's outcome decides the exit code."""
         try:
-            self.close(clean=not crashed)
+            self.close(clean=getattr(sys, "last_value", None) is None)
         except BaseException as exc:  # a save that failed, a peer gone: said, not raised
             get_logger().warning("closing the run at exit: %s: %s", type(exc).__name__, exc)
 
