@@ -7,6 +7,7 @@ module nor the core (``runtime`` and the Run's parts) names them.
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Callable
 from datetime import timedelta
@@ -133,10 +134,16 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
     if ft is not None:
         from splitsync.ft.runtime import FTRun
 
-        return FTRun(config, env, dev, chosen_backend, final_seed, owns, handler,
-                     precision=policy, observers=observers, ft=ft)
-    return Run(config, env, dev, chosen_backend, final_seed, owns, handler, precision=policy,
-               observers=observers)
+        run: Run = FTRun(config, env, dev, chosen_backend, final_seed, owns, handler,
+                         precision=policy, observers=observers, ft=ft)
+    else:
+        run = Run(config, env, dev, chosen_backend, final_seed, owns, handler,
+                  precision=policy, observers=observers)
+    # A run never closed (``run = ss.init()`` without ``with`` or ``run.close()``) closes
+    # itself at interpreter exit, before torch's own exit work and the teardown of its
+    # threads and stores; ``run.close()`` takes this back.
+    atexit.register(run._close_at_exit)
+    return run
 
 
 def _keywords() -> tuple[str, ...]:

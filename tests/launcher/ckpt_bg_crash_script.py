@@ -58,7 +58,7 @@ def main(ckpt: str, out: str, strategy: str = "ddp", kills: str = "") -> None:
         todo = [k for k in kills.split(",") if k]
         kill = todo[attempt] if attempt < len(todo) else ""
         opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-        loader = run.loader(Data(), batch_size=4, shuffle=True)
+        loader = run.loader(Data(30), batch_size=4, shuffle=True)
         state = run.resume(ckpt, model=model, optimizer=opt, save_blocking=False)
         step, handle = state.step, None
         for _ in run.epochs(3, start=state.epoch):

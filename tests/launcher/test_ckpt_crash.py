@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -21,20 +22,25 @@ def elastic_command(script: Path, *args: str, nproc: int = 2, max_restarts: int 
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_killed_rank_restarts_and_resumes_exactly(tmp_path: Path) -> None:
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("world", "n"), [(2, 257), (3, 250), (3, 253)])
+def test_killed_rank_restarts_and_resumes_exactly(tmp_path: Path, world: int, n: int) -> None:
+    """Sizes the world size does not divide, so the last batch of every epoch is padded, and
+    3 ranks, where the order the ranks' gradients are summed in shows in the last bits: the
+    restarted job ends bit-equal (before: 1.1e-1, 6.2e-2 and 4.8e-2 apart)."""
     env = clean_env()  # `splitsync run` gives each restart a fresh store by itself
     proc, folder = launch_anew(
         lambda d: elastic_command(SCRIPT, str(d / "ck"), str(d / "crashed.safetensors"),
-                                  "--crash"),
-        tmp_path, env=env, timeout=200)
+                                  "--crash", "--size", str(n), nproc=world),
+        tmp_path, env=env, timeout=280)
     crashed = folder / "crashed.safetensors"
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log
-    assert "restart 1: resumed at step 6, ended at 12" in log, log  # it really was killed
+    steps = 3 * math.ceil(math.ceil(n / world) / 4)  # 3 epochs of padded shards, batch 4
+    assert f"restart 1: resumed at step 6, ended at {steps}" in log, log  # it was killed
 
     clean = tmp_path / "clean.safetensors"
-    spawn(spawn_entry, 2, str(tmp_path / "ck2"), str(clean), timeout=90)
+    spawn(spawn_entry, world, str(tmp_path / "ck2"), str(clean), n, timeout=150)
     a, b = load_file(crashed), load_file(clean)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -310,16 +310,85 @@ def test_padding_short_batches_and_a_write_between_passes(tmp_path: Path) -> Non
         got.append(i.tolist())
         ledger.on_step_end(None, None)  # type: ignore[arg-type]
     ledger.on_step_end(None, None)  # type: ignore[arg-type]  # steps with nothing new
-    ledger.on_step_end(None, None, stepped=False)  # type: ignore[arg-type]
     it = iter(loader)
     got.append(next(it).tolist())  # a batch, then another pass before the step
     it = iter(loader)
     ledger.before_save(None)  # a write: that batch is not the written steps' yet
     got.append(next(it).tolist())
     ledger.on_step_end(None, None)  # type: ignore[arg-type]
+    ledger.on_step_end(None, None, stepped=False)  # type: ignore[arg-type]  # a window opens
+    got.append(next(it).tolist())
+    ledger.before_save(None)  # a save inside it: its batch goes to the checkpoint's step
+    ledger.on_step_end(None, None)  # type: ignore[arg-type]
     ledger.on_close(True)
     steps = [r for k, r in read_file(ledger.path).records if k == "S"]
     assert [(s.step, len(s.ids), s.padded) for s in steps] == [
-        (1, 2, 0), (2, 2, 0), (3, 1, 1), (5, 4, 0)]
-    assert [s.ids.tolist() for s in steps] == [*got[:3], got[3] + got[4]]
+        (1, 2, 0), (2, 2, 0), (3, 1, 1), (5, 4, 0), (5, 2, 0)]
+    assert [s.ids.tolist() for s in steps] == [*got[:3], got[3] + got[4], got[5]]
     assert got[2] == loader.sampler.global_order()[:1]  # the padding repeats the first
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["map", "stream"])
+def test_the_last_partial_window_steps_and_the_audit_passes(tmp_path: Path,
+                                                            stream: bool) -> None:
+    """10 samples (15 for the stream) in batches of 3: 4 (5) micro-batches an epoch, 2 epochs,
+    accumulate=3. The run's last window holds 2 micro-batches (1 for the stream): it steps
+    on the last batch, with the gradients' mean over what it holds, and the audit of the
+    clean run passes (before, those micro-batches never stepped: gaps, FAILED)."""
+    with ss.init(seed=0, guards=False, ledger=True, run_dir=str(tmp_path), accumulate=3) as run:
+        watch = run.add_observer(Stepped())
+        model = run.model(nn.Linear(2, 1, bias=False))
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        loader = run.loader(Stream() if stream else Indexed(), batch_size=3)
+        for _ in run.epochs(2):
+            for x, _ in loader:
+                run.backward(model(x).sum())
+                synced = run.sync_gradients
+                before = model.weight.detach().clone()
+                grad = model.weight.grad.clone()
+                run.step(opt)
+                assert synced == watch.stepped[-1]
+        change = model.weight.detach() - before
+    micro = 10 if stream else 8
+    held = micro % 3
+    assert len(watch.stepped) == micro and sum(watch.stepped) == micro // 3 + 1
+    assert watch.stepped[-1] and watch.stepped[-held - 1] and not any(watch.stepped[-held:-1])
+    # each loss was divided by 3; the last window's step takes the mean over what it held
+    assert torch.allclose(change, -grad * 3 / held)
+    rep = audit(tmp_path)
+    assert rep.ok, rep
+    assert [e.status for e in rep.epochs] == ["exactly once"] * 2
+
+
+def test_a_save_inside_a_window_credits_its_samples_and_a_resume_audits_clean(
+        tmp_path: Path) -> None:
+    """accumulate=2 over 4 batches an epoch: a save after the 3rd micro-batch keeps the open
+    window (its gradients are in the checkpoint); its samples go to the step the checkpoint
+    is named after, so when the run is killed after the next step and resumed from the
+    save, the audit counts every sample once (before: that micro-batch's samples were
+    nobody's, and the resumed loader looked ahead of the committed steps)."""
+    ckpt = tmp_path / "ckpt"
+
+    def lifetime(stop_after: int | None) -> None:
+        with ss.init(seed=0, guards=False, ledger=True, run_dir=str(tmp_path),
+                     accumulate=2) as run:
+            model = run.model(nn.Linear(2, 1))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            loader = run.loader(Indexed(), batch_size=3, shuffle=True)
+            state = run.resume(ckpt, model=model, optimizer=opt)
+            micro = int(state.extra.get("micro", 0))
+            for _ in run.epochs(2, start=state.epoch):
+                for x, _ in loader:
+                    run.backward(model(x).sum())
+                    run.step(opt)
+                    micro += 1
+                    if micro == 3:
+                        run.save(micro=micro)  # inside the window of micro-batches 3 and 4
+                    if micro == stop_after:
+                        return  # killed: the step of micro-batch 4 is lost
+
+    lifetime(stop_after=4)
+    lifetime(stop_after=None)
+    rep = audit(tmp_path)
+    assert rep.ok, (rep.findings, rep.first_bad)
+    assert [e.status for e in rep.epochs] == ["exactly once"] * 2

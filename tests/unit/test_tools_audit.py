@@ -98,10 +98,11 @@ def test_a_cut_or_altered_file_is_unreadable_from_that_byte(tmp_path: Path) -> N
 
 # --- hand-written ledgers ----------------------------------------------------------------
 def _pass(loader: int = 0, n: int = 8, bs: int = 2, world: int = 2, seed: int = 0,
-          kind: str = "map", drop_last: bool = False, epoch: int = 0) -> dict[str, Any]:
-    return {"loader": loader, "kind": kind, "seed": seed, "batch_size": bs, "shuffle": True,
+          kind: str = "map", drop_last: bool = False, epoch: int = 0, shuffle: bool = True,
+          start: int = 0, step: int = 0) -> dict[str, Any]:
+    return {"loader": loader, "kind": kind, "seed": seed, "batch_size": bs, "shuffle": shuffle,
             "n": n, "order": "bijection", "world_size": world, "drop_last": drop_last,
-            "epoch": epoch, "start": 0, "step": 0}
+            "epoch": epoch, "start": start, "step": step}
 
 
 def write(run_dir: Path, launch: int, rank: int, world: int, records: list[bytes]) -> Path:
@@ -168,7 +169,7 @@ def test_a_step_one_rank_lacks_is_reported_as_lost(tmp_path: Path) -> None:
 def test_padding_is_counted_apart_and_drop_last_is_allowed(tmp_path: Path) -> None:
     def run(name: str, rank0: list[int], rank1: list[int], padded: int = 0, bs: int = 3,
             drop_last: bool = False) -> tuple[int, dict[str, Any]]:
-        p = P(n=5, bs=bs, drop_last=drop_last)
+        p = P(n=5, bs=bs, drop_last=drop_last, shuffle=False)  # padding repeats index 0
         write(tmp_path / name, 1, 0, 2, [R(0, False), p, S(1, rank0), C()])
         write(tmp_path / name, 1, 1, 2, [R(0, False), p, S(1, rank1, padded=padded)])
         rc, rep, _ = cli_audit(tmp_path / name)
@@ -247,3 +248,49 @@ def test_audit_without_a_ledger_says_how_to_make_one(tmp_path: Path) -> None:
         audit(tmp_path)
     write(tmp_path, 1, 0, 1, [R(0, False)])
     assert read_file(rank_file(tmp_path / "ledger", 1, 0)).error is None
+
+
+def test_a_resume_that_pads_with_the_wrong_sample_fails(tmp_path: Path) -> None:
+    """5 samples, 2 ranks, batch 1, killed after step 1 and resumed at position 2: rank 1's
+    last position (5) is padding and repeats the epoch's position 0, index 0. A resume that
+    wrapped within what remained (as resumed passes once did) repeated index 2 instead: the same
+    count of padding, so counting alone called it exactly once."""
+    def run(name: str, pad: int) -> tuple[int, dict[str, Any], str]:
+        first = P(n=5, bs=1, shuffle=False)
+        resumed = P(n=5, bs=1, shuffle=False, start=2, step=1)
+        write(tmp_path / name, 1, 0, 2, [R(0, False), first, S(1, [0]), S(2, [2])])
+        write(tmp_path / name, 1, 1, 2, [R(0, False), first, S(1, [1]), S(2, [3])])
+        write(tmp_path / name, 2, 0, 2, [R(1), resumed, S(2, [2]), S(3, [4]), C()])
+        write(tmp_path / name, 2, 1, 2, [R(1), resumed, S(2, [3]), S(3, [pad], padded=1)])
+        return cli_audit(tmp_path / name)
+
+    rc, rep, text = run("right", 0)
+    assert rc == 0, text
+    assert rep["epochs"][0]["padded"] == 1 and rep["epochs"][0]["status"] == "exactly once"
+    rc, rep, text = run("wrong", 2)
+    assert rc == 1 and rep["epochs"][0]["status"] == "wrong padding"
+    bad = rep["first_bad"]
+    assert (bad["sample"], bad["step"], bad["rank"], bad["launch"]) == (2, 3, 1, 2)
+    assert "index 2: used as padding where DistributedSampler pads with index 0 (the pass " \
+        "began at position 2 of 5 on 2 ranks) at step 3, rank 1, launch 2" in text, text
+    assert "FAILED" in text
+
+
+def test_padding_follows_the_sampler_at_any_size() -> None:
+    """The audit's own padding (recomputed from the pass record) is what the sampler hands
+    out, shuffled, for sizes and world sizes that leave padding, from any start."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from splitsync.data.loader import ShardSampler
+    from splitsync.tools.audit.padding import expected_padding
+
+    for n, world, start in ((257, 2, 40), (250, 3, 0), (253, 3, 99), (7, 4, 1), (3, 4, 2)):
+        data = TensorDataset(torch.arange(float(n)))
+        for rank in range(world):
+            s = ShardSampler(data, world, rank, True, 9, order="bijection")
+            s.resume_at(4, start)
+            got = list(s)
+            info = {"n": n, "start": start, "world_size": world, "seed": 9, "epoch": 4,
+                    "shuffle": True, "order": "bijection"}
+            assert got[len(got) - s.padding:] == expected_padding(info, rank), (n, world)

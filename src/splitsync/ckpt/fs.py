@@ -47,7 +47,7 @@ class Storage(Protocol):
     def read_manifest_text(self, name: str) -> str: ...
     def size(self, name: str, rel: str) -> int | None: ...
     def open(self, name: str, rel: str) -> BinaryIO: ...
-    def set_aside(self, name: str) -> str: ...
+    def set_aside(self, name: str, prefix: str = ".skipped-") -> str: ...
     def discard(self, work: str) -> None: ...
     def free_bytes(self) -> int | None: ...
 
@@ -137,8 +137,8 @@ class LocalStorage:
     def open(self, name: str, rel: str) -> BinaryIO:
         return open(self.root / name / rel, "rb", buffering=0)  # noqa: SIM115
 
-    def set_aside(self, name: str) -> str:
-        return store.set_aside(self.root / name)
+    def set_aside(self, name: str, prefix: str = ".skipped-") -> str:
+        return store.set_aside(self.root / name, prefix)
 
 
 class ObjectStorage:
@@ -263,7 +263,7 @@ class ObjectStorage:
     def open(self, name: str, rel: str) -> BinaryIO:
         return self.fs.open(self._p(name, rel), "rb", **self._block())
 
-    def set_aside(self, name: str) -> str:
+    def set_aside(self, name: str, prefix: str = ".skipped-") -> str:
         # No rename: drop the manifest, which makes it a dead save the next save removes.
         if self._has_manifest(name):
             self.fs.rm(self._p(name, MANIFEST))

@@ -10,6 +10,7 @@ with ``weights_only=True``."""
 from __future__ import annotations
 
 import os
+import re
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -31,14 +32,16 @@ from splitsync.ckpt.state import (
     load_optimizer_state,
     state_shapes,
 )
-from splitsync.ckpt.store import parse_manifest
+from splitsync.ckpt.store import MANIFEST, STEP_RE, parse_manifest, step_dirname
 from splitsync.distributed import comm
 from splitsync.errors import CheckpointError, CheckpointWarning
+from splitsync.strategies import for_model
 
 if TYPE_CHECKING:
+    from splitsync.ckpt.save import Window
     from splitsync.ckpt.state import Registered
 
-__all__ = ["load_objects", "CheckpointWarning", "Listing", "check_size", "list_candidates", "read_part", "verify_files", "find_checkpoint", "held_state", "Freeing", "free_later", "load_full", "only_step", "load_models", "unregistered"]
+__all__ = ["load_objects", "CheckpointWarning", "Listing", "check_size", "list_candidates", "read_part", "verify_files", "find_checkpoint", "held_state", "Freeing", "free_later", "load_full", "load_models", "unregistered", "reopen_window", "locate", "newer_steps"]
 
 @dataclass(frozen=True)
 class Listing:
@@ -174,28 +177,30 @@ def _load_rank_parts(storage: Storage, name: str, parts: dict[str, Any]) -> dict
 Found = tuple[str, dict[str, Any], dict[str, Any], dict[str, Any] | None]
 
 
-def only_step(listing: Listing, step: int, storage: Storage) -> Listing:
-    """The listing cut to the checkpoint of ``step``; a clear error when it is not there or
-    did not check out (never an older one instead)."""
-    good = tuple((n, b) for n, b in listing.good if int(b["step"]) == step)
-    if good:
-        return Listing(good, (), listing.total)
-    bad = [why for n, why in listing.skipped if n.endswith(f"-{step:06d}")]
-    have = sorted(int(b["step"]) for _, b in listing.good)
-    raise CheckpointError(f"no usable checkpoint of step {step} in {storage.where('')}: "
-                          + (bad[0] if bad else f"the complete ones are of steps {have}") + ".")
+def _only_step(storage: Storage, listing: Listing, step: int) -> Listing:
+    """The listing cut to checkpoint ``step``, which must be there and look complete."""
+    name = step_dirname(step)
+    if name not in {n for n, _ in (*listing.good, *listing.skipped)}:
+        steps = sorted(int(n.split("-")[1]) for n, _ in (*listing.good, *listing.skipped))
+        held = ", ".join(map(str, steps)) if steps else "none"
+        raise CheckpointError(f"no checkpoint of step {step} in {storage.where('')}: the "
+                              f"steps there are {held}.")
+    for n, why in listing.skipped:
+        if n == name:
+            raise CheckpointError(f"checkpoint {storage.where(name)} cannot be resumed: {why}.")
+    return Listing(tuple(g for g in listing.good if g[0] == name), (), 1)
 
 
 def find_checkpoint(storage: Storage, rank: int, world: int,
                     needed: Callable[[Mapping[str, Any]], list[str]],
                     step: int | None = None) -> Found | None:
-    """Collective: the newest checkpoint every rank can read and verify (``step``: that
-    step's, or an error), read into memory: (name, manifest body, state.pt contents, this
-    rank's rank file or None). None: fresh."""
+    """Collective: the newest checkpoint every rank can read and verify (``step``: that one
+    or an error), read into memory: (name, manifest body, state.pt contents, this rank's rank
+    file or None). None: fresh."""
     listing = list_candidates(storage) if rank == 0 else None
     listing = comm.broadcast_object(listing)
     if step is not None:
-        listing = only_step(listing, step, storage)
+        listing = _only_step(storage, listing, step)
     skipped = list(listing.skipped)
     found: Found | None = None
     for name, body in listing.good:
@@ -222,6 +227,68 @@ def find_checkpoint(storage: Storage, rank: int, world: int,
     return found
 
 
+
+
+def reopen_window(window: Window | None, models: Mapping[str, nn.Module],
+                  entry: Mapping[str, int] | None, grads: Mapping[str, Any], *,
+                  world_size: int, saved_world: int, where: str) -> None:
+    """Continue the window a checkpoint was saved in (none: a new window begins). Its
+    gradients are this rank's own, so only the same world size and ``accumulate`` take it."""
+    if window is None:
+        return
+    if not entry:
+        window.reopen(0)
+        return
+    done, every = int(entry["done"]), int(entry["every"])
+    if every != window.every or saved_world != world_size:
+        raise CheckpointError(
+            f"checkpoint {where} was saved inside an accumulation window ({done} of {every} "
+            f"micro-batches, at {saved_world} processes), whose gradients are each rank's "
+            f"own; this run has accumulate={window.every} at {world_size} processes. Resume "
+            f"it with accumulate={every} at {saved_world} processes, or resume an older "
+            "checkpoint (save at window boundaries, where run.sync_gradients is True, to "
+            "change either).")
+    window.reopen(done)
+    for n, m in models.items():
+        for_model(m).restore_window_grads(m, grads.get(n, {}))
+
+
+def locate(where: Any, step: int | None) -> tuple[Any, int | None]:
+    """The checkpoint directory and the step ``run.resume(where, step=...)`` asks for. A
+    committed step folder (``ckpt/step-000050``, as ``splitsync ckpt`` takes) stands for
+    its parent and that step, so saves go next to it, never inside it; a folder that is one
+    checkpoint under another name, or a save's work folder, is refused naming the parent."""
+    text = str(where).rstrip("/")
+    url = "://" in text
+    name = text.rsplit("/", 1)[-1]
+    parent: Any = text.rsplit("/", 1)[0] if url else Path(where).parent
+    folder = None if url else Path(where)
+    if re.match(r"^\.[a-z-]+-step-\d+$", name):
+        raise CheckpointError(f"{text!r} is not a committed checkpoint (a save's work folder "
+                              f"or one set aside); pass the checkpoint directory {str(parent)!r}"
+                              " (with step=N for one of its steps).")
+    holds = folder is not None and (folder / MANIFEST).is_file()
+    m = STEP_RE.match(name)
+    roots = folder is not None and folder.is_dir() and any(
+        STEP_RE.match(p.name) for p in folder.iterdir())
+    if m and not roots:  # a step folder (or one that would be): its parent and its step
+        if step is not None and step != int(m.group(1)):
+            raise CheckpointError(f"run.resume({text!r}, step={step}): the folder is step "
+                                  f"{int(m.group(1))}; pass {str(parent)!r} with step={step}.")
+        return parent, int(m.group(1))
+    if holds:
+        raise CheckpointError(
+            f"{text!r} holds one checkpoint ({MANIFEST}), not step-* checkpoints: saves would "
+            f"go inside it. Pass the directory that holds its step-NNNNNN folder (e.g. "
+            f"{str(parent)!r}) with step=N, or copy it into one as step-NNNNNN/.")
+    return where, step
+
+
+def newer_steps(storage: Storage, step: int | None) -> list[str]:
+    """Committed checkpoints newer than ``step`` (none when no step was asked for)."""
+    if step is None:
+        return []
+    return [name for s, name in storage.steps() if s > step]
 
 
 def held_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:

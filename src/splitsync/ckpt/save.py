@@ -21,9 +21,10 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from torch import nn
 
 from splitsync.ckpt.faults import DISK_FULL, describe_failure
 from splitsync.ckpt.fs import Storage
@@ -43,9 +44,10 @@ from splitsync.ckpt.store import manifest_text, step_dirname
 from splitsync.distributed import comm
 from splitsync.errors import CheckpointError
 from splitsync.observe import Observer
+from splitsync.strategies import for_model
 from splitsync.tree import iter_tensors
 
-__all__ = ["STATE_FILE", "rank_file", "collect", "build_job", "collective_ok", "SaveJob", "SaveHandle", "side_group", "destroy_side_group", "run_job", "gather", "broadcast", "direct", "start", "SaveWatch"]
+__all__ = ["STATE_FILE", "rank_file", "collect", "build_job", "collective_ok", "SaveJob", "SaveHandle", "side_group", "destroy_side_group", "run_job", "gather", "broadcast", "direct", "start", "SaveWatch", "Window", "window_state"]
 
 if TYPE_CHECKING:
     from splitsync.data.loader import DeviceLoader
@@ -279,13 +281,37 @@ def collect(reg: Registered, *, offload: bool) -> dict[str, Any]:
     }}
 
 
+class Window(Protocol):
+    """The run's accumulation window as a checkpoint sees it (``run.step``'s StepPlan)."""
+
+    every: int
+
+    @property
+    def window(self) -> int: ...  # micro-steps done in the open window (0: none)
+
+    def reopen(self, done: int) -> None: ...
+
+
+def window_state(window: Window | None, models: Mapping[str, nn.Module]
+                 ) -> tuple[dict[str, int] | None, dict[str, dict[str, torch.Tensor]]]:
+    """A window open at a save: its manifest entry (micro-steps done, ``every``) and this
+    rank's gradients accumulated in it (host copies: the next micro-step changes the live
+    ones), by model and parameter name. ``(None, {})`` when none is open."""
+    if window is None or not window.window:
+        return None, {}
+    grads = {n: {k: g.detach().to("cpu", copy=True)
+                 for k, g in for_model(m).window_grads(m).items()} for n, m in models.items()}
+    return {"done": window.window, "every": window.every}, grads
+
+
 def _nbytes(obj: Any) -> int:
     return sum(local_tensor(t).numel() * t.element_size() for _, t in iter_tensors(obj))
 
 
 def build_job(reg: Registered, storage: Storage, loaders: Sequence[DeviceLoader], *,
               step: int, epoch: int | None, extra: Mapping[str, Any], blocking: bool,
-              group: Any, stager: Stager | None = None, call: Any = None) -> SaveJob:
+              group: Any, stager: Stager | None = None, call: Any = None,
+              window: Window | None = None) -> SaveJob:
     """Collective: prepare the work directory and collect (staged, unless blocking) state.
 
     Staging copies only what still aliases live state, into ``stager``'s buffers, which are
@@ -305,9 +331,10 @@ def build_job(reg: Registered, storage: Storage, loaders: Sequence[DeviceLoader]
     work = storage.work_name(step)
     collective_ok(reg.rank, lambda: storage.prepare(step), "prepare", only_rank0=True,
                   call=call or direct, world_size=reg.world_size)
+    open_window, grads = window_state(window, reg.models)
     parts: dict[str, Any] = {
         rank_file(reg.rank): {"rng": capture_rng(reg.generators),
-                              "generators": [g for _, g in positions]},
+                              "generators": [g for _, g in positions], "window": grads},
         **collect(reg, offload=blocking)}
     if reg.rank == 0:
         parts.setdefault(STATE_FILE, {}).update(
@@ -334,6 +361,8 @@ def build_job(reg: Registered, storage: Storage, loaders: Sequence[DeviceLoader]
         "loaders": [p for p, _ in positions],
         "extra": plain, "tensor_extra": sorted(tensors), "torch": torch.__version__,
     }
+    if open_window is not None:  # a save inside an accumulation window keeps it
+        body["window"] = open_window
     return SaveJob(storage=storage, work=work, step=step, rank=reg.rank, keep=reg.keep,
                    body=body, parts=parts, after_parts=after, group=group,
                    final=storage.where(step_dirname(step)), nbytes=nbytes,

@@ -14,6 +14,7 @@ save in flight pays nothing per step.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,11 +24,21 @@ import torch
 from torch import nn
 
 from splitsync.ckpt.fs import Storage, open_dir
-from splitsync.ckpt.load import Freeing, find_checkpoint, load_models, load_objects, unregistered
+from splitsync.ckpt.load import (
+    Freeing,
+    find_checkpoint,
+    load_models,
+    load_objects,
+    locate,
+    newer_steps,
+    reopen_window,
+    unregistered,
+)
 from splitsync.ckpt.save import (
     STATE_FILE,
     SaveHandle,
     SaveWatch,
+    Window,
     build_job,
     collect,
     destroy_side_group,
@@ -71,10 +82,12 @@ class Checkpointer:
                  generators: Generators | None = None, timeout: Any = None,
                  blocking: bool = True, watch: Callable[[Observer], Any] | None = None,
                  unwatch: Callable[[Observer], None] | None = None,
-                 wrapped: Callable[[], dict[str, Any]] = dict) -> None:
+                 wrapped: Callable[[], dict[str, Any]] = dict,
+                 window: Window | None = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.loaders = loaders
+        self.window = window  # the run's accumulation window: a save inside one keeps it
         self.generators = generators  # the run's run.generator streams, part of its RNG state
         self.timeout = timeout
         self.default_blocking = blocking  # init(save_blocking=...)
@@ -91,6 +104,7 @@ class Checkpointer:
         self._hook: Any = None  # post-hook counting the first optimizer's steps
         self._counting = True
         self._pending: list[tuple[Mapping[str, int], torch.Tensor | None]] = []
+        self._ahead: list[str] = []  # rank 0: checkpoints newer than a step resumed on purpose
         # the save lifecycle, for the whole run
         self.inflight: SaveHandle | None = None
         self._watch: SaveWatch | None = None
@@ -132,12 +146,16 @@ class Checkpointer:
         return redirect(self._redirect, Path(path))
 
     # --- resume --------------------------------------------------------------------------
-    def resume(self, dir: str | os.PathLike[str], *, keep: int = 3,
+    def resume(self, dir: str | os.PathLike[str], *, step: int | None = None, keep: int = 3,
                save_blocking: bool | None = None, **objects: Any) -> ResumeState:
         """Collective: register ``objects`` and load the newest complete checkpoint under
-        ``dir``, or start fresh."""
+        ``dir`` (``step``: that step, or an error listing the steps there), or start fresh.
+        A step folder ``dir/step-000050`` resumes that step of ``dir``."""
         self.settle(wait=True)  # the save in flight commits (or raises) first
-        where = self._path(dir)
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)
+                                 or step < 0):
+            raise TypeError(f"run.resume(..., step={step!r}): give the number of a saved step.")
+        where, step = locate(self._path(dir), step)
         # no objects: what the run wrapped, looked up again at each save
         registered = self._register(objects or self.wrapped(), keep)
         storage = open_dir(where)
@@ -146,7 +164,8 @@ class Checkpointer:
         self.keep = keep
         self.blocking = self.default_blocking if save_blocking is None else save_blocking
         self._reserved = False
-        state = self._load(storage, registered, check=not objects)
+        state = self._load(storage, registered, step=step, check=not objects)
+        self._ahead = newer_steps(storage, step) if state.resumed and self.rank == 0 else []
         self._start_counting(registered)
         if not self.blocking:
             self.reserve()  # on a thread, and only once the optimizers have state
@@ -217,11 +236,21 @@ class Checkpointer:
                          for i, pos in enumerate(body["loaders"])]
         for i, loader in enumerate(self.loaders):
             self._continue(loader, i)
+        self._reopen_window(reg, body, per_rank, storage.where(name))
         self.step = int(body["step"])
         where = storage.where(name)
         return ResumeState(step=self.step, epoch=int(body["epoch"]), extra=extra,
                            path=Path(where) if storage.local else where,
                            world_size=int(body["world_size"]))
+
+    def _reopen_window(self, reg: Registered, body: Mapping[str, Any],
+                       per_rank: Mapping[str, Any] | None, where: str) -> None:
+        """The accumulation window the checkpoint was saved in, with this rank's gradients
+        (none: the next micro-step begins a window)."""
+        grads = {} if per_rank is None else per_rank.get("window", {})
+        reopen_window(self.window, reg.models, body.get("window"), grads,
+                      world_size=self.world_size, saved_world=int(body["world_size"]),
+                      where=where)
 
     def attach_loader(self, loader: ResumableLoader) -> None:
         """A loader made after ``run.resume`` continues where the checkpoint left it."""
@@ -281,6 +310,7 @@ class Checkpointer:
         reg, storage, extra = self._target(dir, state, extra)
         for obs in self._before_save:
             obs.before_save(step)
+        self._set_aside_ahead()
         blocking = self.blocking if blocking is None else blocking
         if step is None:
             if self._hook is None and not reg.optims:
@@ -298,7 +328,7 @@ class Checkpointer:
         try:
             job = build_job(reg, storage, self.loaders, step=step, epoch=epoch, extra=extra,
                             blocking=blocking, group=group, stager=self._stager,
-                            call=self._call)
+                            call=self._call, window=self.window)
         finally:
             self._counting = True
         if blocking:
@@ -333,6 +363,18 @@ class Checkpointer:
         if root is None or str(root) == str(self.where):
             return reg, self.storage, extra  # type: ignore[return-value]
         return reg, open_dir(root), extra
+    def _set_aside_ahead(self) -> None:
+        """After ``run.resume(dir, step=N)`` went back past newer checkpoints, the first save
+        sets them aside (``.rolled-back-step-*``; in object storage their manifests go):
+        kept, they would be the newest, so keep-last-k would prune the new ones and the next
+        resume would load the abandoned future."""
+        ahead, self._ahead = self._ahead, []
+        if not ahead or self.storage is None:
+            return
+        for name in ahead:
+            how = self.storage.set_aside(name, ".rolled-back-")
+            warnings.warn(f"checkpoint {self.storage.where(name)} is newer than the step this "
+                          f"run resumed from: set aside{how}", CheckpointWarning, stacklevel=3)
 
     def settle(self, *, wait: bool, raise_errors: bool = True) -> None:
         """Finish with the background save in flight, if it is done (or ``wait``): its

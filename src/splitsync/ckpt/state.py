@@ -194,7 +194,7 @@ KINDS = ("model", "optimizer", "scheduler", "scaler", "ema", "object")
 # AveragedModel, timm's ModelEmaV3, ExponentialMovingAverage, ...) or in the names they are
 # registered under (``ema=``); whole words, so "schema" is no EMA.
 _EMA_WORDS = {"ema", "swa", "averaged"}
-_WRAPPERS = ("torch.nn.parallel", "torch._dynamo")
+_WRAPPERS = ("torch.nn.parallel", "torch._dynamo", "splitsync.strategies.ddp")
 
 
 def _first_user_class(obj: Any) -> type:

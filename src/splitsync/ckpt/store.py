@@ -167,9 +167,10 @@ def clear_stale(root: Path) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
-def set_aside(path: Path) -> str:
-    """Rename a bad checkpoint to ``.skipped-<name>`` (kept for inspection, never loaded)."""
-    target = path.with_name(f".skipped-{path.name}")
+def set_aside(path: Path, prefix: str = ".skipped-") -> str:
+    """Rename a checkpoint to ``<prefix><name>`` (kept for inspection, never loaded): a bad
+    one to ``.skipped-``, one a resume went back past to ``.rolled-back-``."""
+    target = path.with_name(f"{prefix}{path.name}")
     try:
         shutil.rmtree(target, ignore_errors=True)
         os.rename(path, target)

@@ -8,9 +8,12 @@ indices it hands out there, in one vectorised call. The sampler iterates a pass 
 ``PassOrder``, so a tool that asks the same object later (after the pass, even after the
 sampler moved on to another epoch) gets the indices the pass really handed out.
 
-Rank r reads padded global positions r, r+W, r+2W, ... of the remaining order (as
-DistributedSampler does); a padded position q beyond what remains wraps to q mod remaining,
-as DistributedSampler's repeated list does.
+Rank r reads global positions start+r, start+r+W, ... of the epoch's order (as
+DistributedSampler does). Positions past the epoch's end are padding and wrap to ``q mod n``:
+DistributedSampler's repeats, taken from position 0 of the epoch, whatever ``start`` is. So a
+pass resumed mid-epoch at the same world size pads with the very samples an uninterrupted
+pass pads with (wrapping within what remained, as before, picked other samples: a resumed
+run's last batch then differed from the uninterrupted run's).
 """
 
 from __future__ import annotations
@@ -77,10 +80,10 @@ class PassOrder:
         """The epoch positions (0..n) of this rank's pass positions ``lo`` to ``hi``."""
         if not 0 <= lo <= hi <= self.num_samples:
             raise IndexError(f"positions {lo}..{hi} outside this pass's 0..{self.num_samples}")
-        q = torch.arange(lo, hi, dtype=torch.int64) * self.world_size + self.rank
-        if hi > self.real:  # the padded tail wraps around what remains
-            q = torch.remainder(q, self.remaining)
-        return q + self.start
+        q = torch.arange(lo, hi, dtype=torch.int64) * self.world_size + self.rank + self.start
+        if hi > self.real:  # the padded tail wraps to the epoch's first positions
+            q = torch.remainder(q, self.n)
+        return q
 
     def indices(self, lo: int, hi: int) -> torch.Tensor:
         """The dataset indices (int64) this rank's pass hands out at positions ``lo`` to ``hi``."""

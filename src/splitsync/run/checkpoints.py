@@ -57,18 +57,20 @@ class CheckpointVerbs:
             objects["scaler"] = self._training.scaler
         return self._emas.with_emas(objects)
 
-    def resume(self, dir: str | os.PathLike[str], *, keep: int = 3,
+    def resume(self, dir: str | os.PathLike[str], *, step: int | None = None, keep: int = 3,
                save_blocking: bool | None = None, **objects: Any) -> ResumeState:
         """Register ``objects`` (``model=``, ``optimizer=``, ``scheduler=``, anything with
         ``state_dict()``/``load_state_dict()``) and every :meth:`ema` (as "ema", "ema_1",
         ...) for :meth:`save`, and load the newest complete checkpoint under ``dir`` (a path
         or an fsspec URL), RNG states and loader positions included; with no checkpoint
-        there, start fresh. With no objects: what the run wrapped (models from ``run.model``,
+        there, start fresh. ``step=N`` (or a step folder, ``ckpt/step-000050``): that step
+        (an error lists the steps there), whose parent later saves go to; newer ones are set
+        aside at the next save. With no objects: what the run wrapped (models from ``run.model``,
         optimizers ``run.step`` stepped, EMAs, the scaler), looked up again at each save. ``keep``: the checkpoints :meth:`save` keeps (default 3, the
         newest; at least 2). ``save_blocking``: :meth:`save`'s default. Collective."""
         if objects:
             objects = self._emas.with_emas(objects)
-        state = self._checkpoints.resume(dir, keep=keep, save_blocking=save_blocking, **objects)
+        state = self._checkpoints.resume(dir, step=step, keep=keep, save_blocking=save_blocking, **objects)
         if state.resumed and self.is_main:  # one line, so a log shows where a run went on
             get_logger().info("resumed from %s at epoch %d, step %d (saved by %d process%s)",
                               state.path, state.epoch, state.step, state.world_size or 0,

@@ -6,7 +6,7 @@ the data gets; the loaders report back through :attr:`Loaders.hooks` alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from splitsync.data.build import LoaderHooks, ResumableLoader, direct
@@ -23,6 +23,8 @@ class Loaders:
         self.hooks = LoaderHooks()
         self._epochs: tuple[Observer, ...] = ()
         self._on_epoch: tuple[Observer, ...] = ()
+        self._final = False  # run.epochs is in its last epoch
+        self.on_end: Callable[[], None] | None = None  # called when run.epochs runs out
 
     @property
     def active(self) -> Any:
@@ -43,9 +45,24 @@ class Loaders:
         """Yield epoch numbers start..n-1, calling set_epoch on every loader first."""
         for obs in self._epochs:
             n = obs.epochs(start, n)
-        for epoch in range(start, n):
-            for loader in self.all:
-                loader.set_epoch(epoch)
-            for obs in self._on_epoch:
-                obs.on_epoch(epoch)
-            yield epoch
+        try:
+            for epoch in range(start, n):
+                for loader in self.all:
+                    loader.set_epoch(epoch)
+                for obs in self._on_epoch:
+                    obs.on_epoch(epoch)
+                self._final = epoch == n - 1
+                yield epoch
+        finally:  # also when the loop is left early (break): no later batch ends the run
+            self._final = False
+        if self.on_end is not None:
+            self.on_end()
+
+    def run_ends(self) -> bool:
+        """Whether the batch under way is the run's last: the last batch of the last epoch
+        of ``run.epochs``, where its loader knows it (map-style loaders; streams that stop
+        where the first rank runs out)."""
+        if not self._final:
+            return False
+        active = self.hooks.active
+        return active is not None and bool(active.last_batch)

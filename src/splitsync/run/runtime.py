@@ -11,7 +11,9 @@ rest (models, data, output, observers, teardown). Tools watch it through observe
 
 from __future__ import annotations
 
+import atexit
 import logging
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -72,6 +74,8 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
                               config.strategy_options, env.local_world_size)
         self._training = Training(self._plan, self._data, self.world_size,
                                   self._new_optimizer)
+        self._plan.ends = self._data.run_ends  # the run's last batch closes its last window
+        self._data.on_end = self._training.epochs_ended
         self._collectives = Collectives(device, self._data)
         self._generators = Generators(seed, self.rank)
         # a background save's watch listens to run.step only: the other parts keep theirs
@@ -80,7 +84,7 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
                                          generators=self._generators, timeout=config.timeout,
                                          blocking=config.save_blocking,
                                          watch=self._watch_steps, unwatch=self._unwatch_steps,
-                                         wrapped=self._wrapped)
+                                         wrapped=self._wrapped, window=self._plan)
         self._logging = Logging(config, device, self.is_main,
                                 run_settings(config, self.world_size, seed, device, backend))
         self._observers: tuple[Observer, ...] = ()
@@ -246,6 +250,7 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self._close_at_exit)
         try:
             try:  # a background save commits (or raises its failure) before teardown
                 self._checkpoints.settle(wait=True, raise_errors=clean)
@@ -266,6 +271,15 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
                 get_logger().removeHandler(self.log_handler)
             if self._owns_group:
                 destroy_group()
+
+    def _close_at_exit(self) -> None:
+        """``close()`` at interpreter exit for a run never closed (``init`` registers it):
+        not clean after an uncaught exception (no barrier with peers it may have left in a
+        collective); never raises, so the script's outcome decides the exit code."""
+        try:
+            self.close(clean=getattr(sys, "last_value", None) is None)
+        except BaseException as exc:  # a save that failed, a peer gone: said, not raised
+            get_logger().warning("closing the run at exit: %s: %s", type(exc).__name__, exc)
 
     def __enter__(self) -> Run:
         return self

@@ -13,11 +13,17 @@ FSDP2 reads ``set_requires_gradient_sync`` in backward), ``backward`` divides th
 ``k`` and ``step`` steps only on every ``k``-th micro-batch. So the ordinary loop is
 correct with ``init(accumulate=k)`` alone. The counter runs across epochs: when an epoch's
 batch count is not a multiple of ``k``, its last window is completed by the next epoch's
-first micro-batches (every optimizer step still sees exactly ``k``).
+first micro-batches (every optimizer step still sees exactly ``k``). The run's last window
+may hold fewer: on the last batch of the last epoch of ``run.epochs`` (``ends``, which the
+run points at its loaders) that micro-step syncs and steps, its gradients scaled by
+``k / held`` so they are the mean over the ``held`` micro-batches it really has, and no
+sample is left untrained. A checkpoint saved inside a window keeps it (``window``,
+``reopen``: the micro-steps done; the gradients themselves are saved by ``splitsync.ckpt``).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
@@ -95,6 +101,8 @@ class StepPlan:
         # not inside an accumulation window, nor when the GradScaler skipped it.
         self.stepped = True
         self._watched: WeakSet[torch.optim.Optimizer] = WeakSet()
+        # Whether the micro-batch under way is the run's last (its window then ends there)
+        self.ends: Callable[[], bool] = _never
         self.backward: Callable[[torch.Tensor], None]
         self.step: Callable[..., StepResult]
         self.held = 0  # run.no_sync blocks open: no micro-step inside one syncs
@@ -120,7 +128,21 @@ class StepPlan:
     @property
     def sync_now(self) -> bool:
         """Whether the coming micro-step ends an accumulation window (syncs and steps)."""
-        return (self.micro + 1) % self.every == 0
+        return (self.micro + 1) % self.every == 0 or self.ends()
+
+    # --- the open window, as a checkpoint keeps it --------------------------------------
+    @property
+    def window(self) -> int:
+        """Micro-steps done in the open accumulation window (0: none is open)."""
+        return self.micro % self.every
+
+    def reopen(self, done: int) -> None:
+        """Continue a window a checkpoint saved with ``done`` micro-steps in it (the saved
+        gradients are put back by the checkpoint's loader)."""
+        if not 0 <= done < self.every:
+            raise ValueError(f"an accumulation window of {done} micro-step(s) does not fit "
+                             f"accumulate={self.every}")
+        self.micro = done
 
     # --- backward ----------------------------------------------------------------------
     def _backward_general(self, loss: torch.Tensor) -> None:
@@ -149,9 +171,13 @@ class StepPlan:
 
     def _step_general(self, optimizer: torch.optim.Optimizer,
                       clip: float | None = None) -> StepResult:
-        if self.micro % self.every:
-            self.stepped = False
-            return NOT_STEPPED  # inside an accumulation window: keep gradients, do not step
+        held = self.micro % self.every
+        if held:
+            if not self.ends():
+                self.stepped = False
+                return NOT_STEPPED  # inside an accumulation window: keep gradients, do not step
+            _close_window(optimizer, self.every, held)
+            self.micro += self.every - held  # a later backward opens a new window
         norm = None
         scaler = self.scaler
         if scaler is None:
@@ -224,10 +250,24 @@ class StepPlan:
             self.held -= 1
 
 
+def _never() -> bool:
+    return False
+
+
+def _close_window(optimizer: torch.optim.Optimizer, every: int, held: int) -> None:
+    """The run's last window holds ``held`` < ``every`` micro-batches, each of whose losses
+    was divided by ``every``: scale the gradients to their mean over ``held``."""
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.mul_(every / held)
+
+
 def _synced(forward: Callable[..., Any], setter: SyncSetter,
             plan: StepPlan) -> Callable[..., Any]:
     def synced_forward(*args: Any, **kwargs: Any) -> Any:
-        setter(not plan.held and (plan.micro + 1) % plan.every == 0)
+        setter(not plan.held and plan.sync_now)
         return forward(*args, **kwargs)
 
     return synced_forward
@@ -325,6 +365,20 @@ class Training:
 
         return step
 
+    def epochs_ended(self) -> None:
+        """``run.epochs`` ran out with a window still open (its last batch was not known to
+        be the run's last: a stream read with ``at_end="uneven"``): said, never dropped
+        silently."""
+        held = self.plan.window
+        if held:
+            warnings.warn(
+                f"run.epochs() ended with {held} micro-batch(es) of an accumulation window "
+                f"of {self.plan.every} not stepped, so their samples were not trained: "
+                "their loader could not tell its last batch in advance (a stream with "
+                "at_end='uneven'). Read the stream with at_end='stop' (the default), whose "
+                "last batch is known, or make the micro-batches a multiple of accumulate.",
+                RuntimeWarning, stacklevel=3)
+
     def autocast(self) -> AbstractContextManager[Any]:
         return self.plan.precision.autocast()
 
@@ -336,7 +390,7 @@ class Training:
 
     @property
     def sync_gradients(self) -> bool:
-        return self.plan.micro % self.plan.every == 0
+        return self.plan.window == 0 or self.plan.ends()
 
     @property
     def scaler(self) -> Any:

@@ -145,6 +145,22 @@ class Strategy:
         ``AveragedModel``), so names and contents match what checkpoints always held."""
         return unwrap(model)
 
+    # --- an open accumulation window (a checkpoint keeps it) ----------------------------
+    def window_grads(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """This rank's gradients accumulated so far in an open accumulation window, by the
+        user's parameter names: here each parameter's ``.grad`` (under DDP these are local,
+        not yet all-reduced: a window's micro-steps do not sync)."""
+        return {n: p.grad for n, p in self.state_module(model).named_parameters()
+                if p.grad is not None}
+
+    def restore_window_grads(self, model: nn.Module, grads: Mapping[str, torch.Tensor]) -> None:
+        """Put back what :meth:`window_grads` returned, so the next micro-step accumulates
+        onto it as the interrupted run's did."""
+        params = dict(self.state_module(model).named_parameters())
+        for name, grad in grads.items():
+            p = params[name]
+            p.grad = grad.to(device=p.device, dtype=p.dtype, copy=True)
+
     # --- copies (run.ema) ----------------------------------------------------------------
     def template(self, module: nn.Module) -> nn.Module | None:
         """What :meth:`replica` needs to rebuild the wrapped model, taken just before

@@ -163,6 +163,23 @@ def _reshard(module: nn.Module, args: Any, output: Any) -> None:
     module.reshard()
 
 
+def _fsdp_params(model: nn.Module) -> dict[str, Any]:
+    """FSDP2's per-parameter records of ``model``, by the user's parameter names."""
+    from torch.distributed.fsdp import FSDPModule
+
+    names = {m: prefix for prefix, m in model.named_modules()}
+    out = {}
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        group = module._get_fsdp_state()._fsdp_param_group
+        for fp in group.fsdp_params if group is not None else ():
+            info = fp._module_info
+            prefix = names[info.module]
+            out[f"{prefix}.{info.param_name}" if prefix else info.param_name] = fp
+    return out
+
+
 def _is_fsdp(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
@@ -228,6 +245,32 @@ class FSDP(Strategy):
     def state_module(self, model: nn.Module) -> nn.Module:
         # DCP's helpers read an FSDP2 module as it is (its DTensors, its names)
         return model if _is_fsdp(model) else super().state_module(model)
+
+    # --- an open accumulation window ----------------------------------------------------
+    # Inside a window FSDP2 reduce-scatters nothing: each rank keeps its own unsharded
+    # gradients, on the unsharded parameter (``unsharded_accumulated_grad`` when it reduces
+    # in another dtype). They are read and put back by the user's parameter names; a put back
+    # one goes to ``unsharded_accumulated_grad``, onto which FSDP2 adds the next micro-step's
+    # gradient and from which it reduce-scatters: the same sum as the interrupted run's.
+    def window_grads(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        if not _is_fsdp(model):
+            return super().window_grads(model)
+        out = {}
+        for name, fp in _fsdp_params(model).items():
+            grad = fp.unsharded_accumulated_grad
+            if grad is None and hasattr(fp, "_unsharded_param"):
+                grad = fp._unsharded_param.grad
+            if grad is not None:
+                out[name] = grad
+        return out
+
+    def restore_window_grads(self, model: nn.Module, grads: Mapping[str, torch.Tensor]) -> None:
+        if not _is_fsdp(model):
+            return super().restore_window_grads(model, grads)
+        params = _fsdp_params(model)
+        for name, grad in grads.items():
+            params[name].unsharded_accumulated_grad = grad.to(params[name].device, copy=True)
+        return None
 
     # --- copies (run.ema) ----------------------------------------------------------------
     def template(self, module: nn.Module) -> nn.Module | None:

@@ -141,16 +141,24 @@ class StreamLoader:
         it = iter(self.loader)
         cpu = self.device.type == "cpu"
         agree = self.world_size > 1 and self.at_end == "stop"
+        stop = self.at_end == "stop"
         window = 1  # grows to agree_every: the first step does not wait for a full window
+        ahead: list[Any] = []  # one batch read past the last window, when every rank had it
         while True:
-            held = list(islice(it, window))
+            held = ahead + list(islice(it, window + 1 - len(ahead)))
             # One all-reduce per window: the ranks step through min(held) batches together,
             # exactly what agreeing before every step would give, at 1/window of the cost.
+            # One batch more than the window is read, so the last batch is known as it is
+            # yielded (``last_batch``: a run's last accumulation window ends there).
             n = self._all_reduce([len(held)], "min")[0] if agree else len(held)
-            for batch, counts in held[:n]:
+            ends = n <= window
+            n = min(n, window)
+            ahead = held[n:n + 1] if not ends else []
+            for i, (batch, counts) in enumerate(held[:n]):
                 for s, _, c in counts:
                     self._consumed[s] += c
                 self.batches_seen += 1
+                self.last_batch = stop and ends and i == n - 1
                 if hooks is not None and (hooks.on_batch or hooks.on_stream_batch):
                     ids = batch_ids(counts)
                     for obs in hooks.on_batch:
@@ -158,7 +166,7 @@ class StreamLoader:
                     for obs in hooks.on_stream_batch:
                         obs.on_stream_batch(self, ids)
                 yield batch if cpu else move_to(batch, self.device)
-            if n < window:
+            if ends:
                 left = sum(_size(b) for b, _ in held[n:])
                 self._end(self._all_reduce([left], "sum")[0] if agree else left)
                 return

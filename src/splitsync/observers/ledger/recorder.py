@@ -105,6 +105,7 @@ class Ledger(Observer):
         self._flush_at = FLUSH_STEPS  # the step after which the next write comes
         self._passes: list[dict[str, Any]] = []  # P records not yet written
         self._streams: dict[int, tuple[int, int]] = {}  # id(stream) -> (loader, epoch)
+        self._open = False  # an accumulation window's micro-steps since the last step
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         meta = {"launch": launch, "rank": rank, "world_size": world_size,
                 "restart_count": restart_count, "seed": seed, "host": socket.gethostname(),
@@ -177,7 +178,9 @@ class Ledger(Observer):
     def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None,
                     stepped: bool = True) -> None:
         if not stepped:  # an accumulation micro-step, or a step the GradScaler skipped:
+            self._open = True  # a window is open (a save now keeps it: before_save)
             return  # the samples wait for the step that updates the model
+        self._open = False
         step = self.step = self.step + 1
         # Only numbers per step: no ids, and the encoding waits for the next write, in bulk.
         pending = self._pending
@@ -249,7 +252,26 @@ class Ledger(Observer):
                 segs.pop()
 
     def before_save(self, step: int | None) -> None:
+        if self._open:
+            self._credit_open_window()
         self._flush()  # in the page cache before the checkpoint commits: a kill keeps them
+
+    def _credit_open_window(self) -> None:
+        """Samples delivered since the last step, at a save: an accumulation window is open,
+        and the checkpoint keeps its gradients (a resume from it steps them), so they go to
+        the step the checkpoint is named after. Left to the next step, they would be lost
+        with a kill: the resumed launch never delivers them again."""
+        step = self.step
+        for p in self._maps:
+            loader = p.loader
+            upto = loader.batches_seen * p.size
+            if upto > p.credited and loader.passes == p.number:
+                self._credit(p, step, upto)
+        if self._pending:
+            rows = self._rows
+            for idx, epoch, count, padded in self._pending:
+                rows[idx] += (step, epoch, count, padded)
+            self._pending.clear()
 
     def on_save(self, path: Path, step: int) -> None:
         # and on the disk once it has committed, against a machine's crash

@@ -16,6 +16,7 @@ import numpy as np
 
 from splitsync.observers.ledger.format import LEDGER_DIR
 from splitsync.tools.audit.history import Entry, Finding, History, read_history
+from splitsync.tools.audit.padding import padding_problem
 
 __all__ = ["EpochCount", "Report", "audit", "describe_sample"]
 
@@ -32,7 +33,8 @@ class EpochCount:
     more: int  # trained more than once
     never: int
     padded: int  # repeats DistributedSampler-style padding added (drop_last=False)
-    status: str  # "exactly once", "duplicates", "gaps", "in progress", "dropped by drop_last"
+    status: str  # "exactly once", "duplicates", "gaps", "in progress", "dropped by drop_last",
+    # "wrong padding" (the padding repeated other samples than DistributedSampler's)
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,11 @@ def _count(history: History, loader: int, epoch: int, entries: list[Entry],
                "first_trained": {"step": int(steps[earlier]), "rank": int(ranks[earlier]),
                                  "launch": int(launches[earlier])}}
     status = "exactly once"
-    if bad is not None:
+    if bad is None and padded and kind == "map":
+        bad = padding_problem(history, loader, epoch, entries)
+        if bad is not None:
+            status = "wrong padding"
+    if bad is not None and status != "wrong padding":
         status = "duplicates" if more else "outside the dataset"
     elif not complete:
         status = "in progress"
