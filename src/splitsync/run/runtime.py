@@ -28,6 +28,7 @@ from splitsync.distributed.env import DistEnv
 from splitsync.distributed.group import destroy_group
 from splitsync.distributed.logs import get_logger
 from splitsync.distributed.seeding import Generators
+from splitsync.errors import Preempted
 from splitsync.observe import Observer, appended, overriding
 from splitsync.output.progress import progress as _progress
 from splitsync.run.collectives import Collectives
@@ -36,6 +37,7 @@ from splitsync.run.data import Loaders
 from splitsync.run.ema import Emas
 from splitsync.run.logging import Logging, run_settings
 from splitsync.run.models import Models
+from splitsync.run.preempt import Preemption, preemption_for
 from splitsync.run.step import StepPlan, Training
 from splitsync.strategies import Strategy, unwrap
 from splitsync.train.precision import Precision
@@ -85,6 +87,8 @@ class Run:
                                 run_settings(config, self.world_size, seed, device, backend))
         self._observers: tuple[Observer, ...] = ()
         self._emas = Emas(self._plan, self._models, self.add_observer)
+        self._preemption: Preemption | None = None  # made by the first run.resume
+        self._preempt_tried = False
         for obs in observers:
             self.add_observer(obs)
 
@@ -113,9 +117,10 @@ class Run:
 
     def _watch_steps(self, observer: Observer) -> None:
         """Have ``run.step`` call ``observer`` too, until :meth:`_unwatch_steps` (a watch of
-        the core's own, not listed in ``observers``)."""
-        self._step_watch = (observer,)
-        self._training.set_observers((*self._observers, observer))
+        the core's own, not listed in ``observers``: a background save's, a preemption's)."""
+        if observer not in self._step_watch:
+            self._step_watch = (*self._step_watch, observer)
+        self._training.set_observers((*self._observers, *self._step_watch))
 
     def _unwatch_steps(self, observer: Observer) -> None:
         self._step_watch = tuple(o for o in self._step_watch if o is not observer)
@@ -279,8 +284,15 @@ class Run:
         "ema_1", ...) for :meth:`save` and load the
         newest complete checkpoint under ``dir`` (a path or an fsspec URL), RNG states and
         loader positions included. ``save_blocking``: :meth:`save`'s default. Collective."""
+        if self._preempt_tried is False:  # before loading: a signal from now on stops too
+            self._preempt_tried = True
+            self._preemption = preemption_for(self.config, self.rank, self.world_size,
+                                              self._checkpoints, self._generators,
+                                              self._watch_steps, self._unwatch_steps)
         state = self._checkpoints.resume(dir, keep=keep, save_blocking=save_blocking,
                                          **self._emas.with_emas(objects))
+        if self._preemption is not None:
+            self._preemption.resumed()
         if state.resumed and self.is_main:  # one line, so a log shows where a run went on
             get_logger().info("resumed from %s at epoch %d, step %d (saved by %d process%s)",
                               state.path, state.epoch, state.step, state.world_size or 0,
@@ -346,6 +358,9 @@ class Run:
         if self._closed:
             return
         self._closed = True
+        preemption = self._preemption
+        if preemption is not None:
+            preemption.close()  # no stop from here on; the signal handlers go back
         try:
             try:  # a background save commits (or raises its failure) before teardown
                 self._checkpoints.settle(wait=True, raise_errors=clean)
@@ -366,13 +381,16 @@ class Run:
                 get_logger().removeHandler(self.log_handler)
             if self._owns_group:
                 destroy_group()
+            if preemption is not None:
+                preemption.after_close()  # e.g. requeue a stopped SLURM job
 
     def __enter__(self) -> Run:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.close(clean=exc_type is None)
+        # a preemption's stop is a clean end: every rank stops at the same step
+        self.close(clean=exc_type is None or isinstance(exc, Preempted))
 
     def __repr__(self) -> str:
         return (f"Run(rank={self.rank}, world_size={self.world_size}, device={self.device}, "
