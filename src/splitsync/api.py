@@ -17,11 +17,12 @@ import torch
 from splitsync import observers as attached
 from splitsync.distributed import comm
 from splitsync.distributed.device import choose_device, default_backend
-from splitsync.distributed.env import detect_env
+from splitsync.distributed.env import batch_note, detect_env
 from splitsync.distributed.group import destroy_group, init_group
-from splitsync.distributed.logs import attach_rank_handler
+from splitsync.distributed.logs import attach_rank_handler, get_logger
 from splitsync.distributed.preemption import DEFAULT_PREEMPT_GRACE, DEFAULT_PREEMPT_SIGNALS
 from splitsync.distributed.seeding import draw_seed, seed_everything
+from splitsync.distributed.threads import cpu_counts, launcher_threads
 from splitsync.output.trackers import require_packages
 from splitsync.run.config import DEFAULT_STRAGGLER_THRESHOLD, RunConfig
 from splitsync.run.runtime import Run
@@ -68,6 +69,12 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         raise ValueError("init(ledger=True) writes the sample ledger under run_dir; pass "
                          "run_dir=... (the folder splitsync audit reads).")
     env = detect_env()  # validated before any network call
+    threads = launcher_threads(env, os.environ, *cpu_counts())  # srun, mpirun: unset
+    if threads is not None:
+        # torch sized its thread pool at `import torch`, before init could export the
+        # variable: resize the pool itself, and export it for the processes this one starts
+        torch.set_num_threads(threads.count)
+        os.environ["OMP_NUM_THREADS"] = str(threads.count)
     accumulate = accumulate_for(accumulate, env.world_size)
     config = RunConfig(seed=seed, strategy=strategy, precision=precision,
                        device=None if device is None else str(device), backend=backend,
@@ -100,6 +107,9 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         final_seed = seed if seed is not None else comm.broadcast_object(draw_seed())
         seed_everything(final_seed)
         handler = attach_rank_handler(env.rank, env.world_size)
+        for note in (threads and threads.note, batch_note(os.environ, env)):
+            if note and env.rank == 0:
+                get_logger().info(note)
         config, observers = attached.attach(config, env, dev, final_seed, ledger, os.environ)
     except BaseException:
         if owns:

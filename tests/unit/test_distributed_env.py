@@ -55,6 +55,7 @@ def test_slurm_environment() -> None:
     env = detect_env({
         "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_NNODES": "2",
         "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "gpu[003-004]", "SLURM_JOB_ID": "1234",
+        "SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
     })
     assert (env.launcher, env.rank, env.local_rank, env.world_size) == ("slurm", 5, 1, 8)
     assert (env.local_world_size, env.node_rank, env.master_addr) == (4, 1, "gpu003")
@@ -63,17 +64,17 @@ def test_slurm_environment() -> None:
 
 def test_slurm_rank_beyond_tasks() -> None:
     with pytest.raises(EnvError, match="SLURM_PROCID=4 is not below SLURM_NTASKS=4"):
-        detect_env({"SLURM_PROCID": "4", "SLURM_NTASKS": "4"})
+        detect_env({"SLURM_PROCID": "4", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0"})
 
 
 def test_openmpi_and_mpich() -> None:
     ompi = detect_env({
         "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
         "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-        "MASTER_ADDR": "node0",
+        "PMIX_NAMESPACE": "3145728001", "MASTER_ADDR": "node0",
     })
     assert (ompi.launcher, ompi.rank, ompi.local_rank, ompi.node_rank) == ("openmpi", 3, 1, 1)
-    mpich = detect_env({"PMI_RANK": "2", "PMI_SIZE": "3"})
+    mpich = detect_env({"PMI_RANK": "2", "PMI_SIZE": "3", "MASTER_PORT": "29510"})
     assert (mpich.launcher, mpich.rank, mpich.world_size) == ("mpich", 2, 3)
     with pytest.raises(EnvError, match="OMPI_COMM_WORLD_SIZE='x'"):
         detect_env({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "x"})

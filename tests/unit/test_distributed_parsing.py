@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from splitsync.distributed.env import detect_env
 from splitsync.distributed.parsing import (
@@ -11,6 +13,7 @@ from splitsync.distributed.parsing import (
     first_host,
     optional_int,
     slurm_nodelist,
+    slurm_tasks_per_node,
 )
 from splitsync.launch.cluster import launch_defaults
 
@@ -46,7 +49,7 @@ def test_nodelist_order_step_then_job_then_legacy() -> None:
 
 def test_env_and_cluster_defaults_reject_the_same_text_in_the_same_words() -> None:
     slurm = {"SLURM_JOB_ID": "5", "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
-             "SLURM_JOB_NODELIST": "gpu[003-004]"}
+             "SLURM_JOB_NODELIST": "gpu[003-004]", "SLURM_STEP_ID": "0"}
     for bad in ("x", "-1"):
         with pytest.raises(EnvError) as from_env:
             detect_env({**slurm, "SLURM_NNODES": bad})
@@ -58,3 +61,31 @@ def test_env_and_cluster_defaults_reject_the_same_text_in_the_same_words() -> No
     # and both read the same first host from the same node list
     assert detect_env(slurm).master_addr == "gpu003"
     assert launch_defaults({**slurm, "SLURM_NNODES": "2"}).endpoint == "gpu003:29400"
+
+
+@pytest.mark.parametrize(("text", "counts"), [
+    ("2", (2,)), ("2(x3)", (2, 2, 2)), ("2(x3),1", (2, 2, 2, 1)), ("4,1", (4, 1)),
+    (" 1(x2), 3 ", (1, 1, 3)),
+])
+def test_slurm_task_layouts_as_slurm_writes_them(text: str, counts: tuple[int, ...]) -> None:
+    assert slurm_tasks_per_node("SLURM_STEP_TASKS_PER_NODE", text) == counts
+
+
+@pytest.mark.parametrize("text", ["", "2(x)", "x2", "2(x0)", "2,,1", "2(3)"])
+def test_bad_slurm_task_layouts_name_the_variable(text: str) -> None:
+    with pytest.raises(EnvError, match="SLURM_TASKS_PER_NODE=.*not a SLURM task layout"):
+        slurm_tasks_per_node("SLURM_TASKS_PER_NODE", text)
+
+
+@given(st.lists(st.integers(1, 64), min_size=1, max_size=40))
+def test_slurm_task_layout_round_trips_slurms_compression(counts: list[int]) -> None:
+    # SLURM writes runs of equal counts as N(xK): compress, then read back
+    parts: list[str] = []
+    i = 0
+    while i < len(counts):
+        j = i
+        while j < len(counts) and counts[j] == counts[i]:
+            j += 1
+        parts.append(f"{counts[i]}(x{j - i})" if j - i > 1 else str(counts[i]))
+        i = j
+    assert slurm_tasks_per_node("SLURM_TASKS_PER_NODE", ",".join(parts)) == tuple(counts)

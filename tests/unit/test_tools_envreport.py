@@ -18,7 +18,8 @@ def test_relevant_variables_keep_launcher_and_nccl_and_mask_secrets() -> None:
 def test_collect_is_json_ready_and_reads_the_given_environment() -> None:
     report = collect({"SLURM_JOB_ID": "5", "SLURM_PROCID": "1", "SLURM_NTASKS": "2",
                       "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_NNODES": "2",
-                      "SLURM_JOB_NODELIST": "a[1-2]"})
+                      "SLURM_JOB_NODELIST": "a[1-2]", "SLURM_STEP_ID": "0",
+                      "SLURM_STEP_TASKS_PER_NODE": "1(x2)"})
     again = json.loads(json.dumps(report))
     assert again["launcher"]["launcher"] == "slurm"
     assert again["launcher"]["rank"] == 1 and again["launcher"]["master_addr"] == "a1"

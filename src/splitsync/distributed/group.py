@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import socket
 from datetime import timedelta
 from typing import Any
 
@@ -17,11 +20,55 @@ from splitsync.errors import GroupError
 __all__ = ["init_group", "destroy_group", "default_store", "GroupError", "free_port"]
 
 
-def _init_method(env: DistEnv) -> str:
-    # torchrun's agent already runs a store and tells workers to reuse it through env://.
-    if env.launcher in ("torchrun", "env"):
-        return "env://"
-    return f"tcp://{env.master_addr}:{env.master_port}"
+# Rank 0 writes its job here; the others check it, so that a rank which reached another
+# job's store (two jobs, one port) stops at once instead of joining that job's group.
+JOB_KEY = "splitsync/job"
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _store(env: DistEnv, timeout: timedelta) -> Any:
+    """The rendezvous store of a launcher without an agent (srun, mpirun, one pod each).
+
+    Rank 0 serves it: on a loopback address, from a socket bound to loopback only (a
+    TCPStore left to bind alone listens on every interface).
+    """
+    host, port = env.master_addr, env.master_port
+    if env.rank != 0:
+        store = dist.TCPStore(host, port, env.world_size, is_master=False,
+                              timeout=timeout, wait_for_workers=False)
+        store.wait([JOB_KEY])
+        owner = store.get(JOB_KEY).decode()
+        if owner != env.job_id:
+            raise GroupError(
+                f"{host}:{port} is the rendezvous of another job ({owner or 'unnamed'}), not "
+                f"of this one ({env.job_id or 'unnamed'}): two jobs share the port. Give "
+                "each job its own MASTER_PORT.")
+        return store
+    fd = None
+    if _is_loopback(host):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            # a listener on the port fails here (EADDRINUSE, explained like the store's own);
+            # closed connections of an earlier run (TIME_WAIT) do not, as in TCPStore
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(128)
+            fd = sock.detach()  # the store owns the socket from here on and closes it
+    try:
+        store = dist.TCPStore(host, port, env.world_size, is_master=True, timeout=timeout,
+                              wait_for_workers=False, master_listen_fd=fd)
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        raise
+    store.set(JOB_KEY, env.job_id)
+    return store
 
 
 def init_group(env: DistEnv, backend: str, device: torch.device, timeout: timedelta) -> bool:
@@ -43,14 +90,19 @@ def init_group(env: DistEnv, backend: str, device: torch.device, timeout: timede
     if device.type in ("cuda", "xpu"):
         kwargs["device_id"] = device  # eager init, binds the communicator to this device
     try:
+        # torchrun's agent already runs a store and tells workers to reuse it (env://)
+        where: dict[str, Any] = ({"init_method": "env://"} if env.launcher in ("torchrun", "env")
+                                 else {"store": _store(env, timeout)})
         dist.init_process_group(
             backend=backend,
-            init_method=_init_method(env),
+            **where,
             rank=env.rank,
             world_size=env.world_size,
             timeout=timeout,
             **kwargs,  # type: ignore[arg-type]
         )
+    except GroupError:
+        raise
     except (RuntimeError, ValueError, OSError) as exc:
         raise GroupError(_explain(exc, env, backend)) from exc
     if dist.get_world_size() != env.world_size:  # never train with fewer ranks than launched
@@ -64,8 +116,10 @@ def _explain(exc: BaseException, env: DistEnv, backend: str) -> str:
     text = str(exc)
     where = f"{env.master_addr}:{env.master_port}"
     if "address already in use" in text.lower() or "EADDRINUSE" in text:
+        derived = (f" (derived from {env.launcher} job {env.job_id}, as MASTER_PORT is "
+                   "unset: another job or program holds it)" if env.port_derived else "")
         return (
-            f"MASTER_PORT={env.master_port} is already in use on {env.master_addr}. "
+            f"MASTER_PORT={env.master_port} is already in use on {env.master_addr}{derived}. "
             "Pick a free port (MASTER_PORT=...) or let `splitsync run` choose one."
         )
     if "timed out" in text.lower() or "timeout" in text.lower():

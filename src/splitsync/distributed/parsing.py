@@ -12,7 +12,8 @@ from collections.abc import Mapping
 
 from splitsync.errors import EnvError
 
-__all__ = ["EnvError", "env_int", "optional_int", "first_host", "slurm_nodelist"]
+__all__ = ["EnvError", "env_int", "optional_int", "first_host", "slurm_nodelist",
+           "slurm_tasks_per_node"]
 
 # SLURM names the step's nodes first; the job's (and the legacy name) cover a bare sbatch.
 SLURM_NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -62,3 +63,18 @@ def first_host(nodelist: str) -> str:
 def slurm_nodelist(env: Mapping[str, str]) -> str | None:
     """The node list of this SLURM step or job, ``None`` outside an allocation."""
     return next((env[k] for k in SLURM_NODELIST_VARS if env.get(k)), None)
+
+
+def slurm_tasks_per_node(name: str, text: str) -> tuple[int, ...]:
+    """Tasks on each node from SLURM's compressed layout: ``2(x3),1`` -> ``(2, 2, 2, 1)``.
+
+    ``name`` is the variable the text came from, for the error.
+    """
+    counts: list[int] = []
+    for part in text.strip().split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", part)
+        if not match or (match.group(2) is not None and int(match.group(2)) < 1):
+            raise EnvError(f"{name}={text!r} is not a SLURM task layout such as '2(x3),1'. "
+                           "Run inside an srun step, or unset the SLURM_* variables.")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return tuple(counts)
