@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -48,8 +49,11 @@ def net(strategy: str) -> nn.Module:
     return nn.Sequential(nn.Linear(6, 16), norm, nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
 
 
-def say(run: ss.Run, text: str) -> None:
-    run.print(text, flush=True)
+def say(run: ss.Run | None, text: str) -> None:
+    """One line, in one write: the ranks share the launcher's stdout."""
+    if run is None or run.is_main:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
 
 
 def evaluate(run: ss.Run, model: nn.Module, loader: object, seconds: float) -> None:
@@ -68,7 +72,7 @@ def evaluate(run: ss.Run, model: nn.Module, loader: object, seconds: float) -> N
 def main(a: argparse.Namespace) -> None:
     with ss.init(seed=0, deterministic=True, accumulate=a.accumulate, run_dir=a.run_dir,
                  ledger=a.run_dir is not None, preempt_grace=a.grace) as run:
-        print(f"pid {run.rank} {os.getpid()}", flush=True)
+        say(None, f"pid {run.rank} {os.getpid()}")
         model = run.model(net(a.strategy), strategy=a.strategy)
         opt = torch.optim.AdamW(model.parameters(), lr=0.02)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.7)
