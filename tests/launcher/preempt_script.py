@@ -45,7 +45,7 @@ class Data(Dataset):
 def net(strategy: str) -> nn.Module:
     # FSDP2 keeps batch-norm statistics per rank and a checkpoint holds rank 0's, so a
     # resume changes the others' (a separate limitation): LayerNorm there
-    norm = nn.BatchNorm1d(16) if strategy == "ddp" else nn.LayerNorm(16)
+    norm = nn.LayerNorm(16) if strategy == "fsdp" else nn.BatchNorm1d(16)
     return nn.Sequential(nn.Linear(6, 16), norm, nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
 
 
@@ -110,7 +110,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("ckpt")
     p.add_argument("out")
-    p.add_argument("--strategy", default="ddp")
+    p.add_argument("--strategy", default="auto")
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--background", action="store_true")
     p.add_argument("--epochs", type=int, default=3)
