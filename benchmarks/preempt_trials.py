@@ -2,6 +2,7 @@
 relaunch; every stop must save the last step taken and the relaunch must end bit-equal.
 
     python benchmarks/preempt_trials.py [--trials 100] [--out DIR] [--seed S] [--timeout 240]
+        [--grace 20] [--work DIR]
 
 Each trial picks a configuration (ddp or fsdp; accumulation 1 or 2; blocking or background
 saves), a target (SIGTERM to `splitsync run` itself, or SIGTERM or SIGUSR1 to one worker)
@@ -17,7 +18,12 @@ sends the signal and waits for the launcher to exit. It records:
   uninterrupted run of the same configuration.
 
 It prints one line per trial and a summary (p50/p99 of signal to exit), and writes
-results.json (and each failed trial's output) under --out.
+results.json (and each failed trial's output) under --out. ``--grace`` is the script's
+``init(preempt_grace=...)`` (`splitsync run` waits ``--grace`` + 30 s before SIGKILL): on a
+machine shared with other heavy jobs, a step can take seconds, and a stop that finds no
+step boundary within the grace period exits with the previous checkpoint by design, which
+these trials would count as a failure. ``--work`` keeps the uninterrupted runs there, and
+reuses them.
 """
 
 from __future__ import annotations
@@ -45,9 +51,11 @@ MOMENTS = ["first-step", "save", "eval", "step"]
 EPOCHS = 2
 
 
-def command(ck: Path, out: Path, strategy: str, accumulate: int, background: bool) -> list[str]:
-    return [sys.executable, "-m", "splitsync", "run", "-n", "2", str(SCRIPT), str(ck), str(out),
-            "--strategy", strategy, "--accumulate", str(accumulate), "--epochs", str(EPOCHS),
+def command(ck: Path, out: Path, strategy: str, accumulate: int, background: bool,
+            grace: float = 20.0) -> list[str]:
+    return [sys.executable, "-m", "splitsync", "run", "-n", "2", "--shutdown-timeout",
+            str(int(grace) + 30), str(SCRIPT), str(ck), str(out), "--strategy", strategy,
+            "--accumulate", str(accumulate), "--epochs", str(EPOCHS), "--grace", str(grace),
             *(["--background"] if background else [])]
 
 
@@ -172,12 +180,13 @@ def pick(rng: random.Random, n: int, steps: dict[tuple[str, int, bool], list[str
                  round(delay, 3))
 
 
-def run_trial(t: Trial, root: Path, clean: Path, timeout: float) -> tuple[Trial, str]:
+def run_trial(t: Trial, root: Path, clean: Path, timeout: float,
+              grace: float) -> tuple[Trial, str]:
     d = root / f"trial-{t.n:03d}"
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     ck, out = d / "ck", d / "out.safetensors"
-    cmd = command(ck, out, t.strategy, t.accumulate, t.background)
+    cmd = command(ck, out, t.strategy, t.accumulate, t.background, grace)
     first = launch(cmd, timeout, t.trigger, t.delay, t.target)
     t.hang = first.rc is None
     t.rc = first.rc
@@ -203,11 +212,16 @@ def clean_runs(root: Path, timeout: float) -> tuple[dict, dict]:
     outs, lines = {}, {}
     for cfg in CONFIGS:
         d = root / f"clean-{cfg[0]}-{cfg[1]}-{int(cfg[2])}"
+        if (d / "out.safetensors").exists() and (d / "lines.txt").exists():
+            outs[cfg], lines[cfg] = d / "out.safetensors", (d / "lines.txt").read_text(
+                ).splitlines(keepends=True)
+            continue
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
         got = launch(command(d / "ck", d / "out.safetensors", *cfg), timeout)
         if got.rc != 0:
             raise SystemExit(f"the uninterrupted run {cfg} failed:\n{''.join(got.lines)}")
+        (d / "lines.txt").write_text("".join(got.lines))
         outs[cfg], lines[cfg] = d / "out.safetensors", got.lines
         print(f"uninterrupted {cfg}: {printed_steps(got.lines)[-1]} steps", flush=True)
     return outs, lines
@@ -224,18 +238,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="splitsync-preempt-trials")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--timeout", type=float, default=240.0)
+    p.add_argument("--grace", type=float, default=20.0)
+    p.add_argument("--work", default=None, help="where the runs go (default: a new temp folder)")
     a = p.parse_args(argv)
     seed = a.seed if a.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="preempt-trials-"))
-    print(f"seed {seed}; work in {work}", flush=True)
+    work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="preempt-trials-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"seed {seed}; grace {a.grace}s; work in {work}", flush=True)
     cleans, lines = clean_runs(work, a.timeout)
     trials: list[Trial] = []
     for n in range(a.trials):
         t = pick(rng, n, lines)
-        t, log = run_trial(t, work, cleans[(t.strategy, t.accumulate, t.background)], a.timeout)
+        t, log = run_trial(t, work, cleans[(t.strategy, t.accumulate, t.background)], a.timeout,
+                           a.grace)
         trials.append(t)
         if not t.ok:
             (out / f"trial-{n:03d}.log").write_text(log)
@@ -246,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     times = [t.seconds for t in trials if t.seconds is not None and t.rc == 75]
     summary = {
-        "seed": seed, "trials": len(trials), "hangs": sum(t.hang for t in trials),
+        "seed": seed, "grace s": a.grace, "trials": len(trials), "hangs": sum(t.hang for t in trials),
         "stopped (75)": sum(t.rc == 75 for t in trials),
         "finished first (0)": sum(t.rc == 0 for t in trials),
         "newest checkpoint at the last step": sum(t.at_last_step for t in trials),
@@ -260,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         {"summary": summary, "trials": [asdict(t) for t in trials]}, indent=1))
     print("\n| " + " | ".join(summary) + " |\n|" + "---|" * len(summary))
     print("| " + " | ".join(str(v) for v in summary.values()) + " |")
-    shutil.rmtree(work, ignore_errors=True)
+    if not a.work:
+        shutil.rmtree(work, ignore_errors=True)
     return 0 if summary["failed"] == 0 else 1
 
 

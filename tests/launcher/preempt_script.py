@@ -12,7 +12,7 @@ differently from an uninterrupted one, a separate bug), saves every N steps (in 
 Every rank prints ``pid <rank> <pid>`` first; rank 0 prints, flushed, ``resumed <step>``,
 ``step <n>`` after each optimizer step, ``save <n>`` / ``saved <n>`` around its saves,
 ``eval`` / ``evaluated`` around evaluations and ``done <n>`` at the end. The harness signals
-on those lines.
+on those lines. ``--crash-in-eval``: rank 1 raises at the first evaluation.
 """
 
 from __future__ import annotations
@@ -56,8 +56,11 @@ def say(run: ss.Run | None, text: str) -> None:
         sys.stdout.flush()
 
 
-def evaluate(run: ss.Run, model: nn.Module, loader: object, seconds: float) -> None:
+def evaluate(run: ss.Run, model: nn.Module, loader: object, seconds: float,
+             crash: bool = False) -> None:
     say(run, "eval")
+    if crash and run.rank == 1:
+        raise RuntimeError("rank 1 crashes in the evaluation (--crash-in-eval)")
     model.eval()
     total = torch.zeros(())
     with torch.no_grad():
@@ -100,7 +103,7 @@ def main(a: argparse.Namespace) -> None:
                     run.save()
                     say(run, f"saved {step}")
                 if a.eval_every and step % a.eval_every == 0:
-                    evaluate(run, model, evals, a.eval_seconds)
+                    evaluate(run, model, evals, a.eval_seconds, a.crash_in_eval)
         run.save()  # the end (a background one commits at close)
         run.export(a.out)
         say(run, f"done {step}")
@@ -120,6 +123,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-seconds", type=float, default=0.05)
     p.add_argument("--run-dir", default=None)
     p.add_argument("--grace", type=float, default=20.0)
+    p.add_argument("--crash-in-eval", action="store_true", help="rank 1 raises there")
     return p.parse_args(argv)
 
 

@@ -164,3 +164,15 @@ def test_no_boundary_within_the_grace_period_exits_with_the_previous_checkpoint(
     assert "previous checkpoint intact, step 3" in stopped.text
     # the evaluation (60 s) came after step 4: the run did not wait for it to end
     assert stopped.last_step == 4 and newest(ck) == 3
+
+
+def test_a_crash_is_reported_as_one_though_the_agent_sigterms_the_others(tmp_path: Path) -> None:
+    # rank 1 crashes inside an evaluation; the agent SIGTERMs rank 0, which cannot agree on
+    # a stop step with a dead rank and gives up at its grace period: still a failure
+    args = [str(tmp_path / "ck"), str(tmp_path / "out.safetensors"), "--crash-in-eval",
+            "--eval-seconds", "60", "--grace", "3"]
+    failed = launch(args)
+    assert failed.rc == 1, failed.text
+    assert "rank 1 crashes in the evaluation" in failed.text
+    assert "splitsync run: rank 1 (local rank 1" in failed.text, failed.text
+    assert "preempted" not in failed.text

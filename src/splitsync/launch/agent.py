@@ -20,7 +20,7 @@ from splitsync.launch.argv import torchrun_argv, torchrun_command
 from splitsync.launch.spec import LaunchSpec
 
 __all__ = ["say", "accelerators", "dry_run", "run_agent", "report_failure", "report_children",
-           "report_preempted", "explain_rendezvous"]
+           "stopped", "report_preempted", "explain_rendezvous"]
 
 
 def say(message: str) -> None:
@@ -78,7 +78,7 @@ def run_agent(spec: LaunchSpec) -> int:
         try:
             torchrun_main(torchrun_argv(spec))
         except Exception as exc:  # torchrun's failures, reported in one paragraph
-            if read_notes(notes):
+            if stopped(read_notes(notes), exc):
                 return report_preempted(read_notes(notes), spec, exc)
             return report_failure(exc, spec)
         if read_notes(notes):
@@ -87,6 +87,17 @@ def run_agent(spec: LaunchSpec) -> int:
     finally:
         os.environ.pop(NOTES_VAR, None)
         shutil.rmtree(notes, ignore_errors=True)
+
+
+def stopped(notes: list[dict[str, Any]], exc: Exception) -> bool:
+    """Whether the workers stopped for a preemption: one saved its stop step, or they gave
+    up at the grace period's end with no worker failing otherwise. (A worker's crash makes
+    the agent SIGTERM the others, which then wait for a stop step in vain: a failure.)"""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    if any(n.get("status") == "saved" for n in notes):
+        return True
+    return bool(notes) and not isinstance(exc, ChildFailedError)
 
 
 def report_preempted(notes: list[dict[str, Any]], spec: LaunchSpec,
