@@ -20,7 +20,7 @@ from splitsync.launch.argv import torchrun_argv, torchrun_command
 from splitsync.launch.spec import LaunchSpec
 
 __all__ = ["say", "accelerators", "dry_run", "run_agent", "report_failure", "report_children",
-           "stopped", "report_preempted", "explain_rendezvous"]
+           "report_stop", "report_preempted", "explain_rendezvous"]
 
 
 def say(message: str) -> None:
@@ -78,26 +78,32 @@ def run_agent(spec: LaunchSpec) -> int:
         try:
             torchrun_main(torchrun_argv(spec))
         except Exception as exc:  # torchrun's failures, reported in one paragraph
-            if stopped(read_notes(notes), exc):
-                return report_preempted(read_notes(notes), spec, exc)
-            return report_failure(exc, spec)
-        if read_notes(notes):
-            return report_preempted(read_notes(notes), spec, None)
-        return 0
+            return report_stop(read_notes(notes), spec, exc)
+        return report_stop(read_notes(notes), spec, None)
     finally:
         os.environ.pop(NOTES_VAR, None)
         shutil.rmtree(notes, ignore_errors=True)
 
 
-def stopped(notes: list[dict[str, Any]], exc: Exception) -> bool:
-    """Whether the workers stopped for a preemption: one saved its stop step, or they gave
-    up at the grace period's end with no worker failing otherwise. (A worker's crash makes
-    the agent SIGTERM the others, which then wait for a stop step in vain: a failure.)"""
+def report_stop(notes: list[dict[str, Any]], spec: LaunchSpec,
+                exc: Exception | None) -> int:
+    """How the run ended, from torchrun's outcome and the workers' notes: a preemption (75)
+    when one saved its stop step, or when they gave up at the grace period's end with no
+    worker failing otherwise (a worker's crash makes the agent SIGTERM the others, which
+    then wait for a stop step in vain: a failure); 0 when every worker had finished its
+    work before it could stop; else torchrun's own outcome."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    if any(n.get("status") == "saved" for n in notes):
-        return True
-    return bool(notes) and not isinstance(exc, ChildFailedError)
+    statuses = {n.get("status") for n in notes}
+    if "saved" in statuses or (notes and statuses != {"finished"}
+                               and not isinstance(exc, ChildFailedError)):
+        return report_preempted(notes, spec, exc)
+    if notes and statuses == {"finished"} and len(notes) >= spec.nproc_per_node and (
+            not isinstance(exc, ChildFailedError)):
+        say(f"{notes[0].get('signal', 'a signal')} came when every worker had finished its "
+            f"work (step {notes[0].get('step')}): nothing was left to stop.")
+        return 0
+    return 0 if exc is None else report_failure(exc, spec)
 
 
 def report_preempted(notes: list[dict[str, Any]], spec: LaunchSpec,
@@ -113,8 +119,9 @@ def report_preempted(notes: list[dict[str, Any]], spec: LaunchSpec,
         say(f"preempted by {signal_name}: the workers stopped after step {first['step']} and "
             f"saved it ({first['path']}). Launch the same command again to continue.")
     else:
-        step = notes[0].get("step")
-        kept = f"step {step} ({notes[0].get('path')})" if step is not None else "none"
+        note = next((n for n in notes if n.get("status") == "deadline"), notes[0])
+        step = note.get("step")
+        kept = f"step {step} ({note.get('path')})" if step is not None else "none"
         say(f"preempted by {signal_name}: no step boundary came within the workers' grace "
             f"period, so they exited with their previous checkpoint: {kept}. Launch the same "
             "command again to continue from it.")

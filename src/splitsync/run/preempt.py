@@ -343,11 +343,15 @@ class Preemption:
         if self._posted:
             self._unwatch(self._step_watch)
 
-    def close(self) -> None:
-        """``run.close`` begins: no stop from now on; the thread ends, handlers go back."""
+    def close(self, clean: bool = True) -> None:
+        """``run.close`` begins: no stop from now on; the thread ends, handlers go back. A
+        run asked to stop that ended its work first tells ``splitsync run`` so."""
         if self._closed:
             return
         self._closed = True
+        if clean and self.request is not None and self.phase == _WATCHING:
+            write_note(self.environ, self.rank, {"status": "finished", "step": self.ckpt.step,
+                                                 "signal": self.request.signal})
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"!")
         if self._thread is not threading.current_thread():

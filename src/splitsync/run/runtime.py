@@ -360,7 +360,7 @@ class Run:
         self._closed = True
         preemption = self._preemption
         if preemption is not None:
-            preemption.close()  # no stop from here on; the signal handlers go back
+            preemption.close(clean)  # no stop from here on; the signal handlers go back
         try:
             try:  # a background save commits (or raises its failure) before teardown
                 self._checkpoints.settle(wait=True, raise_errors=clean)
