@@ -1,40 +1,31 @@
 """Preemption that loses no step: on a signal, every rank stops after one agreed step.
 
-Armed by ``run.resume`` (a run with a checkpoint directory) for the signals of
-``init(preempt_signals=...)``. The signal handler only notes the signal and wakes a small
-thread; everything else happens on that thread or at points where the main thread is
-between steps, so a signal during ``run.save``, ``run.resume``, an evaluation, a loader's
-start or before the first step changes nothing until then.
+Armed by ``run.resume`` for ``init(preempt_signals=...)``; docs/checkpoints.md#preemption
+has the whole story. The signal handler only notes the signal and wakes a thread, so a
+signal during ``run.save``, ``run.resume``, an evaluation or a loader's start changes
+nothing until the rank is between steps.
 
-1. **Request.** The thread writes the request to the run's board (the job's store, see
-   :mod:`splitsync.distributed.preemption`); on the other ranks the same thread, which
-   checks the board twice a second, sees it. Until then a rank pays nothing per step.
-2. **Post.** Seeing a request, the thread adds a forward pre-hook to each model
-   ``run.resume`` registered (first in line, so it runs before FSDP's all-gathers or DDP's
-   buffer broadcast). At the next forward, on the main thread, the rank posts how many
-   optimizer steps it has completed and attaches a watch to ``run.step``.
-3. **Agree.** Once every rank has posted, the stop step is S = max(posts) + 1. Safe: a
-   rank posts before the backward of the step it is in, and completing step M + 1 needs
-   every rank's backward of step M + 1 (the gradient all-reduce or reduce-scatter). So
-   when any rank has completed S = M + 1 steps, every post (each at most M) is on the board:
-   each rank learns S no later than at its own boundary S, and none can pass it unaware.
-4. **Stop.** At boundary S the watch takes a snapshot of the RNG states and the loaders'
-   positions (the point a save right after ``run.step`` would capture). The stop itself
-   comes at the next forward of a registered model: after the script's own work for step S
-   (``sched.step()``, logging, its own ``run.save``) and before anything of step S + 1
-   touches the model (batch-norm statistics). There the rank finishes the background save
-   in flight, saves step S (blocking, with the snapshot's RNG and positions; skipped when
-   the script just saved it), and raises :class:`~splitsync.errors.Preempted`.
-5. **Grace.** If the stop has not begun ``preempt_grace`` seconds after the signal (a long
-   evaluation: no step comes), the thread says so and ends the process with the previous
-   checkpoint intact (a background save still writing gets a few seconds to commit; a
-   killed one leaves only a work folder, which the next save removes).
+1. **Request.** The thread writes it to the board (the job's store,
+   :mod:`splitsync.distributed.preemption`), or sees another rank's there (it looks twice
+   a second; nothing else runs per step until then), and adds a forward pre-hook, first in
+   line (before FSDP's all-gathers), to each model ``run.resume`` registered.
+2. **Post.** At its next forward, on the main thread, a rank posts its completed optimizer
+   steps and attaches a watch to ``run.step``.
+3. **Agree.** S = max(posts) + 1. A rank posts before the backward of the step it is in,
+   and nobody completes step M + 1 before every rank's backward of it (the gradient
+   all-reduce or reduce-scatter): when any rank has completed S steps every post is in, so
+   each rank learns S by its own boundary S and none passes it unaware.
+4. **Stop.** At boundary S the watch snapshots the RNG states and loader positions. At the
+   next forward of a registered model (after the script's own work for step S, before
+   step S + 1 touches the model) the rank finishes the save in flight, saves step S with
+   the snapshot (unless the script just saved it) and raises ``Preempted``.
+5. **Grace.** No stop ``preempt_grace`` seconds after the signal: the thread says so and
+   ends the process with the previous checkpoint intact.
 
-Micro-steps of an accumulation window are not boundaries (the count moves only when the
-optimizer steps), and every rank reaches each boundary, so a stream loader's collective
-``position()`` runs on every rank at boundary S alone. ``run.close`` ends the thread, puts
-the previous signal handlers back and, on rank 0 of a SLURM job stopped by a signal other
-than SIGTERM, requeues the job (:mod:`splitsync.distributed.requeue`).
+Micro-steps are not boundaries (the count moves when the optimizer steps); every rank
+reaches boundary S, so a stream loader's collective ``position()`` runs everywhere.
+``run.close`` ends the thread, puts the handlers back and, on rank 0 of a SLURM job
+stopped by a signal other than SIGTERM, requeues it (:mod:`splitsync.distributed.requeue`).
 """
 
 from __future__ import annotations
@@ -48,6 +39,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from splitsync.ckpt.session import Checkpointer
@@ -76,17 +68,18 @@ COMMIT_SECONDS = 5.0  # at the deadline, how long a background save may still ta
 _WATCHING, _STOPPING, _STOPPED = "watching", "stopping", "stopped"
 
 
+@dataclass(frozen=True)
 class _Frozen:
     """A loader's position and generator state as they were at the stop step's boundary."""
 
-    def __init__(self, position: Mapping[str, Any], rng: Any) -> None:
-        self._position, self._rng = position, rng
+    at: Mapping[str, Any]
+    rng: Any
 
     def position(self) -> Mapping[str, Any]:
-        return self._position
+        return self.at
 
     def rng_state(self) -> Any:
-        return self._rng
+        return self.rng
 
 
 class _StepWatch(Observer):
@@ -147,7 +140,7 @@ class Preemption:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         # A signal handler: no locks, no store, no logging; note it and wake the thread.
-        if os.getpid() != self._pid:
+        if os.getpid() != self._pid or self._closed:
             return  # a forked child (a DataLoader worker): its parent ends it
         if self._signal is None:
             self._signal, self._signal_time = signal.Signals(signum), time.time()
@@ -169,21 +162,24 @@ class Preemption:
 
     def _serve(self) -> None:
         try:
-            request = None
-            while request is None:
-                self._sleep(POLL_SECONDS)
-                if self._closed:
-                    return
-                if self._signal is not None:
-                    mine = Request(self.rank, self._signal.name, self._signal_time)
-                    try:
-                        request = self.board.request(mine)
-                    except Exception:  # the store is gone with its host: decide alone
-                        request = mine
-                else:
-                    request = self.board.requested()
+            self._watch_for_a_request()
         except Exception:  # the store went away (its host ended): nobody left to stop with
             return
+
+    def _watch_for_a_request(self) -> None:
+        request = None
+        while request is None:
+            self._sleep(POLL_SECONDS)
+            if self._closed:
+                return
+            if self._signal is not None:
+                mine = Request(self.rank, self._signal.name, self._signal_time)
+                try:
+                    request = self.board.request(mine)
+                except Exception:  # the store is gone with its host: decide alone
+                    request = mine
+            else:
+                request = self.board.requested()
         self._seen(request)
         # the deadline counts from the signal, as the killer's does (clamped against clocks
         # of other nodes that disagree with ours)
@@ -307,6 +303,13 @@ class Preemption:
 
     def _give_up(self) -> None:
         """The deadline passed with no stop: say so and end the process (the thread)."""
+        noted = False
+        try:
+            noted = self._say_giving_up()
+        finally:
+            os._exit(0 if noted else PREEMPTED_EXIT_CODE)
+
+    def _say_giving_up(self) -> bool:
         handle = self.ckpt.inflight
         end = time.time() + COMMIT_SECONDS
         while handle is not None and not handle.done() and time.time() < end:
@@ -332,7 +335,7 @@ class Preemption:
             with contextlib.suppress(Exception):
                 stream.flush()
         logging.shutdown()
-        os._exit(0 if noted else PREEMPTED_EXIT_CODE)
+        return noted
 
     # --- teardown ----------------------------------------------------------------------------
     def _unhook(self) -> None:
