@@ -12,7 +12,7 @@ steps: the mean shows them, the median does not) and the median of per-round rat
 against hand-written DDP, with its 95% interval.
 
     PYTHONPATH=src python benchmarks/preempt_overhead.py [--workloads W1,W2] [--rounds 60]
-        [--block 50]
+        [--block 50] [--calibrate]   (A/A: the "armed" loop not armed, the method's own bias)
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import torch
 from splitsync.testing import spawn
 
 
-def _rank(rank: int, world: int, workloads: list[str], rounds: int,
-          block: int) -> list[dict] | None:
+def _rank(rank: int, world: int, workloads: list[str], rounds: int, block: int,
+          calibrate: bool) -> list[dict] | None:
     import splitsync
     from splitsync.bench.harness import interleave, paired_ratios, summarize
     from splitsync.bench.registry import build_loop
@@ -47,6 +47,8 @@ def _rank(rank: int, world: int, workloads: list[str], rounds: int,
             plain = build_loop("splitsync", wl, base, ctx)
 
             def armed(steps: int, loop: Any = plain) -> list[float]:
+                if calibrate:
+                    return loop.run(steps)
                 # what run.resume arms (made and ended outside the timed steps)
                 p = preemption_for(run.config, run.rank, run.world_size, run._checkpoints,
                                    run._generators, run._watch_steps, run._unwatch_steps)
@@ -77,8 +79,10 @@ def main() -> None:
     p.add_argument("--workloads", default="W1,W2")
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--block", type=int, default=50)
+    p.add_argument("--calibrate", action="store_true")
     a = p.parse_args()
-    rows = spawn(_rank, 2, a.workloads.split(","), a.rounds, a.block, timeout=3600)[0]
+    rows = spawn(_rank, 2, a.workloads.split(","), a.rounds, a.block, a.calibrate,
+                 timeout=3600)[0]
     print("| workload | loop | median ms | mean ms | ratio to hand-written DDP (95% CI) |")
     print("|---|---|---|---|---|")
     for r in rows:
