@@ -284,7 +284,7 @@ class Run:
         "ema_1", ...) for :meth:`save` and load the
         newest complete checkpoint under ``dir`` (a path or an fsspec URL), RNG states and
         loader positions included. ``save_blocking``: :meth:`save`'s default. Collective."""
-        if self._preempt_tried is False:  # before loading: a signal from now on stops too
+        if not self._preempt_tried:  # before loading: a signal from now on stops too
             self._preempt_tried = True
             self._preemption = preemption_for(self.config, self.rank, self.world_size,
                                               self._checkpoints, self._generators,
