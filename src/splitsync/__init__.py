@@ -27,10 +27,11 @@ _EXPORTS = {
     "STRATEGY_NAMES": "splitsync.strategies",
     "gather_object": "splitsync.distributed.comm",
     "broadcast_object": "splitsync.distributed.comm",
+    "PREEMPTED_EXIT_CODE": "splitsync.distributed.preemption",
     **{name: "splitsync.errors" for name in (
         "CheckpointError", "EnvError", "GroupError", "DesyncError", "DeviceMismatchError",
         "ConfigMismatchError", "ParameterMismatchError", "CollectiveTimeoutError",
-        "StaleOptimizerError", "CheckpointWarning", "LaunchError", "SpawnError")},
+        "StaleOptimizerError", "CheckpointWarning", "LaunchError", "SpawnError", "Preempted")},
 }
 
 _SUBMODULES = ("testing", "launch", "errors")
@@ -50,6 +51,7 @@ if TYPE_CHECKING:  # the lazy names, for type checkers (F401 is off for this fil
     from splitsync.distributed.comm import broadcast_object, gather_object
     from splitsync.distributed.device import move_to
     from splitsync.distributed.env import DistEnv, detect_env
+    from splitsync.distributed.preemption import PREEMPTED_EXIT_CODE
     from splitsync.distributed.seeding import seed_everything
     from splitsync.errors import (
         CheckpointError,
@@ -62,6 +64,7 @@ if TYPE_CHECKING:  # the lazy names, for type checkers (F401 is off for this fil
         GroupError,
         LaunchError,
         ParameterMismatchError,
+        Preempted,
         SpawnError,
         StaleOptimizerError,
     )

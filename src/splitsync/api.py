@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +21,7 @@ from splitsync.distributed.device import choose_device, default_backend
 from splitsync.distributed.env import batch_note, detect_env
 from splitsync.distributed.group import destroy_group, init_group
 from splitsync.distributed.logs import attach_rank_handler, get_logger
+from splitsync.distributed.preemption import DEFAULT_PREEMPT_GRACE, DEFAULT_PREEMPT_SIGNALS
 from splitsync.distributed.seeding import draw_seed, seed_everything
 from splitsync.distributed.threads import cpu_counts, launcher_threads
 from splitsync.output.trackers import require_packages
@@ -42,7 +43,9 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
          save_blocking: bool = True, ledger: bool = False,
          fault_tolerance: str | None = None, ft_min_replicas: int = 1,
          ft_heartbeat_ms: int = 100, ft_timeout: float = 30.0,
-         ft_lighthouse: str | None = None, **strategy_options: Any) -> Run:
+         ft_lighthouse: str | None = None,
+         preempt_signals: Sequence[str | int] | None = DEFAULT_PREEMPT_SIGNALS,
+         preempt_grace: float = DEFAULT_PREEMPT_GRACE, **strategy_options: Any) -> Run:
     """Detect the launcher, pick the device, form the process group and seed every RNG.
 
     ``loggers`` picks the trackers ``run.log`` writes to ("jsonl", "csv", "tensorboard",
@@ -51,6 +54,12 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
     of each step (None: no report, and no clock). ``save_blocking=False`` makes ``run.save``
     write checkpoints in the background. ``ledger=True`` records which samples every
     optimizer step trained on every rank under ``run_dir/ledger`` (``splitsync audit``).
+
+    ``preempt_signals`` (default SIGTERM and SIGUSR1; None or () for none): once
+    ``run.resume`` has a checkpoint directory, any of them on any rank stops every rank
+    after one agreed optimizer step, saved, and the process exits with
+    ``PREEMPTED_EXIT_CODE`` (75); ``preempt_grace`` seconds from the signal to reach that
+    step, else the run exits with its previous checkpoint (docs/checkpoints.md#preemption).
 
     ``accumulate``: micro-batches per optimizer step on each process, or a function of the
     world size that returns it (``accumulate=lambda world_size: 40 // world_size`` keeps 40
@@ -100,7 +109,9 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
                        run_dir=run_dir, deterministic=deterministic,
                        save_blocking=save_blocking,
                        strategy_options=strategy_options, loggers=loggers,  # type: ignore[arg-type]
-                       straggler_threshold=straggler_threshold, fault_tolerance=ft)
+                       straggler_threshold=straggler_threshold, fault_tolerance=ft,
+                       preempt_signals=preempt_signals,  # type: ignore[arg-type]
+                       preempt_grace=preempt_grace)
     config = attached.configure(config, os.environ)  # a tool may impose strategy, accumulate
     strategy = config.strategy
     if strategy_options:  # a misspelt keyword fails here, at every world size

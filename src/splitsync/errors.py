@@ -13,7 +13,7 @@ __all__ = [
     "CheckpointError", "CheckpointWarning", "DataParallelWarning", "StaleOptimizerError",
     "SpawnError", "EnvError", "GroupError", "DesyncError", "ConfigMismatchError",
     "ParameterMismatchError", "DeviceMismatchError", "CollectiveTimeoutError", "LaunchError",
-    "LaunchFailed",
+    "LaunchFailed", "Preempted",
 ]
 
 
@@ -59,6 +59,20 @@ class CheckpointError(RuntimeError):
 
 class CheckpointWarning(UserWarning):
     """A checkpoint was skipped (incomplete or corrupted) while looking for one to resume."""
+
+
+class Preempted(SystemExit):
+    """A preemption signal stopped the run after an agreed step (``splitsync.run.preempt``).
+
+    A ``SystemExit``: nothing catches it by accident, ``with splitsync.init()`` closes the
+    run cleanly, and the process exits with ``code`` (``PREEMPTED_EXIT_CODE``, 75; 0 under
+    ``splitsync run``, which exits with 75 itself). ``step`` is the optimizer step the run
+    stopped after, ``path`` the checkpoint that holds it."""
+
+    def __init__(self, code: int, step: int, path: object = None) -> None:
+        super().__init__(code)
+        self.step = step
+        self.path = path
 
 
 # --- guards -----------------------------------------------------------------------------

@@ -34,6 +34,8 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED"
          "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 # SIGTERM to SIGKILL on scancel, a time limit or a requeue (SLURM's default is 30 s). 10 s
 # keeps a test that waits it out short; tests that depend on it read Slurm.kill_wait.
+# A requeued job may start again cred_expire + 1 s after the requeue (SLURM's default 120 s),
+# once the scheduler looks (every 5 s here, 30-60 s by default): 30 s keeps it short.
 KILL_WAIT = 10
 
 
@@ -127,7 +129,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={root}/munge/munge.socket
+AuthInfo=socket={root}/munge/munge.socket,cred_expire=30
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool
 SlurmctldPidFile={root}/slurmctld.pid
@@ -141,6 +143,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=5,sched_interval=5
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none

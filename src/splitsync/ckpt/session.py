@@ -107,6 +107,7 @@ class Checkpointer:
         self._ahead: list[str] = []  # rank 0: checkpoints newer than a step resumed on purpose
         # the save lifecycle, for the whole run
         self.inflight: SaveHandle | None = None
+        self.last_saved: tuple[int, Any] | None = None  # (step, path) of the last commit
         self._watch: SaveWatch | None = None
         self._stager: Stager | None = None  # host buffers of background saves, reused
         self._reserved = False
@@ -397,6 +398,7 @@ class Checkpointer:
             self._saved(Path(handle.path) if local else handle.path, handle.step)
 
     def _saved(self, path: Any, step: int) -> None:
+        self.last_saved = (step, path)
         for obs in self._on_save:
             obs.on_save(path, step)
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 
-from splitsync.launch.spec import DEFAULT_RDZV_TIMEOUT, LaunchError, LaunchSpec
+from splitsync.launch.spec import (
+    DEFAULT_RDZV_TIMEOUT,
+    DEFAULT_SHUTDOWN_TIMEOUT,
+    LaunchError,
+    LaunchSpec,
+)
 
 DESCRIPTION = """\
 Launch SCRIPT on N processes per node. torchrun's elastic agent (torch.distributed.run) does
@@ -14,7 +19,11 @@ LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, which splitsync.init() read
 
 Everything after SCRIPT goes to the script untouched. A single-node run rendezvouses on
 127.0.0.1 with a free port and listens on loopback only. Use --dry-run to see the
-equivalent torchrun command."""
+equivalent torchrun command.
+
+On SIGTERM or SIGUSR1 (to this command or to any worker), workers whose script called
+run.resume stop after one agreed step and save it (init(preempt_signals=...)); this command
+then exits with code 75, without restarting them: launch it again to continue."""
 
 EPILOG = """\
 examples:
@@ -57,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="restart all workers up to R times after a failure (default: 0)")
     parser.add_argument("--monitor-interval", type=float, default=None, metavar="SECONDS",
                         help="how often the agent checks its workers (torchrun's default: 0.1)")
+    parser.add_argument("--shutdown-timeout", type=int, default=DEFAULT_SHUTDOWN_TIMEOUT,
+                        metavar="SECONDS",
+                        help="on SIGTERM or SIGUSR1, wait this long for the workers to save "
+                        "and exit before killing them (default: "
+                        f"{DEFAULT_SHUTDOWN_TIMEOUT}; keep it above the script's "
+                        "init(preempt_grace=...))")
     ft = parser.add_argument_group("fault tolerance (init(fault_tolerance='torchft'))")
     ft.add_argument("--replica-groups", type=int, default=None, metavar="R",
                     help="run R replica groups of N processes under torchft, with a "
@@ -92,7 +107,7 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
         rdzv_timeout=args.rdzv_timeout, rdzv_conf=args.rdzv_conf,
         max_restarts=args.max_restarts, monitor_interval=args.monitor_interval,
-        module=args.module, environ=os.environ,
+        shutdown_timeout=args.shutdown_timeout, module=args.module, environ=os.environ,
         # Counting GPUs imports torch (seconds); only -n auto needs it, so bad input fails fast.
         accelerators=accelerators() if nproc.strip().lower() == "auto" else 0,
         cluster=cluster,

@@ -17,7 +17,7 @@ from splitsync.distributed.ports import (
 )
 from splitsync.errors import GroupError
 
-__all__ = ["init_group", "destroy_group", "GroupError", "free_port"]
+__all__ = ["init_group", "destroy_group", "default_store", "GroupError", "free_port"]
 
 
 # Rank 0 writes its job here; the others check it, so that a rank which reached another
@@ -135,3 +135,14 @@ def destroy_group() -> None:
     """Destroy the default group if one exists."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def default_store() -> Any | None:
+    """The store the default group was formed with (None without a group, or where PyTorch
+    hides it)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # a private accessor: callers do without the store
+        return None

@@ -229,8 +229,8 @@ class FTRun(Run):
         return super().log(**metrics)
 
     # --- checkpoints -----------------------------------------------------------------------
-    def resume(self, dir: Any, *, keep: int = 3, save_blocking: bool | None = None,
-               **objects: Any) -> ResumeState:
+    def resume(self, dir: Any, *, step: int | None = None, keep: int = 3,
+               save_blocking: bool | None = None, **objects: Any) -> ResumeState:
         """``run.resume``, plus the data cursor and the Manager's state; then the Manager is
         built (last: a group heartbeating long before its first quorum would hold up its
         peers) and, when the training loader exists, the first quorum is taken: a group
@@ -241,7 +241,8 @@ class FTRun(Run):
                             "fault_tolerance='torchft' (splitsync's own); rename them.")
         objects = {**objects, "ft_data": self._session.cursor,
                    "ft_manager": self._manager_state}
-        state = super().resume(dir, keep=keep, save_blocking=save_blocking, **objects)
+        state = super().resume(dir, step=step, keep=keep, save_blocking=save_blocking,
+                               **objects)
         self._guard_schedulers()
         session = self._session
         if session.manager is None:
@@ -256,6 +257,11 @@ class FTRun(Run):
             session.begin()
         return replace(state, step=self._checkpoints.step,
                        epoch=self._cursor_epoch(state.epoch))
+
+    def _arm_preemption(self) -> None:
+        """No preemption handling: a group told to stop is a group lost, which the others
+        train through (its signals keep their usual effect, and its agent restarts it)."""
+        return None
 
     def save(self, dir: Any = None, *, step: int | None = None, epoch: int | None = None,
              blocking: bool | None = None, **extra: Any) -> Any:

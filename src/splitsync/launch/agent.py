@@ -8,16 +8,19 @@ the workers' environment, the agent itself and a one-paragraph report of each fa
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from dataclasses import replace
 from typing import Any
 
+from splitsync.distributed.preemption import NOTES_VAR, PREEMPTED_EXIT_CODE, read_notes
 from splitsync.launch.argv import torchrun_argv, torchrun_command
 from splitsync.launch.spec import LaunchSpec
 
 __all__ = ["say", "accelerators", "dry_run", "run_agent", "report_failure", "report_children",
-           "explain_rendezvous"]
+           "report_stop", "report_preempted", "explain_rendezvous"]
 
 
 def say(message: str) -> None:
@@ -67,11 +70,70 @@ def run_agent(spec: LaunchSpec) -> int:
             f"{spec.min_nodes if spec.min_nodes == spec.max_nodes else f'{spec.min_nodes}-{spec.max_nodes}'}"
             f" nodes, rendezvous at {spec.endpoint} (from {spec.source}), "
             f"timeout {spec.rdzv_timeout}s")
+    # Workers stopped by a preemption leave a note here and exit 0, so that the agent never
+    # restarts them as failed; this command then exits with PREEMPTED_EXIT_CODE.
+    notes = tempfile.mkdtemp(prefix="splitsync-stop-")
+    os.environ[NOTES_VAR] = notes
     try:
-        torchrun_main(torchrun_argv(spec))
-    except Exception as exc:  # torchrun's failures, reported in one paragraph
-        return report_failure(exc, spec)
-    return 0
+        try:
+            torchrun_main(torchrun_argv(spec))
+        except Exception as exc:  # torchrun's failures, reported in one paragraph
+            return report_stop(read_notes(notes), spec, exc)
+        return report_stop(read_notes(notes), spec, None)
+    finally:
+        os.environ.pop(NOTES_VAR, None)
+        shutil.rmtree(notes, ignore_errors=True)
+
+
+def report_stop(notes: list[dict[str, Any]], spec: LaunchSpec,
+                exc: Exception | None) -> int:
+    """How the run ended, from torchrun's outcome and the workers' notes: a preemption (75)
+    when one saved its stop step, or when they gave up at the grace period's end with no
+    worker failing otherwise (a worker's crash makes the agent SIGTERM the others, which
+    then wait for a stop step in vain: a failure); 0 when every worker had finished its
+    work before it could stop; else torchrun's own outcome."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    statuses = {n.get("status") for n in notes}
+    if "saved" in statuses or (notes and statuses != {"finished"}
+                               and not isinstance(exc, ChildFailedError)):
+        return report_preempted(notes, spec, exc)
+    if notes and statuses == {"finished"} and len(notes) >= spec.nproc_per_node and (
+            not isinstance(exc, ChildFailedError)):
+        say(f"{notes[0].get('signal', 'a signal')} came when every worker had finished its "
+            f"work (step {notes[0].get('step')}): nothing was left to stop.")
+        return 0
+    return 0 if exc is None else report_failure(exc, spec)
+
+
+def report_preempted(notes: list[dict[str, Any]], spec: LaunchSpec,
+                     exc: Exception | None) -> int:
+    """The workers stopped for a preemption: say where they stopped; PREEMPTED_EXIT_CODE."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    saved = [n for n in notes if n.get("status") == "saved"]
+    signal_name = notes[0].get("signal", "a signal")
+    if saved:
+        first = saved[0]
+        say(f"preempted by {signal_name}: the workers stopped after step {first['step']} and "
+            f"saved it ({first['path']}). Launch the same command again to continue.")
+    else:
+        note = next((n for n in notes if n.get("status") == "deadline"), notes[0])
+        step = note.get("step")
+        kept = f"step {step} ({note.get('path')})" if step is not None else "none"
+        say(f"preempted by {signal_name}: no step boundary came within the workers' grace "
+            f"period, so they exited with their previous checkpoint: {kept}. Launch the same "
+            "command again to continue from it.")
+    if isinstance(exc, ChildFailedError):  # a worker died after the notes were written
+        say(f"(also: rank(s) {', '.join(str(r) for r in sorted(exc.failures))} failed while "
+            "exiting; their output is above)")
+    elif exc is not None and not isinstance(exc, SignalException):
+        say(f"(also: {type(exc).__name__}: {exc})")
+    noted = len(notes)
+    if noted < spec.nproc_per_node:
+        say(f"({noted} of this node's {spec.nproc_per_node} workers confirmed the stop)")
+    return PREEMPTED_EXIT_CODE
 
 
 def report_failure(exc: Exception, spec: LaunchSpec) -> int:

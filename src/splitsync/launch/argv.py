@@ -6,9 +6,13 @@ import shlex
 
 from splitsync.launch.spec import LaunchSpec
 
-__all__ = ["torchrun_argv", "torchrun_command", "MAX_READ_TIMEOUT"]
+__all__ = ["torchrun_argv", "torchrun_command", "MAX_READ_TIMEOUT", "AGENT_SIGNALS"]
 
 MAX_READ_TIMEOUT = 60  # torchrun's default store read timeout
+# The signals the agent passes on to its workers, then waits --shutdown-timeout for them:
+# torchrun's own list plus SIGUSR1, which SLURM's --signal=USR1@N sends to every process of
+# the step (left to its default, it would end the agent at once).
+AGENT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
 
 def _rdzv_conf(spec: LaunchSpec) -> str:
@@ -38,6 +42,8 @@ def torchrun_argv(spec: LaunchSpec) -> list[str]:
         "--rdzv-id", spec.rdzv_id,
         "--rdzv-conf", _rdzv_conf(spec),
         "--max-restarts", str(spec.max_restarts),
+        "--signals-to-handle", AGENT_SIGNALS,
+        "--shutdown-timeout", str(spec.shutdown_timeout),
     ]
     if spec.loopback:
         # Workers are told this address for the shared store: keep it on loopback too.

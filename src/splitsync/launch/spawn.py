@@ -62,7 +62,8 @@ def clean_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 
 # Where a hung rank's stacks come from: the parent sends this signal on timeout, and the rank
 # (and any worker it forked, which inherits the handler) writes every thread's Python stack.
-_DUMP_SIGNAL = getattr(signal, "SIGUSR1", None)
+# SIGUSR2: SIGUSR1 is one of the preemption signals run.resume catches (init's default).
+_DUMP_SIGNAL = getattr(signal, "SIGUSR2", None)
 
 
 def _child(call: bytes, rank: int, world: int, port: int, env: dict[str, str], out: Any,
@@ -121,7 +122,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 
 
     Raises :class:`SpawnError` naming the ranks that failed (with their tracebacks) or did
     not finish within ``timeout`` seconds, with the Python stacks of every thread of those
-    ranks and of the processes they forked (sent SIGUSR1 first, where there is one); every
+    ranks and of the processes they forked (sent SIGUSR2 first, where there is one); every
     child, and what it forked, is killed in both cases.
     """
     if world_size < 1:

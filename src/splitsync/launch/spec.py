@@ -21,9 +21,13 @@ from splitsync.launch.cluster import DEFAULT_RDZV_PORT, ClusterDefaults
 __all__ = [
     "LaunchError", "LaunchSpec", "build_spec", "parse_nnodes", "parse_nproc", "parse_endpoint",
     "is_loopback", "format_endpoint", "loopback_interface", "DEFAULT_RDZV_TIMEOUT",
+    "DEFAULT_SHUTDOWN_TIMEOUT",
 ]
 
 DEFAULT_RDZV_TIMEOUT = 600  # seconds; torchrun's own join timeout
+# Seconds the agent waits for its workers after passing on a SIGTERM or SIGUSR1, before
+# SIGKILL: above init(preempt_grace=...)'s default of 20 s, so a preempted run can save.
+DEFAULT_SHUTDOWN_TIMEOUT = 30
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class LaunchSpec:
     rdzv_timeout: int = DEFAULT_RDZV_TIMEOUT
     max_restarts: int = 0
     monitor_interval: float | None = None
+    shutdown_timeout: int = DEFAULT_SHUTDOWN_TIMEOUT
     rdzv_conf: tuple[str, ...] = ()  # extra key=value pairs for torchrun's --rdzv-conf
     module: bool = False
     env: tuple[tuple[str, str], ...] = ()  # variables the workers get (exported by the agent)
@@ -195,7 +200,7 @@ def build_spec(*, script: str, script_args: Sequence[str] = (), nproc: str = "1"
                rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
                rdzv_timeout: int = DEFAULT_RDZV_TIMEOUT, rdzv_conf: str | None = None,
                max_restarts: int = 0, monitor_interval: float | None = None,
-               module: bool = False, environ: Mapping[str, str] | None = None,
+               shutdown_timeout: int = DEFAULT_SHUTDOWN_TIMEOUT, module: bool = False, environ: Mapping[str, str] | None = None,
                accelerators: int = 0, cluster: ClusterDefaults | None = None,
                cores: int | None = None) -> LaunchSpec:
     """Check every option and fill in what the cluster manager knows; raises LaunchError."""
@@ -216,6 +221,8 @@ def build_spec(*, script: str, script_args: Sequence[str] = (), nproc: str = "1"
         raise LaunchError(f"--rdzv-timeout {rdzv_timeout}: must be a positive number of seconds.")
     if monitor_interval is not None and monitor_interval <= 0:
         raise LaunchError(f"--monitor-interval {monitor_interval}: must be positive.")
+    if shutdown_timeout < 0:
+        raise LaunchError(f"--shutdown-timeout {shutdown_timeout}: must be 0 or more seconds.")
     if high > 1:
         if node_rank is None and cluster.node_rank is not None:
             node_rank, used_cluster = cluster.node_rank, True
@@ -245,6 +252,7 @@ def build_spec(*, script: str, script_args: Sequence[str] = (), nproc: str = "1"
         rdzv_host=host, rdzv_port=port,
         rdzv_id=rdzv_id or (f"splitsync-{uuid.uuid4().hex[:12]}" if single else "splitsync"),
         rdzv_timeout=int(rdzv_timeout), max_restarts=max_restarts,
-        monitor_interval=monitor_interval, rdzv_conf=_conf_pairs(rdzv_conf), module=module,
+        monitor_interval=monitor_interval, shutdown_timeout=int(shutdown_timeout),
+        rdzv_conf=_conf_pairs(rdzv_conf), module=module,
         env=env, notes=notes, source=cluster.source if used_cluster else "command line",
     )

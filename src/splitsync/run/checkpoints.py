@@ -9,7 +9,7 @@ registered; else what the run wrapped (:meth:`CheckpointVerbs._wrapped`).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from splitsync.run.step import Training
 
 if TYPE_CHECKING:
     from splitsync.ckpt import SaveHandle
+    from splitsync.run.preempt import Preemption
 
 __all__ = ["CheckpointVerbs"]
 
@@ -41,6 +42,7 @@ class CheckpointVerbs:
     _models: Models
     _training: Training
     is_main: bool
+    _arm_preemption: Callable[[], Preemption | None]
 
     def _wrapped(self) -> dict[str, Any]:
         """What the run wrapped, by the names a save without registration gives them:
@@ -70,7 +72,10 @@ class CheckpointVerbs:
         newest; at least 2). ``save_blocking``: :meth:`save`'s default. Collective."""
         if objects:
             objects = self._emas.with_emas(objects)
+        preemption = self._arm_preemption()
         state = self._checkpoints.resume(dir, step=step, keep=keep, save_blocking=save_blocking, **objects)
+        if preemption is not None:
+            preemption.resumed()
         if state.resumed and self.is_main:  # one line, so a log shows where a run went on
             get_logger().info("resumed from %s at epoch %d, step %d (saved by %d process%s)",
                               state.path, state.epoch, state.step, state.world_size or 0,

@@ -6,6 +6,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from splitsync.distributed.preemption import (
+    DEFAULT_PREEMPT_GRACE,
+    DEFAULT_PREEMPT_SIGNALS,
+    check_grace,
+    parse_signals,
+)
 from splitsync.output.trackers import check_loggers
 from splitsync.strategies import check_name
 from splitsync.train.precision import PRECISIONS, check_precision_name
@@ -36,6 +42,9 @@ class RunConfig:
     loggers: tuple[str, ...] | None = None  # None: the default trackers (see splitsync.output.trackers)
     straggler_threshold: float | None = DEFAULT_STRAGGLER_THRESHOLD  # None: no report
     fault_tolerance: Any = None  # splitsync.ft.options.FTOptions under torchft, else None
+    # signals that stop the run after an agreed step, once run.resume has a directory
+    preempt_signals: tuple[str, ...] = DEFAULT_PREEMPT_SIGNALS
+    preempt_grace: float = DEFAULT_PREEMPT_GRACE  # seconds from the signal to the stop
 
     def __post_init__(self) -> None:
         check_name(self.strategy)  # the one unknown-strategy message
@@ -54,5 +63,9 @@ class RunConfig:
             raise ValueError(f"straggler_threshold={self.straggler_threshold!r}: give a "
                              "fraction of a step >= 0 (0.25: report when the others wait a "
                              "quarter of each step for the slowest rank) or None.")
+        # names, checked (numbers become names): () turns preemption handling off
+        object.__setattr__(self, "preempt_signals",
+                           tuple(s.name for s in parse_signals(self.preempt_signals)))
+        object.__setattr__(self, "preempt_grace", check_grace(self.preempt_grace))
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed={self.seed!r}: give a non-negative integer or None.")

@@ -32,6 +32,7 @@ from splitsync.distributed.env import DistEnv
 from splitsync.distributed.group import destroy_group
 from splitsync.distributed.logs import get_logger
 from splitsync.distributed.seeding import Generators
+from splitsync.errors import Preempted
 from splitsync.observe import Observer, appended, overriding
 from splitsync.output.progress import progress as _progress
 from splitsync.run.checkpoints import CheckpointVerbs
@@ -41,6 +42,7 @@ from splitsync.run.data import Loaders
 from splitsync.run.ema import Emas
 from splitsync.run.logging import Logging, run_settings
 from splitsync.run.models import Models
+from splitsync.run.preempt import Preemption, preemption_for
 from splitsync.run.step import StepPlan, Training
 from splitsync.run.training import TrainingVerbs
 from splitsync.strategies import Strategy, unwrap
@@ -89,6 +91,8 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
                                 run_settings(config, self.world_size, seed, device, backend))
         self._observers: tuple[Observer, ...] = ()
         self._emas = Emas(self._plan, self._models, self.add_observer)
+        self._preemption: Preemption | None = None  # made by the first run.resume
+        self._preempt_tried = False
         for obs in observers:
             self.add_observer(obs)
 
@@ -115,11 +119,22 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
             part.set_observers(observers)
         self._training.set_observers((*observers, *self._step_watch))
 
+    def _arm_preemption(self) -> Preemption | None:
+        """At the first ``run.resume`` (before it loads: a signal from then on stops the run
+        too), the preemption handling ``init(preempt_signals=...)`` asked for."""
+        if not self._preempt_tried:
+            self._preempt_tried = True
+            self._preemption = preemption_for(self.config, self.rank, self.world_size,
+                                              self._checkpoints, self._generators,
+                                              self._watch_steps, self._unwatch_steps)
+        return self._preemption
+
     def _watch_steps(self, observer: Observer) -> None:
         """Have ``run.step`` call ``observer`` too, until :meth:`_unwatch_steps` (a watch of
-        the core's own, not listed in ``observers``)."""
-        self._step_watch = (observer,)
-        self._training.set_observers((*self._observers, observer))
+        the core's own, not listed in ``observers``: a background save's, a preemption's)."""
+        if observer not in self._step_watch:
+            self._step_watch = (*self._step_watch, observer)
+        self._training.set_observers((*self._observers, *self._step_watch))
 
     def _unwatch_steps(self, observer: Observer) -> None:
         self._step_watch = tuple(o for o in self._step_watch if o is not observer)
@@ -251,6 +266,9 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
             return
         self._closed = True
         atexit.unregister(self._close_at_exit)
+        preemption = self._preemption
+        if preemption is not None:
+            preemption.close(clean)  # no stop from here on; the signal handlers go back
         try:
             try:  # a background save commits (or raises its failure) before teardown
                 self._checkpoints.settle(wait=True, raise_errors=clean)
@@ -271,6 +289,8 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
                 get_logger().removeHandler(self.log_handler)
             if self._owns_group:
                 destroy_group()
+            if preemption is not None:
+                preemption.after_close()  # e.g. requeue a stopped SLURM job
 
     def _close_at_exit(self) -> None:
         """``close()`` at interpreter exit for a run never closed (``init`` registers it):
@@ -286,7 +306,8 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.close(clean=exc_type is None)
+        # a preemption's stop is a clean end: every rank stops at the same step
+        self.close(clean=exc_type is None or isinstance(exc, Preempted))
 
     def __repr__(self) -> str:
         return (f"Run(rank={self.rank}, world_size={self.world_size}, device={self.device}, "

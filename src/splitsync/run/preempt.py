@@ -1,0 +1,393 @@
+"""Preemption that loses no step: on a signal, every rank stops after one agreed step.
+
+Armed by ``run.resume`` for ``init(preempt_signals=...)``; docs/checkpoints.md#preemption
+has the whole story. The signal handler only notes the signal and wakes a thread, so a
+signal during ``run.save``, ``run.resume``, an evaluation or a loader's start changes
+nothing until the rank is between steps.
+
+1. **Request.** The thread writes it to the board (the job's store,
+   :mod:`splitsync.distributed.preemption`), or sees another rank's there (it looks twice
+   a second; nothing else runs per step until then), and adds a forward pre-hook, first in
+   line (before FSDP's all-gathers), to each model ``run.resume`` registered.
+2. **Post.** At its next forward, on the main thread, a rank posts its completed optimizer
+   steps and attaches a watch to ``run.step``.
+3. **Agree.** S = max(posts) + 1. A rank posts before the backward of the step it is in,
+   and nobody completes step M + 1 before every rank's backward of it (the gradient
+   all-reduce or reduce-scatter): when any rank has completed S steps every post is in, so
+   each rank learns S by its own boundary S and none passes it unaware.
+4. **Stop.** At boundary S the watch snapshots the RNG states and loader positions. At the
+   next forward of a registered model (after the script's own work for step S, before
+   step S + 1 touches the model) the rank finishes the save in flight, saves step S with
+   the snapshot (unless the script just saved it) and raises ``Preempted``.
+5. **Grace.** No stop ``preempt_grace`` seconds after the signal: the thread says so and
+   ends the process with the previous checkpoint intact.
+
+Micro-steps are not boundaries (the count moves when the optimizer steps); every rank
+reaches boundary S, so a stream loader's collective ``position()`` runs everywhere.
+``run.close`` ends the thread, puts the handlers back and, on rank 0 of a SLURM job
+stopped by a signal other than SIGTERM, requeues it (:mod:`splitsync.distributed.requeue`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from splitsync.ckpt.session import Checkpointer
+from splitsync.ckpt.state import capture_rng, loader_position, restore_rng
+from splitsync.distributed.group import default_store
+from splitsync.distributed.logs import get_logger
+from splitsync.distributed.preemption import (
+    PREEMPTED_EXIT_CODE,
+    Board,
+    Request,
+    make_board,
+    parse_signals,
+    write_note,
+)
+from splitsync.distributed.requeue import requeue, requeue_wanted
+from splitsync.distributed.seeding import Generators
+from splitsync.errors import Preempted
+from splitsync.observe import Observer
+from splitsync.run.config import RunConfig
+
+__all__ = ["Preemption", "preemption_for", "POLL_SECONDS", "COMMIT_SECONDS"]
+
+POLL_SECONDS = 0.5  # how often a rank looks for another rank's request
+COMMIT_SECONDS = 5.0  # at the deadline, how long a background save may still take to commit
+
+_WATCHING, _STOPPING, _STOPPED = "watching", "stopping", "stopped"
+
+
+@dataclass(frozen=True)
+class _Frozen:
+    """A loader's position and generator state as they were at the stop step's boundary."""
+
+    at: Mapping[str, Any]
+    rng: Any
+
+    def position(self) -> Mapping[str, Any]:
+        return self.at
+
+    def rng_state(self) -> Any:
+        return self.rng
+
+
+class _StepWatch(Observer):
+    """On ``run.step`` from the post on: learn S, and take the snapshot at boundary S."""
+
+    def __init__(self, owner: Preemption) -> None:
+        self.owner = owner
+
+    def on_step_end(self, optimizer: Any, norm: Any, stepped: bool = True) -> None:
+        self.owner.at_boundary()
+
+
+class Preemption:
+    """One run's preemption handling (see the module doc)."""
+
+    def __init__(self, *, rank: int, world_size: int, signals: Sequence[signal.Signals],
+                 grace: float, checkpoints: Checkpointer, generators: Generators | None,
+                 watch: Callable[[Observer], None], unwatch: Callable[[Observer], None],
+                 store: Any | None, environ: Mapping[str, str] | None = None) -> None:
+        self.rank = rank
+        self.signals = tuple(signals)
+        self.grace = grace
+        self.ckpt = checkpoints
+        self.generators = generators
+        self._watch, self._unwatch = watch, unwatch
+        self.environ = os.environ if environ is None else environ
+        self.board: Board = make_board(rank, world_size, store)
+        self.request: Request | None = None
+        self.stop_step: int | None = None
+        self.phase = _WATCHING
+        self._pid = os.getpid()
+        self._signal: signal.Signals | None = None  # the first signal this process got
+        self._signal_time = 0.0
+        self._posted = False
+        self._snapshot: tuple[int, dict[str, Any], list[tuple[Any, Any]]] | None = None
+        self._step_watch = _StepWatch(self)
+        self._hooks: list[Any] = []
+        self._lock = threading.Lock()  # hooking models: the thread and run.resume
+        self._closed = False
+        self._previous: dict[signal.Signals, Any] = {}
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._install()
+        self._thread = threading.Thread(target=self._serve, name="splitsync-preempt",
+                                        daemon=True)
+        self._thread.start()
+
+    # --- signals ---------------------------------------------------------------------------
+    def _install(self) -> None:
+        for sig in self.signals:
+            try:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+            except ValueError:  # not the main thread: other ranks' requests still reach us
+                get_logger().warning(
+                    "run.resume was called outside the main thread: %s will not stop this "
+                    "run at an agreed step (requests from other ranks still do).", sig.name)
+                return
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        # A signal handler: no locks, no store, no logging; note it and wake the thread.
+        if os.getpid() != self._pid or self._closed:
+            return  # a forked child (a DataLoader worker): its parent ends it
+        if self._signal is None:
+            self._signal, self._signal_time = signal.Signals(signum), time.time()
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"!")
+
+    def _restore(self) -> None:
+        for sig, previous in self._previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(sig, signal.SIG_DFL if previous is None else previous)
+        self._previous = {}
+
+    # --- the thread --------------------------------------------------------------------------
+    def _sleep(self, seconds: float) -> None:
+        ready, _, _ = select.select([self._wake_r], [], [], max(0.0, seconds))
+        if ready:
+            with contextlib.suppress(OSError):
+                os.read(self._wake_r, 64)
+
+    def _serve(self) -> None:
+        try:
+            self._watch_for_a_request()
+        except Exception:  # the store went away (its host ended): nobody left to stop with
+            return
+
+    def _watch_for_a_request(self) -> None:
+        request = None
+        while request is None:
+            self._sleep(POLL_SECONDS)
+            if self._closed:
+                return
+            if self._signal is not None:
+                mine = Request(self.rank, self._signal.name, self._signal_time)
+                try:
+                    request = self.board.request(mine)
+                except Exception:  # the store is gone with its host: decide alone
+                    request = mine
+            else:
+                request = self.board.requested()
+        self._seen(request)
+        # the deadline counts from the signal, as the killer's does (clamped against clocks
+        # of other nodes that disagree with ours)
+        now = time.time()
+        deadline = now + self.grace - min(max(now - request.time, 0.0), self.grace)
+        while not self._closed and time.time() < deadline:
+            self._sleep(deadline - time.time())
+        if self._closed:
+            return
+        if self.phase != _WATCHING:  # the stop's save is under way: give it the same again
+            end = time.time() + self.grace
+            while not self._closed and time.time() < end:
+                self._sleep(end - time.time())
+            if self._closed:
+                return
+        self._give_up()
+
+    def _seen(self, request: Request) -> None:
+        self.request = request
+        if request.rank == self.rank or self.rank == 0:
+            get_logger().warning("%s reached rank %d: every rank stops after an agreed step "
+                                 "and saves it (within %gs).", request.signal, request.rank,
+                                 self.grace)
+        self._hook_models()
+
+    # --- the models' forward: post, and stop -----------------------------------------------
+    def resumed(self) -> None:
+        """``run.resume`` registered (maybe other) models: hook those if a stop is asked."""
+        with self._lock:
+            for handle in self._hooks:
+                handle.remove()
+            self._hooks = []
+        self._hook_models()
+
+    def _hook_models(self) -> None:
+        with self._lock:
+            reg = self.ckpt.registered
+            if self.request is None or self._hooks or reg is None or self.phase != _WATCHING:
+                return
+            for module in reg.models.values():
+                hook = self._at_forward
+                if getattr(module, "_compiled_call_impl", None) is not None:
+                    import torch._dynamo  # its forward, hooks included, runs compiled
+
+                    hook = torch._dynamo.disable(hook)
+                self._hooks.append(module.register_forward_pre_hook(hook, prepend=True))
+
+    def _at_forward(self, module: Any, args: Any) -> None:
+        if self.phase != _WATCHING:
+            return
+        steps = self.ckpt.step
+        if not self._posted:
+            self._posted = True
+            self.board.post(self.rank, steps)
+            self._watch(self._step_watch)
+        if self.stop_step is not None and steps >= self.stop_step:
+            self._stop(steps)
+
+    def at_boundary(self) -> None:
+        """After every ``run.step`` once posted: learn S; at boundary S, the snapshot."""
+        if self.phase != _WATCHING:
+            return
+        if self.stop_step is None:
+            self.stop_step = self.board.stop_step()
+        steps = self.ckpt.step
+        if self.stop_step is not None and steps == self.stop_step:
+            loaders = [loader_position(ld) for ld in self.ckpt.loaders]
+            self._snapshot = (steps, capture_rng(self.generators), loaders)
+
+    # --- the stop ----------------------------------------------------------------------------
+    def _stop(self, steps: int) -> None:
+        self.phase = _STOPPING
+        self._unhook()
+        log = get_logger()
+        if steps != self.stop_step:
+            log.warning("stopping after step %d, not the agreed %s: the ranks did not step "
+                        "together (every rank must run the same optimizer steps).", steps,
+                        self.stop_step)
+        handle = self.ckpt.inflight
+        self.ckpt.settle(wait=True, raise_errors=False)  # the save in flight first
+        if handle is not None and handle.error is not None:
+            log.warning("the background save of step %d failed (%s); saving step %d now.",
+                        handle.step, handle.error, steps)
+        saved = self.ckpt.last_saved
+        if saved is not None and saved[0] == steps:
+            path = saved[1]  # the script saved this very step: nothing to add
+        else:
+            with self._as_of_boundary(steps):
+                path = self.ckpt.save(blocking=True)
+        self.phase = _STOPPED
+        request = self.request
+        assert request is not None
+        if self.rank == 0:
+            log.warning("stopped after step %d (%s to rank %d, %.1fs ago); checkpoint %s.",
+                        steps, request.signal, request.rank, time.time() - request.time, path)
+        noted = write_note(self.environ, self.rank, {"status": "saved", "step": steps,
+                                                     "path": str(path),
+                                                     "signal": request.signal})
+        raise Preempted(0 if noted else PREEMPTED_EXIT_CODE, steps, path)
+
+    @contextlib.contextmanager
+    def _as_of_boundary(self, steps: int) -> Iterator[None]:
+        """The save sees the RNG states and loader positions of boundary S (the batch the
+        stopping forward was given is not consumed; its random draws are undone)."""
+        snap = self._snapshot
+        if snap is None or snap[0] != steps:
+            get_logger().warning("no snapshot of step %d's boundary: saving the state as it is "
+                                 "now.", steps)
+            yield
+            return
+        _, rng, positions = snap
+        restore_rng(rng, self.generators)
+        live = self.ckpt.loaders
+        frozen = [_Frozen(*positions[i]) if i < len(positions) else ld
+                  for i, ld in enumerate(live)]
+        self.ckpt.loaders = frozen  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            self.ckpt.loaders = live
+
+    def _give_up(self) -> None:
+        """The deadline passed with no stop: say so and end the process (the thread)."""
+        noted = False
+        try:
+            noted = self._say_giving_up()
+        finally:
+            os._exit(0 if noted else PREEMPTED_EXIT_CODE)
+
+    def _say_giving_up(self) -> bool:
+        handle = self.ckpt.inflight
+        end = time.time() + COMMIT_SECONDS
+        while handle is not None and not handle.done() and time.time() < end:
+            time.sleep(0.05)  # a background save about to commit: let it
+        request = self.request
+        assert request is not None
+        saved = self.ckpt.last_saved
+        kept = f"step {saved[0]} ({saved[1]})" if saved is not None else "the one it resumed from"
+        get_logger().error(
+            "no step boundary came within %gs of %s (a long evaluation?): exiting after %d "
+            "step(s) with the previous checkpoint intact, %s; steps after it are lost. "
+            "Raise init(preempt_grace=...) if the environment waits longer before killing.",
+            self.grace, request.signal, self.ckpt.step, kept)
+        if self.rank == 0 and requeue_wanted(request.signal, self.environ):
+            get_logger().warning("%s", requeue(self.environ))
+        noted = write_note(self.environ, self.rank, {
+            "status": "deadline", "step": None if saved is None else saved[0],
+            "path": None if saved is None else str(saved[1]), "signal": request.signal})
+        for handler in get_logger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        logging.shutdown()
+        return noted
+
+    # --- teardown ----------------------------------------------------------------------------
+    def _unhook(self) -> None:
+        with self._lock:
+            for handle in self._hooks:
+                handle.remove()
+            self._hooks = []
+        if self._posted:
+            self._unwatch(self._step_watch)
+
+    def close(self, clean: bool = True) -> None:
+        """``run.close`` begins: no stop from now on; the thread ends, handlers go back. A
+        run asked to stop that ended its work first tells ``splitsync run`` so."""
+        if self._closed:
+            return
+        self._closed = True
+        if clean and self.request is not None and self.phase == _WATCHING:
+            write_note(self.environ, self.rank, {"status": "finished", "step": self.ckpt.step,
+                                                 "signal": self.request.signal})
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"!")
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * POLL_SECONDS)
+        if threading.current_thread() is threading.main_thread():
+            self._restore()
+        self._unhook()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def after_close(self) -> None:
+        """``run.close`` ended: rank 0 of a stopped SLURM job asks to be queued again."""
+        request = self.request
+        if (self.phase == _STOPPED and self.rank == 0 and request is not None
+                and requeue_wanted(request.signal, self.environ)):
+            get_logger().warning("%s", requeue(self.environ))
+
+
+def preemption_for(config: RunConfig, rank: int, world_size: int, checkpoints: Checkpointer,
+                   generators: Generators | None, watch: Callable[[Observer], None],
+                   unwatch: Callable[[Observer], None]) -> Preemption | None:
+    """The run's preemption handling, armed by its first ``run.resume``: None when
+    ``init(preempt_signals=())``, or where the ranks have no store to agree through (said)."""
+    if not config.preempt_signals:
+        return None
+    store = default_store() if world_size > 1 else None
+    if world_size > 1 and store is None:
+        get_logger().warning("the process group has no store to agree on a stop step through: "
+                             "%s will not stop this run at an agreed step.",
+                             "/".join(config.preempt_signals))
+        return None
+    return Preemption(rank=rank, world_size=world_size,
+                      signals=parse_signals(config.preempt_signals),
+                      grace=config.preempt_grace, checkpoints=checkpoints,
+                      generators=generators, watch=watch, unwatch=unwatch, store=store)

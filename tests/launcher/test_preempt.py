@@ -1,0 +1,178 @@
+"""Preemption under real launches: a signal to ``splitsync run`` or to one of its workers, at a
+moment the script announces (inside an evaluation, inside a save, before the first step);
+the launcher exits with 75, the newest checkpoint is the last step taken, and the relaunch
+ends bit-equal to a run never stopped. Also: ``--max-restarts`` does not restart a stop, the
+ledger shows every sample trained once across it, and a run with no step boundary in its
+grace period exits with its previous checkpoint. (benchmarks/preempt_trials.py runs 100+
+random trials of the same kind.)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import redirect_stdout
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from launchkit import run_ranks
+from safetensors.torch import load_file
+
+from splitsync import PREEMPTED_EXIT_CODE, cli
+from splitsync.testing import clean_env
+
+SCRIPT = Path(__file__).with_name("preempt_script.py")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+_CLEAN: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}
+
+
+@dataclass
+class Stopped:
+    rc: int
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    @property
+    def last_step(self) -> int:
+        steps = [int(m.group(1)) for ln in self.lines
+                 if (m := re.fullmatch(r"step (\d+)", ln.strip()))]
+        return steps[-1] if steps else 0
+
+
+def launch(args: list[str], *, nproc: int = 2, on: str | None = None, target: str = "",
+           delay: float = 0.0, restarts: int = 0, timeout: float = 240) -> Stopped:
+    """Run the script (``splitsync run -n nproc``, or ``python`` for ``nproc=0``); on the
+    line ``on`` send ``target`` ("agent:SIGTERM", "w1:SIGUSR1", ...) its signal."""
+    if nproc:
+        extra = ["--max-restarts", str(restarts)] if restarts else []
+        cmd = [sys.executable, "-m", "splitsync", "run", "-n", str(nproc), *extra, str(SCRIPT)]
+    else:
+        cmd = [sys.executable, str(SCRIPT)]
+    proc = subprocess.Popen([*cmd, *args], env=clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    result, pids, fired = Stopped(rc=-1), {}, threading.Event()
+
+    def fire() -> None:
+        who, name = target.split(":")
+        os.kill(proc.pid if who == "agent" else pids[int(who[1:])], getattr(signal, name))
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            result.lines.append(line)
+            if m := re.match(r"pid (\d+) (\d+)", line):
+                pids[int(m.group(1))] = int(m.group(2))
+            if on is not None and not fired.is_set() and line.strip() == on:
+                fired.set()
+                time.sleep(delay)
+                fire()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        result.rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        reader.join(timeout=5)
+        pytest.fail(f"hung: no exit within {timeout}s of starting\n{result.text}")
+    reader.join(timeout=5)
+    if on is not None:
+        assert fired.is_set(), f"the run never printed {on!r}:\n{result.text}"
+    return result
+
+
+def newest(ck: Path) -> int:
+    return int((ck / "latest").read_text().strip().split("-")[1])
+
+
+def uninterrupted(base: Path, options: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    if options not in _CLEAN:
+        d = base / ("clean" + "".join(options).replace("-", "_"))
+        run_ranks(SCRIPT, 2, str(d / "ck"), str(d / "out.safetensors"), *options, timeout=300)
+        _CLEAN[options] = load_file(d / "out.safetensors")
+    return _CLEAN[options]
+
+
+def assert_same(out: Path, clean: dict[str, torch.Tensor], why: str) -> None:
+    got = load_file(out)
+    assert got.keys() == clean.keys()
+    assert all(torch.equal(got[k], clean[k]) for k in got), why
+
+
+@pytest.mark.parametrize(("options", "on", "target"), [
+    # SIGTERM to splitsync run itself (as from scancel or Kubernetes) inside an evaluation
+    (("--epochs", "2"), "eval", "agent:SIGTERM"),
+    # SIGUSR1 to one worker inside a background save, FSDP, 2 micro-batches a step
+    (("--epochs", "2", "--strategy", "fsdp", "--accumulate", "2", "--background",
+      "--save-every", "2"), "save 4", "w1:SIGUSR1"),
+])
+def test_a_stop_saves_the_last_step_taken_and_the_relaunch_is_exact(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, options: tuple[str, ...],
+        on: str, target: str) -> None:
+    clean = uninterrupted(tmp_path_factory.getbasetemp(), options)
+    ck, out = tmp_path / "ck", tmp_path / "out.safetensors"
+    args = [str(ck), str(out), *options]
+    stopped = launch(args, on=on, target=target, restarts=2)
+    assert stopped.rc == PREEMPTED_EXIT_CODE, stopped.text
+    assert newest(ck) == stopped.last_step, stopped.text
+    assert "splitsync run: preempted by" in stopped.text, stopped.text
+    assert f"stopped after step {stopped.last_step} and saved it" in stopped.text
+    assert stopped.text.count("resumed 0") == 1, "a stop is not restarted as a failure"
+    finished = launch(args)
+    assert finished.rc == 0, finished.text
+    assert_same(out, clean, f"stopped after step {stopped.last_step}")
+
+
+def test_the_ledger_shows_every_sample_once_across_a_stop_before_the_first_step(
+        tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = [str(tmp_path / "ck"), str(tmp_path / "out.safetensors"), "--epochs", "2",
+            "--run-dir", str(run_dir)]
+    stopped = launch(args, on="resumed 0", target="w0:SIGTERM")  # the loader's start
+    assert stopped.rc == PREEMPTED_EXIT_CODE, stopped.text
+    assert newest(tmp_path / "ck") == stopped.last_step >= 1
+    assert launch(args).rc == 0
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = cli.main(["audit", str(run_dir), "--json"])
+    report = json.loads(buf.getvalue())
+    assert rc == 0, buf.getvalue()
+    assert len(report["launches"]) == 2
+
+
+def test_no_boundary_within_the_grace_period_exits_with_the_previous_checkpoint(
+        tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    args = [str(ck), str(tmp_path / "out.safetensors"), "--grace", "3", "--eval-seconds",
+            "60", "--eval-every", "4", "--save-every", "3"]
+    stopped = launch(args, nproc=0, on="eval", target="w0:SIGTERM", timeout=120)
+    assert stopped.rc == PREEMPTED_EXIT_CODE, stopped.text
+    assert "no step boundary came within 3s of SIGTERM" in stopped.text, stopped.text
+    assert "previous checkpoint intact, step 3" in stopped.text
+    # the evaluation (60 s) came after step 4: the run did not wait for it to end
+    assert stopped.last_step == 4 and newest(ck) == 3
+
+
+def test_a_crash_is_reported_as_one_though_the_agent_sigterms_the_others(tmp_path: Path) -> None:
+    # rank 1 crashes inside an evaluation; the agent SIGTERMs rank 0, which cannot agree on
+    # a stop step with a dead rank and gives up at its grace period: still a failure
+    args = [str(tmp_path / "ck"), str(tmp_path / "out.safetensors"), "--crash-in-eval",
+            "--eval-seconds", "60", "--grace", "3"]
+    failed = launch(args)
+    assert failed.rc == 1, failed.text
+    assert "rank 1 crashes in the evaluation" in failed.text
+    assert "splitsync run: rank 1 (local rank 1" in failed.text, failed.text
+    assert "preempted" not in failed.text

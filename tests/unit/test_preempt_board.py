@@ -1,0 +1,116 @@
+"""The preemption board on a real TCPStore, the signal and grace settings, SLURM's job id,
+and the notes a worker leaves for ``splitsync run``."""
+
+from __future__ import annotations
+
+import signal
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from splitsync import RunConfig
+from splitsync.distributed.preemption import (
+    NOTES_VAR,
+    LocalBoard,
+    Request,
+    make_board,
+    parse_signals,
+    read_notes,
+    write_note,
+)
+from splitsync.distributed.requeue import requeue, requeue_wanted, slurm_job_id
+
+
+@pytest.fixture()
+def store() -> dist.TCPStore:
+    return dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=10))
+
+
+def test_signals_by_name_short_name_or_number() -> None:
+    assert parse_signals(("SIGTERM", "usr1", int(signal.SIGUSR2), "SIGTERM")) == (
+        signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+    assert parse_signals("SIGINT") == (signal.SIGINT,)
+    assert parse_signals(None) == () == parse_signals(())
+    with pytest.raises(ValueError, match="SIGFOO.*preempt_signals=\\('SIGTERM'"):
+        parse_signals(["SIGFOO"])
+    with pytest.raises(ValueError, match="SIGKILL cannot be caught"):
+        parse_signals(["SIGKILL"])
+    with pytest.raises(ValueError, match="True is not a signal"):
+        parse_signals([True])
+
+
+def test_run_config_checks_the_preemption_settings() -> None:
+    assert RunConfig().preempt_signals == ("SIGTERM", "SIGUSR1")
+    assert RunConfig(preempt_signals=(10, "term")).preempt_signals == ("SIGUSR1", "SIGTERM")
+    assert RunConfig(preempt_signals=None).preempt_signals == ()  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="preempt_grace=0"):
+        RunConfig(preempt_grace=0)
+    with pytest.raises(ValueError, match="preempt_grace='x'"):
+        RunConfig(preempt_grace="x")  # type: ignore[arg-type]
+
+
+@settings(max_examples=25, deadline=None)
+@given(posts=st.lists(st.integers(0, 10_000), min_size=2, max_size=6))
+def test_the_stop_step_is_one_past_the_largest_post_once_all_are_in(posts: list[int]) -> None:
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=10))
+    world = len(posts)
+    boards = [make_board(r, world, server) for r in range(world)]  # one run, every rank
+    for rank, (board, steps) in enumerate(zip(boards, posts, strict=True)):
+        assert board.stop_step() is None  # a post is missing
+        board.post(rank, steps)
+    assert {b.stop_step() for b in boards} == {max(posts) + 1}
+
+
+def test_first_request_wins_and_every_rank_sees_it(store: dist.TCPStore) -> None:
+    boards = [make_board(r, 3, store) for r in range(3)]
+    assert all(b.requested() is None for b in boards)
+    first = Request(2, "SIGUSR1", 123.5)
+    assert boards[2].request(first) == first
+    assert boards[0].request(Request(0, "SIGTERM", 124.0)) == first  # too late: the first
+    assert {b.requested() for b in boards} == {first}
+
+
+def test_each_run_on_a_store_meets_under_its_own_prefix(store: dist.TCPStore) -> None:
+    one = [make_board(r, 2, store) for r in range(2)]
+    two = [make_board(r, 2, store) for r in range(2)]  # a second run, same store, same ranks
+    one[0].request(Request(0, "SIGTERM", 1.0))
+    assert one[1].requested() is not None
+    assert two[0].requested() is None and two[1].requested() is None
+    for r in range(2):
+        one[r].post(r, 7)
+    assert two[0].stop_step() is None and one[1].stop_step() == 8
+
+
+def test_one_process_needs_no_store() -> None:
+    board = make_board(0, 1, None)
+    assert isinstance(board, LocalBoard) and board.stop_step() is None
+    req = Request(0, "SIGTERM", 1.0)
+    assert board.request(req) == req and board.requested() == req
+    board.post(0, 4)
+    assert board.stop_step() == 5  # one boundary to take the stop's snapshot at
+
+
+def test_slurm_job_ids_and_when_to_requeue() -> None:
+    assert slurm_job_id({}) is None
+    assert slurm_job_id({"SLURM_JOB_ID": "17"}) == "17"
+    assert slurm_job_id({"SLURM_JOB_ID": "18", "SLURM_ARRAY_JOB_ID": "17",
+                         "SLURM_ARRAY_TASK_ID": "1"}) == "17_1"
+    assert requeue_wanted("SIGUSR1", {"SLURM_JOB_ID": "17"})
+    assert not requeue_wanted("SIGTERM", {"SLURM_JOB_ID": "17"})  # scancel: stay cancelled
+    assert not requeue_wanted("SIGUSR1", {})
+    assert requeue({}) == "not a SLURM job"
+
+
+def test_notes_only_under_a_launcher_that_asked(tmp_path: Path) -> None:
+    assert not write_note({}, 0, {"status": "saved"})
+    assert not write_note({NOTES_VAR: str(tmp_path / "gone")}, 0, {"status": "saved"})
+    env = {NOTES_VAR: str(tmp_path)}
+    assert write_note(env, 1, {"status": "saved", "step": 6})
+    assert write_note(env, 0, {"status": "saved", "step": 6})
+    (tmp_path / "rank-00002.json").write_text("{torn")
+    notes = read_notes(tmp_path)
+    assert [(n["rank"], n["step"]) for n in notes] == [(0, 6), (1, 6)]
