@@ -22,9 +22,8 @@ from splitsync.distributed.group import destroy_group, init_group
 from splitsync.distributed.logs import attach_rank_handler
 from splitsync.distributed.seeding import draw_seed, seed_everything
 from splitsync.output.trackers import require_packages
-from splitsync.run.config import DEFAULT_STRAGGLER_THRESHOLD, RunConfig
+from splitsync.run.config import DEFAULT_STRAGGLER_THRESHOLD, RunConfig, accumulate_for
 from splitsync.run.runtime import Run
-from splitsync.run.step import accumulate_for
 from splitsync.strategies import check_options, resolve
 from splitsync.train.precision import get_precision
 

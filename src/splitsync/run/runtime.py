@@ -71,9 +71,9 @@ class Run:
         self._data = Loaders()
         self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
                               config.strategy_options, env.local_world_size)
-        self._training = Training(self._plan, self._data, self.world_size,
-                                  self._models.retired.check)
         self._collectives = Collectives(device, self._data)
+        self._training = Training(self._plan, self._data, self.world_size,
+                                  self._models.retired.check, self._collectives.sum)
         self._generators = Generators(seed, self.rank)
         # a background save's watch listens to run.step only: the other parts keep theirs
         self._step_watch: tuple[Observer, ...] = ()
@@ -195,9 +195,17 @@ class Run:
         return move_to(obj, self.device)
 
     # --- training (the hot path: each call is one lookup and the chosen function) --------
-    def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()``, scaled under "16-mixed" and divided by ``accumulate``."""
-        self._training.backward(loss)
+    def backward(self, loss: torch.Tensor, count: Any = None) -> None:
+        """``loss.backward()``, scaled under "16-mixed" and divided by ``accumulate``.
+
+        ``count=n``: ``loss`` is the mean over ``n`` items (tokens, samples; an int or a
+        tensor); the optimizer step then uses the mean over every item of the step on
+        every rank, as one process on the global batch would (docs/token-losses.md).
+        Give it on every backward of a step or on none; ``n == 0`` contributes nothing."""
+        if count is None:
+            self._training.backward(loss)
+        else:
+            self._training.backward_count(loss, count)
 
     def step(self, optimizer: torch.optim.Optimizer,
              clip: float | None = None) -> torch.Tensor | None:
@@ -315,10 +323,12 @@ class Run:
         """``iterable`` with a progress bar on rank 0 (plain lines when not a terminal)."""
         return _progress(iterable, show=self.is_main, total=total, desc=desc, every=every)
 
-    def log(self, **metrics: Any) -> dict[str, int | float]:
+    def log(self, count: Any = None, **metrics: Any) -> dict[str, int | float]:
         """Average ``metrics`` over ranks (one all-reduce); rank 0 prints them and hands them
-        to the trackers chosen with ``init(loggers=...)``."""
-        return self._logging.log(metrics)
+        to the trackers chosen with ``init(loggers=...)``. ``count=n``: each rank's numbers
+        weigh by its ``n`` items (the mean over all items), and the record's ``count`` is
+        their total."""
+        return self._logging.log(metrics, count)
 
     def log_config(self, params: dict[str, Any]) -> None:
         """Record ``params`` (nested dicts allowed) once as hyperparameters with every

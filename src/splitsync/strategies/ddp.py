@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from splitsync.strategies.base import Strategy, SyncSetter, WrapContext
+
+if TYPE_CHECKING:
+    from splitsync.strategies.count import CountSync
 
 OPTIONS = ("find_unused_parameters", "static_graph", "bucket_cap_mb", "broadcast_buffers",
            "comm_hook", "comm_hook_options")
@@ -63,6 +66,16 @@ class DDP(Strategy):
         if isinstance(model, DistributedDataParallel):
             return model.no_sync()
         return nullcontext()
+
+    def count_sync(self, model: nn.Module) -> CountSync | None:
+        # Only one comm hook per DDP model: with the user's (comm_hook="fp16", ...) the step
+        # rescales instead. The hook writes into the buckets the gradients are views of.
+        if (not isinstance(model, DistributedDataParallel) or getattr(model, "_comm_hooks", ())
+                or not model.gradient_as_bucket_view):
+            return None
+        from splitsync.strategies.count import DdpCount
+
+        return DdpCount(model)
 
     def joinables(self, model: nn.Module) -> list[Any]:
         return [model] if isinstance(model, DistributedDataParallel) else []

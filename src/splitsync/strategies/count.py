@@ -1,0 +1,155 @@
+"""``run.backward(loss, count=n)``: how a wrapped model's gradient reduction divides by the
+number of items on every rank instead of by the number of ranks.
+
+Each backward of a counted window multiplies its loss (the micro-batch's mean) by
+``n * unit``, so the gradients a rank accumulates are ``unit * sum(n_i * grad(mean_i))``.
+``unit`` is a power of two, the same on every rank, that keeps those gradients near their
+usual size (exact: scaling by a power of two changes no bit). The reduction must then
+divide by ``unit * N``, where ``N`` is the items of the window on all ranks:
+
+- DDP (:class:`DdpCount`): a comm hook appends this rank's count to each gradient bucket,
+  so the one all-reduce DDP does anyway also sums the counts; the division by
+  ``unit * N`` replaces DDP's division by the world size. No collective of its own.
+- FSDP2 and HSDP (:class:`FsdpCount`): ``N`` is all-reduced before the window's last
+  backward and given to FSDP2 as its gradient divide factor, so the reduce-scatter (and
+  HSDP's all-reduce across replicas) divides by it: one small all-reduce per optimizer
+  step, no pass over the gradients.
+
+Anything else (one process, DataParallel, a DDP model with a comm hook of the user's) is
+rescaled by the step (``run/counting.py``).
+"""
+
+# No ``from __future__ import annotations``: DDP checks the comm hook's annotations as
+# objects (``dist.GradBucket``), not as strings.
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["CountSync", "DdpCount", "FsdpCount"]
+
+
+class CountSync:
+    """One model's reduction under ``count=``: the base does nothing (a model whose
+    gradients the step rescales)."""
+
+    #: Whether :meth:`before` needs the window's total count (an all-reduce before backward).
+    needs_total: bool = False
+
+    def __init__(self, model: nn.Module) -> None:
+        # weak: the run keeps one of these per model, and must not keep the model alive
+        self._model = weakref.ref(model)
+
+    @property
+    def model(self) -> nn.Module | None:
+        return self._model()
+
+    def parameters(self) -> Iterator[torch.Tensor]:
+        """The parameters whose reduction this object divides by the count."""
+        model = self.model
+        return iter(()) if model is None else model.parameters()
+
+    def before(self, local: float, unit: float, total: float | None) -> None:
+        """Before the window's last backward: this rank's count, the unit, and (when
+        :attr:`needs_total`) the count on all ranks."""
+
+    def after(self) -> torch.Tensor | None:
+        """After that backward: the reduction is complete; the total count if it learnt it."""
+        return None
+
+
+class _HookState:
+    """What :func:`_count_hook` reads: set around the last backward of a counted window."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self.counting = False
+        self.slot = 0.0  # this rank's count in the window
+        self.unit = 1.0
+        self.pending: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
+
+
+def _count_hook(state: _HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    if not state.counting:  # a backward outside a counted window: DDP's own average
+        return default_hooks.allreduce_hook(state.group, bucket)
+    buf = bucket.buffer()
+    packed = torch.cat([buf, buf.new_full((1,), state.slot)])
+    work = dist.all_reduce(packed, group=state.group, async_op=True)
+    state.pending.append((work, packed, buf))
+    # Completed at once with the bucket itself: the gradients are views of it, so DDP copies
+    # nothing, and DdpCount.after writes the reduced values into it. No callback runs on
+    # the communication thread (with gloo each one costs a thread switch and the GIL).
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    done.set_result(buf)
+    return done
+
+
+class DdpCount(CountSync):
+    """The count rides in DDP's gradient all-reduce (see the module docstring)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.state = _HookState(getattr(model, "process_group", None))
+        model.register_comm_hook(self.state, _count_hook)
+
+    def before(self, local: float, unit: float, total: float | None) -> None:
+        join = getattr(self.model, "_join_config", None)
+        if join is not None and join.enable:
+            raise RuntimeError(
+                "run.backward(loss, count=...) inside run.join(): a rank that has run out of "
+                "batches cannot add its count to the others' gradient all-reduce. Give every "
+                "rank the same number of batches (run.loader(..., drop_last=True)) instead.")
+        state = self.state
+        state.counting, state.slot, state.unit = True, local, unit
+
+    def after(self) -> torch.Tensor | None:
+        state = self.state
+        state.counting = False
+        total = None
+        for work, packed, buf in state.pending:
+            work.wait()
+            total = packed[-1]
+            # an empty window (no item on any rank) has zero gradients: divide by anything
+            divisor = (total * state.unit).clamp_min(torch.finfo(packed.dtype).tiny)
+            torch.div(packed[:-1], divisor, out=buf)
+        state.pending.clear()
+        return total
+
+
+class FsdpCount(CountSync):
+    """FSDP2's gradient divide factor set to the window's ``unit * N``."""
+
+    needs_total = True
+
+    def __init__(self, model: nn.Module) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        super().__init__(model)
+        self._fsdp = FSDPModule
+        # A custom factor is NCCL's PreMulSum, which gloo lacks: there, reduce by sum and
+        # divide after (what FSDP2 does for float16 anyway).
+        self.sum_only = dist.get_backend() != "nccl"
+
+    def _modules(self) -> list[nn.Module]:
+        model = self.model
+        return [] if model is None else [m for m in model.modules()
+                                         if isinstance(m, self._fsdp)]
+
+    def before(self, local: float, unit: float, total: float | None) -> None:
+        factor = unit * total if total else 1.0  # no item anywhere: zero gradients
+        for m in self._modules():
+            m.set_gradient_divide_factor(factor)
+            if self.sum_only:
+                m.set_force_sum_reduction_for_comms(True)
+
+    def after(self) -> torch.Tensor | None:
+        for m in self._modules():  # later backwards reduce as FSDP2 does by itself
+            m.set_gradient_divide_factor(None)  # type: ignore[arg-type]
+            if self.sum_only:
+                m.set_force_sum_reduction_for_comms(False)
+        return None
