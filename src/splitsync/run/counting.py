@@ -25,7 +25,7 @@ import math
 import numbers
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-from weakref import WeakKeyDictionary, WeakSet
+from weakref import WeakKeyDictionary
 
 import torch
 from torch import nn
@@ -46,7 +46,10 @@ MIXED = ("run.backward: this accumulation window mixes micro-batches with and wi
 
 def as_count(count: Any) -> float:
     """``count=`` as a float: a number or a one-element tensor, finite and >= 0."""
-    if isinstance(count, torch.Tensor):
+    kind = type(count)
+    if kind is int or kind is float:  # the usual case, without the ABC checks below
+        value = float(count)
+    elif isinstance(count, torch.Tensor):
         if count.numel() != 1:
             raise ValueError(f"run.backward(loss, count=...) got a tensor of shape "
                              f"{tuple(count.shape)}: give the number of items the loss is the "
@@ -88,12 +91,14 @@ class Counting:
         self.counted = False  # the open window has count=
         self.local = 0.0  # this rank's items in the window
         self.total: float | None = None  # the window's items on all ranks, once known
-        self.pending: torch.Tensor | None = None  # the total a reduction learnt, unread
+        # the total a reduction learnt (a tensor while it is still on the device)
+        self.pending: float | torch.Tensor | None = None
         self.closed = False  # the window's last backward has run
         self.settled = False  # a run.step has ended the window
         self.skip: bool | None = None
-        self.done: WeakSet[torch.optim.Optimizer] = WeakSet()
-        self.syncs: WeakKeyDictionary[nn.Module, CountSync] = WeakKeyDictionary()
+        self.done: set[int] = set()  # ids of the optimizers the step rescaled
+        self.syncs: list[CountSync] = []  # (they hold their models weakly)
+        self.needs_total = False
         self.plain_models = False  # a model whose gradients the step rescales
         self._uncovered: WeakKeyDictionary[Any, list[nn.Parameter]] = WeakKeyDictionary()
 
@@ -102,10 +107,12 @@ class Counting:
         if self.world == 1:
             return
         sync = strategy.count_sync(model)
+        self.syncs = [s for s in self.syncs if s.model is not None]
         if sync is None:
             self.plain_models = True
         else:
-            self.syncs[model] = sync
+            self.syncs.append(sync)
+        self.needs_total = any(s.needs_total for s in self.syncs)
         self._uncovered = WeakKeyDictionary()
 
     # --- the window ----------------------------------------------------------------------
@@ -146,13 +153,15 @@ class Counting:
                     "run.step(optimizer) ended the last one: under count= the step divides "
                     "the window's gradients by its items. Call run.step after every "
                     f"{self.every}-th run.backward.")
-            total = self.total if self.total is not None else self._read_pending()
-            if total:
-                self.unit = unit_for(total, self.world)
+            if not self.unit_window:
+                total = self.total if self.total is not None else self._read_pending()
+                if total:
+                    self.unit = unit_for(total, self.world)
         self.counted = counted
         self.local, self.total, self.pending, self.skip = 0.0, None, None, None
         self.closed = self.settled = False
-        self.done = WeakSet()
+        if self.done:
+            self.done = set()
 
     def multiplier(self, n: float) -> float:
         """What a counted micro-batch's loss is multiplied by."""
@@ -163,14 +172,14 @@ class Counting:
         if not self.syncs:
             return
         total = None
-        if any(s.needs_total for s in self.syncs.values()):
+        if self.needs_total:
             total = self.total = float(self.reduce(self.local))
-        for sync in list(self.syncs.values()):
+        for sync in self.syncs:
             sync.before(self.local, self.unit, total)
 
     def after_last(self) -> None:
         """After it: the reductions are complete."""
-        for sync in list(self.syncs.values()):
+        for sync in self.syncs:
             found = sync.after()
             if found is not None:
                 self.pending = found
@@ -187,9 +196,9 @@ class Counting:
             self.skip = self._total() == 0
         if self.skip:
             return False
-        if self.unit_window or optimizer in self.done:
+        if self.unit_window or id(optimizer) in self.done:
             return True
-        self.done.add(optimizer)
+        self.done.add(id(optimizer))
         factor = self.world / (self.unit * self._total())
         grads = [_local(p.grad) for p in self._plain(optimizer) if p.grad is not None]
         if grads and factor != 1.0:
@@ -209,13 +218,13 @@ class Counting:
 
     def _read_pending(self) -> float | None:
         # a host read: on a GPU it waits for the backward (as GradScaler's step does)
-        return None if self.pending is None else float(self.pending.item())
+        return None if self.pending is None else float(self.pending)
 
     def _plain(self, optimizer: torch.optim.Optimizer) -> list[nn.Parameter]:
         """The optimizer's parameters that no reduction divided by the count."""
         found = self._uncovered.get(optimizer)
         if found is None:
-            covered = {id(p) for s in list(self.syncs.values()) for p in s.parameters()}
+            covered = {id(p) for s in self.syncs for p in s.parameters()}
             found = [p for g in optimizer.param_groups for p in g["params"]
                      if id(p) not in covered]
             self._uncovered[optimizer] = found

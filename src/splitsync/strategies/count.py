@@ -56,8 +56,9 @@ class CountSync:
         """Before the window's last backward: this rank's count, the unit, and (when
         :attr:`needs_total`) the count on all ranks."""
 
-    def after(self) -> torch.Tensor | None:
-        """After that backward: the reduction is complete; the total count if it learnt it."""
+    def after(self) -> float | torch.Tensor | None:
+        """After that backward: the reduction is complete; the total count if it learnt it
+        (a tensor when it is still on the device)."""
         return None
 
 
@@ -69,7 +70,19 @@ class _HookState:
         self.counting = False
         self.slot = 0.0  # this rank's count in the window
         self.unit = 1.0
-        self.pending: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
+        # per bucket: the bucket's gradients and one more element for the count, reused
+        self.packed: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.pending: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+
+def _packed(state: _HookState, index: int, buf: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    found = state.packed.get(index)
+    if found is None or found[1].shape != buf.shape or found[0].dtype != buf.dtype \
+            or found[0].device != buf.device:
+        packed = buf.new_empty(buf.numel() + 1)
+        found = state.packed[index] = (packed, packed[:-1], packed[-1:])
+    return found
 
 
 def _count_hook(state: _HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -78,9 +91,10 @@ def _count_hook(state: _HookState, bucket: dist.GradBucket) -> torch.futures.Fut
     if not state.counting:  # a backward outside a counted window: DDP's own average
         return default_hooks.allreduce_hook(state.group, bucket)
     buf = bucket.buffer()
-    packed = torch.cat([buf, buf.new_full((1,), state.slot)])
-    work = dist.all_reduce(packed, group=state.group, async_op=True)
-    state.pending.append((work, packed, buf))
+    packed, body, tail = _packed(state, bucket.index(), buf)
+    body.copy_(buf)
+    tail.fill_(state.slot)
+    state.pending.append((state.group.allreduce([packed]), body, tail, buf))
     # Completed at once with the bucket itself: the gradients are views of it, so DDP copies
     # nothing, and DdpCount.after writes the reduced values into it. No callback runs on
     # the communication thread (with gloo each one costs a thread switch and the GIL).
@@ -94,7 +108,8 @@ class DdpCount(CountSync):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self.state = _HookState(getattr(model, "process_group", None))
+        group = getattr(model, "process_group", None) or dist.group.WORLD
+        self.state = _HookState(group)
         model.register_comm_hook(self.state, _count_hook)
 
     def before(self, local: float, unit: float, total: float | None) -> None:
@@ -107,16 +122,20 @@ class DdpCount(CountSync):
         state = self.state
         state.counting, state.slot, state.unit = True, local, unit
 
-    def after(self) -> torch.Tensor | None:
+    def after(self) -> float | torch.Tensor | None:
         state = self.state
         state.counting = False
-        total = None
-        for work, packed, buf in state.pending:
+        total: float | torch.Tensor | None = None
+        for work, body, tail, buf in state.pending:
             work.wait()
-            total = packed[-1]
-            # an empty window (no item on any rank) has zero gradients: divide by anything
-            divisor = (total * state.unit).clamp_min(torch.finfo(packed.dtype).tiny)
-            torch.div(packed[:-1], divisor, out=buf)
+            if tail.device.type == "cpu":  # read at once: free on the host
+                total = float(tail.item())
+                divisor: float | torch.Tensor = total * state.unit if total > 0 else 1.0
+            else:  # stays on the device: the step reads it (one wait, as GradScaler's)
+                total = tail
+                divisor = (tail * state.unit).clamp_min(torch.finfo(tail.dtype).tiny)
+            # an empty window (no item on any rank) has zero gradients: any divisor will do
+            torch.div(body, divisor, out=buf)
         state.pending.clear()
         return total
 
@@ -147,7 +166,7 @@ class FsdpCount(CountSync):
             if self.sum_only:
                 m.set_force_sum_reduction_for_comms(True)
 
-    def after(self) -> torch.Tensor | None:
+    def after(self) -> float | torch.Tensor | None:
         for m in self._modules():  # later backwards reduce as FSDP2 does by itself
             m.set_gradient_divide_factor(None)  # type: ignore[arg-type]
             if self.sum_only:
