@@ -98,7 +98,6 @@ class Counting:
         self.skip: bool | None = None
         self.done: set[int] = set()  # ids of the optimizers the step rescaled
         self.syncs: list[CountSync] = []  # (they hold their models weakly)
-        self.needs_total = False
         self.plain_models = False  # a model whose gradients the step rescales
         self._uncovered: WeakKeyDictionary[Any, list[nn.Parameter]] = WeakKeyDictionary()
 
@@ -112,7 +111,6 @@ class Counting:
             self.plain_models = True
         else:
             self.syncs.append(sync)
-        self.needs_total = any(s.needs_total for s in self.syncs)
         self._uncovered = WeakKeyDictionary()
 
     # --- the window ----------------------------------------------------------------------
@@ -169,19 +167,14 @@ class Counting:
 
     def before_last(self) -> None:
         """Before the window's last backward: the reductions learn the count."""
-        if not self.syncs:
-            return
-        total = None
-        if self.needs_total:
-            total = self.total = float(self.reduce(self.local))
         for sync in self.syncs:
-            sync.before(self.local, self.unit, total)
+            sync.before(self.local, self.unit)
 
     def after_last(self) -> None:
-        """After it: the reductions are complete."""
+        """After it: the reductions divide by the window's items."""
         for sync in self.syncs:
-            found = sync.after()
-            if found is not None:
+            found = sync.after(self._total)
+            if found is not None and self.total is None:
                 self.pending = found
         self.closed = True
 

@@ -10,10 +10,12 @@ divide by ``unit * N``, where ``N`` is the items of the window on all ranks:
 - DDP (:class:`DdpCount`): a comm hook appends this rank's count to each gradient bucket,
   so the one all-reduce DDP does anyway also sums the counts; the division by
   ``unit * N`` replaces DDP's division by the world size. No collective of its own.
-- FSDP2 and HSDP (:class:`FsdpCount`): ``N`` is all-reduced before the window's last
-  backward and given to FSDP2 as its gradient divide factor, so the reduce-scatter (and
-  HSDP's all-reduce across replicas) divides by it: one small all-reduce per optimizer
-  step, no pass over the gradients.
+- FSDP2 and HSDP (:class:`FsdpCount`): the reduction averages over the ranks as usual;
+  after the window's last backward ``N`` is all-reduced (one small all-reduce per
+  optimizer step) and the rank's gradient shards, 1/world of the model, are multiplied by
+  ``world / (unit * N)``. (FSDP2's ``set_gradient_divide_factor`` would save that pass, but
+  its reduce-scatter over a group of one rank divides twice under gloo's sum-only
+  reductions and float16/float64 gradients, as with HSDP ``shard=1``.)
 
 Anything else (one process, DataParallel, a DDP model with a comm hook of the user's) is
 rescaled by the step (``run/counting.py``).
@@ -22,7 +24,7 @@ rescaled by the step (``run/counting.py``).
 # No ``from __future__ import annotations``: DDP checks the comm hook's annotations as
 # objects (``dist.GradBucket``), not as strings.
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -35,9 +37,6 @@ __all__ = ["CountSync", "DdpCount", "FsdpCount"]
 class CountSync:
     """One model's reduction under ``count=``: the base does nothing (a model whose
     gradients the step rescales)."""
-
-    #: Whether :meth:`before` needs the window's total count (an all-reduce before backward).
-    needs_total: bool = False
 
     def __init__(self, model: nn.Module) -> None:
         # weak: the run keeps one of these per model, and must not keep the model alive
@@ -52,13 +51,13 @@ class CountSync:
         model = self.model
         return iter(()) if model is None else model.parameters()
 
-    def before(self, local: float, unit: float, total: float | None) -> None:
-        """Before the window's last backward: this rank's count, the unit, and (when
-        :attr:`needs_total`) the count on all ranks."""
+    def before(self, local: float, unit: float) -> None:
+        """Before the window's last backward: this rank's count and the unit."""
 
-    def after(self) -> float | torch.Tensor | None:
-        """After that backward: the reduction is complete; the total count if it learnt it
-        (a tensor when it is still on the device)."""
+    def after(self, total: Callable[[], float]) -> float | torch.Tensor | None:
+        """After that backward: complete the division; ``total()`` gives the count on all
+        ranks (an all-reduce the first time). Returns the total if it learnt it itself (a
+        tensor when it is still on the device)."""
         return None
 
 
@@ -112,7 +111,7 @@ class DdpCount(CountSync):
         self.state = _HookState(group)
         model.register_comm_hook(self.state, _count_hook)
 
-    def before(self, local: float, unit: float, total: float | None) -> None:
+    def before(self, local: float, unit: float) -> None:
         join = getattr(self.model, "_join_config", None)
         if join is not None and join.enable:
             raise RuntimeError(
@@ -122,53 +121,48 @@ class DdpCount(CountSync):
         state = self.state
         state.counting, state.slot, state.unit = True, local, unit
 
-    def after(self) -> float | torch.Tensor | None:
+    def after(self, total: Callable[[], float]) -> float | torch.Tensor | None:
         state = self.state
         state.counting = False
-        total: float | torch.Tensor | None = None
+        found: float | torch.Tensor | None = None
         for work, body, tail, buf in state.pending:
             work.wait()
             if tail.device.type == "cpu":  # read at once: free on the host
-                total = float(tail.item())
-                divisor: float | torch.Tensor = total * state.unit if total > 0 else 1.0
+                found = float(tail.item())
+                divisor: float | torch.Tensor = found * state.unit if found > 0 else 1.0
             else:  # stays on the device: the step reads it (one wait, as GradScaler's)
-                total = tail
+                found = tail
                 divisor = (tail * state.unit).clamp_min(torch.finfo(tail.dtype).tiny)
             # an empty window (no item on any rank) has zero gradients: any divisor will do
             torch.div(body, divisor, out=buf)
         state.pending.clear()
-        return total
+        return found
 
 
 class FsdpCount(CountSync):
-    """FSDP2's gradient divide factor set to the window's ``unit * N``."""
-
-    needs_total = True
+    """FSDP2's average over ranks, turned into the mean over items shard by shard."""
 
     def __init__(self, model: nn.Module) -> None:
-        from torch.distributed.fsdp import FSDPModule
-
         super().__init__(model)
-        self._fsdp = FSDPModule
-        # A custom factor is NCCL's PreMulSum, which gloo lacks: there, reduce by sum and
-        # divide after (what FSDP2 does for float16 anyway).
-        self.sum_only = dist.get_backend() != "nccl"
+        self.unit = 1.0
 
-    def _modules(self) -> list[nn.Module]:
+    def before(self, local: float, unit: float) -> None:
+        self.unit = unit
+
+    def after(self, total: Callable[[], float]) -> float | torch.Tensor | None:
         model = self.model
-        return [] if model is None else [m for m in model.modules()
-                                         if isinstance(m, self._fsdp)]
-
-    def before(self, local: float, unit: float, total: float | None) -> None:
-        factor = unit * total if total else 1.0  # no item anywhere: zero gradients
-        for m in self._modules():
-            m.set_gradient_divide_factor(factor)
-            if self.sum_only:
-                m.set_force_sum_reduction_for_comms(True)
-
-    def after(self) -> float | torch.Tensor | None:
-        for m in self._modules():  # later backwards reduce as FSDP2 does by itself
-            m.set_gradient_divide_factor(None)  # type: ignore[arg-type]
-            if self.sum_only:
-                m.set_force_sum_reduction_for_comms(False)
+        n = total()
+        if model is None or not n:  # no item anywhere: the gradients are zeros already
+            return None
+        grads, ranks = [], 1
+        for p in model.parameters():
+            if p.grad is None:
+                continue
+            local = getattr(p.grad, "to_local", None)
+            mesh = getattr(p, "device_mesh", None)
+            if mesh is not None:
+                ranks = mesh.size()  # what FSDP2 divided by: every rank of the mesh
+            grads.append(local() if local is not None else p.grad)
+        if grads:
+            torch._foreach_mul_(grads, ranks / (self.unit * n))
         return None
