@@ -143,6 +143,8 @@ def layouts(rank: int, world: int, strategy: str, micro: int,
             if precision == "32" and strategy == "ddp":
                 out["clip"] = train(run, run.model(net()), micro, clip=CLIP)
                 out["no count"] = train(run, run.model(net()), micro, count=False)
+                # a comm hook of the user's: DDP averages, the step rescales
+                out["own hook"] = train(run, run.model(net(), comm_hook="allreduce"), micro)
     return out
 
 
@@ -204,6 +206,14 @@ def test_bf16_mixed_has_no_nan_and_stays_within_bf16_noise(runs: dict, name: str
         weights = res["bf16-mixed"]["weights"]
         assert torch.isfinite(weights).all()
         assert ((weights - ref).norm() / moved).item() <= 0.15
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n.startswith("ddp")])
+def test_a_ddp_model_with_its_own_comm_hook_is_rescaled_by_the_step(runs: dict,
+                                                                    name: str) -> None:
+    for res in _per_rank(runs, name):
+        assert (res["own hook"]["weights"] - runs["ref"]["weights"]).abs().max().item() <= 1e-9
+        assert res["own hook"]["stepped"] == [True, True, True, False]
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n.startswith("ddp")])

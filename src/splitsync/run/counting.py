@@ -121,24 +121,32 @@ class Counting:
         elif counted != self.counted:
             raise ValueError(MIXED)
 
-    def backward(self, plan: StepPlan, loss: torch.Tensor, n: float) -> None:
-        """One counted micro-batch: ``loss`` (its mean over ``n`` items) times ``n * unit``."""
-        self.begin(plan.micro % plan.every == 0, counted=True)
-        last = (plan.micro + 1) % plan.every == 0
-        scaler = plan.update_scale()
+    def backward(self, plan: StepPlan, loss: torch.Tensor, count: Any) -> None:
+        """One counted micro-batch: ``loss`` (its mean over ``count`` items) times
+        ``count * unit``. (Runs every micro-step: few calls of its own.)"""
+        n = as_count(count)
+        micro, every = plan.micro, plan.every
+        if micro % every == 0:
+            self.open(True)
+        elif not self.counted:
+            raise ValueError(MIXED)
+        last = (micro + 1) % every == 0
+        scaler = plan.scaler
+        if scaler is not None:
+            plan.update_scale()
         self.local += n
         if last:
-            self.before_last()
+            for sync in self.syncs:
+                sync.before(self.local, self.unit)
         if n == 0:
             backward_zero(loss)  # exact zeros, through every hook and collective
         else:
-            multiplier = self.multiplier(n)
-            if multiplier != 1.0:
-                loss = loss * multiplier
+            if not self.unit_window:
+                loss = loss * (n * self.unit)
             if scaler is not None:
                 loss = scaler.scale(loss)
             loss.backward()
-        plan.micro += 1
+        plan.micro = micro + 1
         if last:
             self.after_last()
 
@@ -161,17 +169,10 @@ class Counting:
         if self.done:
             self.done = set()
 
-    def multiplier(self, n: float) -> float:
-        """What a counted micro-batch's loss is multiplied by."""
-        return 1.0 if self.unit_window else n * self.unit
-
-    def before_last(self) -> None:
-        """Before the window's last backward: the reductions learn the count."""
-        for sync in self.syncs:
-            sync.before(self.local, self.unit)
-
     def after_last(self) -> None:
-        """After it: the reductions divide by the window's items."""
+        """After the window's last backward: the reductions divide by its items."""
+        if self.world == 1:
+            self.total = self.local
         for sync in self.syncs:
             found = sync.after(self._total)
             if found is not None and self.total is None:
@@ -186,7 +187,7 @@ class Counting:
             return True
         self.settled = True
         if self.skip is None:
-            self.skip = self._total() == 0
+            self.skip = (self.total if self.total is not None else self._total()) == 0
         if self.skip:
             return False
         if self.unit_window or id(optimizer) in self.done:

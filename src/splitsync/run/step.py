@@ -124,7 +124,7 @@ class StepPlan:
 
     def backward_count(self, loss: torch.Tensor, count: Any) -> None:
         """``run.backward(loss, count=n)`` (after :meth:`arm`)."""
-        self.counting.backward(self, loss, as_count(count))  # type: ignore[union-attr]
+        self.counting.backward(self, loss, count)  # type: ignore[union-attr]
 
     # --- step --------------------------------------------------------------------------
     @staticmethod
@@ -146,7 +146,8 @@ class StepPlan:
         if self.micro % self.every:
             self.stepped = False
             return None  # inside an accumulation window: keep gradients, do not step
-        if not self.settle(optimizer):
+        counting = self.counting
+        if counting is not None and not counting.settle(optimizer):
             optimizer.zero_grad(set_to_none=True)  # no item on any rank: nothing to learn
             self.stepped = False
             return None
@@ -300,8 +301,8 @@ class Training:
     def _observed_count(self, calls: tuple[Callable[..., Any], ...],
                         around: Callable[..., Any] | None) -> Callable[[torch.Tensor, Any], None]:
         plan, loaders = self.plan, self.loaders
-        if not calls and around is None:
-            return plan.backward_count
+        if not calls and around is None:  # the counting's own backward: one frame
+            return partial(plan.counting.backward, plan)  # type: ignore[union-attr]
 
         def backward(loss: torch.Tensor, count: Any) -> None:
             n = as_count(count)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -69,9 +70,13 @@ class DDP(Strategy):
 
     def count_sync(self, model: nn.Module) -> CountSync | None:
         # Only one comm hook per DDP model: with the user's (comm_hook="fp16", ...) the step
-        # rescales instead. The hook writes into the buckets the gradients are views of.
+        # rescales instead. The hook writes into the buckets the gradients are views of. The
+        # count rides in a bucket of the gradients' dtype: exact in float32 up to 2**24 items,
+        # in bfloat16 ("bf16-true") only up to 256, so there the step rescales too.
         if (not isinstance(model, DistributedDataParallel) or getattr(model, "_comm_hooks", ())
-                or not model.gradient_as_bucket_view):
+                or not model.gradient_as_bucket_view or any(
+                    p.dtype not in (torch.float32, torch.float64)
+                    for p in model.parameters() if p.requires_grad)):
             return None
         from splitsync.strategies.count import DdpCount
 
