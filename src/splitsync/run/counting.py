@@ -94,6 +94,7 @@ class Counting:
         # the total a reduction learnt (a tensor while it is still on the device)
         self.pending: float | torch.Tensor | None = None
         self.closed = False  # the window's last backward has run
+        self.empty = False  # one process, no accumulation: the last micro-batch had no item
         self.settled = False  # a run.step has ended the window
         self.skip: bool | None = None
         self.done: set[int] = set()  # ids of the optimizers the step rescaled
@@ -124,7 +125,15 @@ class Counting:
     def backward(self, plan: StepPlan, loss: torch.Tensor, count: Any) -> None:
         """One counted micro-batch: ``loss`` (its mean over ``count`` items) times
         ``count * unit``. (Runs every micro-step: few calls of its own.)"""
-        n = as_count(count)
+        n = float(count) if type(count) is int and count >= 0 else as_count(count)
+        if self.unit_window and plan.scaler is None:  # the micro-batch is the whole step
+            self.empty = n == 0
+            if n:
+                loss.backward()
+            else:
+                backward_zero(loss)
+            plan.micro += 1
+            return
         micro, every = plan.micro, plan.every
         if micro % every == 0:
             self.open(True)
@@ -150,6 +159,22 @@ class Counting:
         if last:
             self.after_last()
 
+    def unit_backward(self, plan: StepPlan, loss: torch.Tensor) -> None:
+        """A backward without count= in one process without accumulation."""
+        self.empty = False
+        loss.backward()
+        plan.micro += 1
+
+    def unit_step(self, plan: StepPlan, optimizer: torch.optim.Optimizer,
+                  clip: float | None = None) -> torch.Tensor | None:
+        """Its step: the plain one, unless the micro-batch had no item."""
+        if self.empty:
+            optimizer.zero_grad(set_to_none=True)
+            plan.stepped = False
+            return None
+        plan.stepped = True
+        return plan._step_plain(optimizer, clip)
+
     def open(self, counted: bool) -> None:
         """A window's first backward (``counted``: with count=)."""
         if self.counted and self.closed:
@@ -163,7 +188,7 @@ class Counting:
                 total = self.total if self.total is not None else self._read_pending()
                 if total:
                     self.unit = unit_for(total, self.world)
-        self.counted = counted
+        self.counted, self.empty = counted, False
         self.local, self.total, self.pending, self.skip = 0.0, None, None, None
         self.closed = self.settled = False
         if self.done:
@@ -183,6 +208,8 @@ class Counting:
     def settle(self, optimizer: torch.optim.Optimizer) -> bool:
         """At the step that ends a counted window: the gradients ``optimizer`` updates
         divided by the window's items; False when there were none (skip the step)."""
+        if self.unit_window:
+            return not self.empty
         if not self.counted:
             return True
         self.settled = True

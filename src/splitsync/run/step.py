@@ -66,7 +66,11 @@ class StepPlan:
         self._choose()
 
     def _choose(self) -> None:
-        if self.counting is not None:
+        if self.counting is not None and self.counting.unit_window and self.scaler is None:
+            # one process, no accumulation: a window is one backward, nothing to rescale
+            self.backward = partial(self.counting.unit_backward, self)
+            self.step = partial(self.counting.unit_step, self)
+        elif self.counting is not None:
             self.backward = self._backward_checked
             self.step = self._step_general
         elif self.scaler is None and self.every == 1:
@@ -121,10 +125,6 @@ class StepPlan:
         """A backward without count= once count= has been used: windows must not mix."""
         self.counting.begin(self.micro % self.every == 0, counted=False)  # type: ignore[union-attr]
         self._backward_general(loss)
-
-    def backward_count(self, loss: torch.Tensor, count: Any) -> None:
-        """``run.backward(loss, count=n)`` (after :meth:`arm`)."""
-        self.counting.backward(self, loss, count)  # type: ignore[union-attr]
 
     # --- step --------------------------------------------------------------------------
     @staticmethod
@@ -301,17 +301,18 @@ class Training:
     def _observed_count(self, calls: tuple[Callable[..., Any], ...],
                         around: Callable[..., Any] | None) -> Callable[[torch.Tensor, Any], None]:
         plan, loaders = self.plan, self.loaders
+        counted = partial(plan.counting.backward, plan)  # type: ignore[union-attr]
         if not calls and around is None:  # the counting's own backward: one frame
-            return partial(plan.counting.backward, plan)  # type: ignore[union-attr]
+            return counted
 
         def backward(loss: torch.Tensor, count: Any) -> None:
             n = as_count(count)
             for call in calls:
                 call(loss, loaders.active, n)
             if around is None:
-                plan.backward_count(loss, n)
+                counted(loss, n)
             else:
-                around(_BACKWARD_OP, plan.backward_count, loss, n)
+                around(_BACKWARD_OP, counted, loss, n)
 
         return backward
 
