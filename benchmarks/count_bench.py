@@ -7,7 +7,10 @@ interleaved blocks in one launch (``splitsync.bench.harness.interleave``: every 
 every position equally often), each on its own copy of the model, optimizer and loader:
 "plain" (``run.backward(loss)``), "plain again" (the same loop on another copy: an A/A
 control, the method's own bias and spread in the same sitting) and "count="
-(``run.backward(loss, count=len(y))``: W1's loss is a mean over the batch's samples).
+(``run.backward(loss, count=len(y))``: W1's loss is a mean over the batch's samples). At 2
+processes a fourth loop, "python hook", is the plain loop on a DDP model given PyTorch's own
+Python all-reduce hook (``run.model(m, comm_hook="allreduce")``): what any Python comm hook
+costs, the floor of a count that rides in DDP's all-reduce.
 
 A run switches to counted windows at its first ``count=`` and keeps them; to time a run
 that never used ``count=`` beside one that does, the benchmark detaches the run's counted
@@ -35,7 +38,7 @@ import torch.nn.functional as F
 
 from splitsync.testing import spawn
 
-PLAIN, AA, COUNT = "plain", "plain again", "count="
+PLAIN, AA, COUNT, HOOK = "plain", "plain again", "count=", "python hook"
 
 
 class _Switch:
@@ -55,6 +58,12 @@ class _Switch:
             return
         plan._choose()
         training.set_observers(self.run.observers)
+
+
+def _allreduce_hook() -> Any:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return default_hooks.allreduce_hook
 
 
 def _rank(rank: int, world: int, workload: str, rounds: int, block: int) -> dict[str, Any]:
@@ -77,6 +86,10 @@ def _rank(rank: int, world: int, workload: str, rounds: int, block: int) -> dict
         switch.set(False)
         loops = {PLAIN: build_loop("splitsync", wl, wl.build(), ctx),
                  AA: build_loop("splitsync", wl, wl.build(), ctx), COUNT: counted}
+        if run.world_size > 1:
+            hooked = build_loop("splitsync", wl, wl.build(), ctx)
+            hooked.model.register_comm_hook(None, _allreduce_hook())
+            loops[HOOK] = hooked
         cpu: dict[str, list[list[float]]] = {name: [] for name in loops}
 
         def variant(name: str):  # type: ignore[no-untyped-def]
@@ -127,7 +140,7 @@ def main() -> None:
         t0 = time.perf_counter()
         out = spawn(_rank, world, args.workload, args.rounds, args.block, timeout=3600)[0]
         print(f"{args.workload}, {world} gloo rank(s), batch {out['batch']} per rank, "
-              f"{args.rounds} rounds x {args.block} steps, 3 loops interleaved "
+              f"{args.rounds} rounds x {args.block} steps, {len(out['rows'])} loops interleaved "
               f"({time.perf_counter() - t0:.0f} s)")
         for title, rows in (("step time (wall)", out["rows"]),
                             ("training thread's CPU time a step", out["cpu_rows"])):

@@ -100,6 +100,9 @@ class Counting:
         self.done: set[int] = set()  # ids of the optimizers the step rescaled
         self.syncs: list[CountSync] = []  # (they hold their models weakly)
         self.plain_models = False  # a model whose gradients the step rescales
+        # one micro-batch per window and every reduction weighs the local gradient itself:
+        # the loss is not multiplied at all (DDP packs n * gradient with the count)
+        self.folds = False
         self._uncovered: WeakKeyDictionary[Any, list[nn.Parameter]] = WeakKeyDictionary()
 
     def add(self, model: nn.Module, strategy: Strategy) -> None:
@@ -112,6 +115,8 @@ class Counting:
             self.plain_models = True
         else:
             self.syncs.append(sync)
+        self.folds = (self.every == 1 and not self.plain_models
+                      and all(s.weighs for s in self.syncs))
         self._uncovered = WeakKeyDictionary()
 
     # --- the window ----------------------------------------------------------------------
@@ -144,13 +149,17 @@ class Counting:
         if scaler is not None:
             plan.update_scale()
         self.local += n
+        folds = self.folds
         if last:
             for sync in self.syncs:
-                sync.before(self.local, self.unit)
+                if folds:
+                    sync.before(n, 1.0, n)
+                else:
+                    sync.before(self.local, self.unit)
         if n == 0:
             backward_zero(loss)  # exact zeros, through every hook and collective
         else:
-            if not self.unit_window:
+            if not (self.unit_window or folds):
                 loss = loss * (n * self.unit)
             if scaler is not None:
                 loss = scaler.scale(loss)
@@ -184,7 +193,7 @@ class Counting:
                     "run.step(optimizer) ended the last one: under count= the step divides "
                     "the window's gradients by its items. Call run.step after every "
                     f"{self.every}-th run.backward.")
-            if not self.unit_window:
+            if not (self.unit_window or self.folds):
                 total = self.total if self.total is not None else self._read_pending()
                 if total:
                     self.unit = unit_for(total, self.world)
@@ -217,7 +226,8 @@ class Counting:
             self.skip = (self.total if self.total is not None else self._total()) == 0
         if self.skip:
             return False
-        if self.unit_window or id(optimizer) in self.done:
+        if self.unit_window or id(optimizer) in self.done or (
+                self.world > 1 and not self.plain_models and not self._plain(optimizer)):
             return True
         self.done.add(id(optimizer))
         factor = self.world / (self.unit * self._total())

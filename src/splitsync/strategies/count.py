@@ -51,8 +51,13 @@ class CountSync:
         model = self.model
         return iter(()) if model is None else model.parameters()
 
-    def before(self, local: float, unit: float) -> None:
-        """Before the window's last backward: this rank's count and the unit."""
+    #: Whether :meth:`before` can weigh the local gradient itself (``weight``), so that a
+    #: window of one micro-batch needs no multiplication of its loss.
+    weighs = False
+
+    def before(self, local: float, unit: float, weight: float = 1.0) -> None:
+        """Before the window's last backward: this rank's count, the unit, and (when
+        :attr:`weighs`) a factor for the local gradient."""
 
     def after(self, total: Callable[[], float]) -> float | torch.Tensor | None:
         """After that backward: complete the division; ``total()`` gives the count on all
@@ -69,18 +74,23 @@ class _HookState:
         self.counting = False
         self.slot = 0.0  # this rank's count in the window
         self.unit = 1.0
-        # per bucket: the bucket's gradients and one more element for the count, reused
-        self.packed: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.weight = 1.0  # what the local gradient is multiplied by as it is packed
+        # per bucket: its buffer's address, the packed tensor (the bucket's gradients and one
+        # more element for the count) with its two parts, and a future completed with the
+        # bucket; all reused from step to step
+        self.packed: dict[int, tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, Any]] = {}
         self.pending: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
 
 def _packed(state: _HookState, index: int, buf: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            ) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, Any]:
     found = state.packed.get(index)
-    if found is None or found[1].shape != buf.shape or found[0].dtype != buf.dtype \
-            or found[0].device != buf.device:
+    if found is None or found[0] != buf.data_ptr() or found[2].shape != buf.shape \
+            or found[1].dtype != buf.dtype:  # new (or rebuilt) buckets
         packed = buf.new_empty(buf.numel() + 1)
-        found = state.packed[index] = (packed, packed[:-1], packed[-1:])
+        done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        done.set_result(buf)
+        found = state.packed[index] = (buf.data_ptr(), packed, packed[:-1], packed[-1:], done)
     return found
 
 
@@ -90,15 +100,16 @@ def _count_hook(state: _HookState, bucket: dist.GradBucket) -> torch.futures.Fut
     if not state.counting:  # a backward outside a counted window: DDP's own average
         return default_hooks.allreduce_hook(state.group, bucket)
     buf = bucket.buffer()
-    packed, body, tail = _packed(state, bucket.index(), buf)
-    body.copy_(buf)
+    _, packed, body, tail, done = _packed(state, bucket.index(), buf)
+    if state.weight == 1.0:
+        body.copy_(buf)
+    else:
+        torch.mul(buf, state.weight, out=body)
     tail.fill_(state.slot)
     state.pending.append((state.group.allreduce([packed]), body, tail, buf))
-    # Completed at once with the bucket itself: the gradients are views of it, so DDP copies
-    # nothing, and DdpCount.after writes the reduced values into it. No callback runs on
-    # the communication thread (with gloo each one costs a thread switch and the GIL).
-    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    done.set_result(buf)
+    # Completed already, with the bucket itself: the gradients are views of it, so DDP
+    # copies nothing, and DdpCount.after writes the reduced values into it. No callback runs
+    # on the communication thread (with gloo each one costs a thread switch and the GIL).
     return done
 
 
@@ -111,7 +122,9 @@ class DdpCount(CountSync):
         self.state = _HookState(group)
         model.register_comm_hook(self.state, _count_hook)
 
-    def before(self, local: float, unit: float) -> None:
+    weighs = True
+
+    def before(self, local: float, unit: float, weight: float = 1.0) -> None:
         join = getattr(self.model, "_join_config", None)
         if join is not None and join.enable:
             raise RuntimeError(
@@ -119,7 +132,7 @@ class DdpCount(CountSync):
                 "batches cannot add its count to the others' gradient all-reduce. Give every "
                 "rank the same number of batches (run.loader(..., drop_last=True)) instead.")
         state = self.state
-        state.counting, state.slot, state.unit = True, local, unit
+        state.counting, state.slot, state.unit, state.weight = True, local, unit, weight
 
     def after(self, total: Callable[[], float]) -> float | torch.Tensor | None:
         state = self.state
@@ -146,7 +159,7 @@ class FsdpCount(CountSync):
         super().__init__(model)
         self.unit = 1.0
 
-    def before(self, local: float, unit: float) -> None:
+    def before(self, local: float, unit: float, weight: float = 1.0) -> None:
         self.unit = unit
 
     def after(self, total: Callable[[], float]) -> float | torch.Tensor | None:
