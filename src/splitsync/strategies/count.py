@@ -9,7 +9,9 @@ divide by ``unit * N``, where ``N`` is the items of the window on all ranks:
 
 - DDP (:class:`DdpCount`): a comm hook appends this rank's count to each gradient bucket,
   so the one all-reduce DDP does anyway also sums the counts; the division by
-  ``unit * N`` replaces DDP's division by the world size. No collective of its own.
+  ``unit * N`` replaces DDP's division by the world size. No collective of its own. With
+  one micro-batch per window the loss is not multiplied: the hook packs ``n`` times the
+  gradient (``weight``) and divides by ``N``.
 - FSDP2 and HSDP (:class:`FsdpCount`): the reduction averages over the ranks as usual;
   after the window's last backward ``N`` is all-reduced (one small all-reduce per
   optimizer step) and the rank's gradient shards, 1/world of the model, are multiplied by
