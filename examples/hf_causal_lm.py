@@ -7,7 +7,11 @@
 
 The model comes from a local ``transformers.GPT2Config`` (2 blocks, random weights) and
 the text is generated here from a small grammar, read as bytes: nothing is downloaded.
-Batches are dicts and the model computes its own loss: ``model(**batch).loss``. Under
+Windows end at ragged lengths, padded with labels -100, as real documents do. Batches are
+dicts and the model computes its own loss, ``model(**batch).loss``: the mean over the
+batch's real next-token predictions. ``run.backward(loss, count=n)`` with their number
+makes each optimizer step the mean over every real token of every rank
+(docs/token-losses.md), and ``run.log(..., count=n)`` logs that same mean. Under
 FSDP every ``GPT2Block`` is sharded on its own, then the root. With ``--ckpt-dir`` the
 run saves every ``--save-every`` steps and a relaunch continues from the newest
 checkpoint; ``--export-dir`` writes ``model.safetensors`` and ``config.json``, a folder
@@ -44,20 +48,36 @@ def make_text(n_sentences: int, seed: int) -> str:
     return " ".join(out)
 
 
-class ByteWindows(Dataset):
-    """Fixed-length windows of the text's bytes as ``{"input_ids", "labels"}`` dicts."""
+IGNORE = -100  # the label Hugging Face's losses skip
 
-    def __init__(self, text: str, seq_len: int) -> None:
+
+class ByteWindows(Dataset):
+    """Windows of the text's bytes as ``{"input_ids", "labels"}`` dicts; with ``ragged``,
+    each ends at a seeded length from a quarter to all of ``seq_len`` (padding after it:
+    input byte 0, label -100)."""
+
+    def __init__(self, text: str, seq_len: int, ragged: bool = False, seed: int = 0) -> None:
         data = torch.tensor(list(text.encode()), dtype=torch.long)
         n = len(data) // seq_len
         self.windows = data[: n * seq_len].view(n, seq_len)
+        g = torch.Generator().manual_seed(seed)
+        self.lengths = (torch.randint(seq_len // 4, seq_len + 1, (n,), generator=g) if ragged
+                        else torch.full((n,), seq_len))
 
     def __len__(self) -> int:
         return len(self.windows)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        ids = self.windows[i]
-        return {"input_ids": ids, "labels": ids}  # the model shifts the labels itself
+        real = torch.arange(len(self.windows[i])) < self.lengths[i]
+        ids = torch.where(real, self.windows[i], 0)
+        labels = torch.where(real, self.windows[i], IGNORE)
+        return {"input_ids": ids, "labels": labels}  # the model shifts the labels itself
+
+
+def predicted(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """How many next tokens ``model(**batch).loss`` averages over: the labels after the
+    first of each row (the model shifts them) that are not -100."""
+    return (batch["labels"][:, 1:] != IGNORE).sum()
 
 
 def tiny_gpt2(seq_len: int):
@@ -97,7 +117,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> float:
     args = parse_args(argv)
     with ss.init(seed=args.seed, strategy=args.strategy, run_dir=args.run_dir) as run:
-        train_set = ByteWindows(make_text(2000, seed=args.seed), args.seq_len)
+        train_set = ByteWindows(make_text(2000, seed=args.seed), args.seq_len, ragged=True,
+                                seed=args.seed)
         model = run.model(tiny_gpt2(args.seq_len))
         blocks = run.unwrap(model).transformer.h
         sharded = sum(type(b).__name__.startswith("FSDP") for b in blocks)
@@ -118,12 +139,13 @@ def main(argv: list[str] | None = None) -> float:
             if step >= args.steps:
                 break
             for batch in loader:
-                loss = model(**batch).loss
-                run.backward(loss)
+                loss = model(**batch).loss  # the mean over this batch's real tokens
+                count = predicted(batch)
+                run.backward(loss, count=count)  # the step: the mean over all ranks' tokens
                 run.step(opt)
                 step += 1
                 if step % args.log_every == 0:
-                    run.log(step=step, loss=loss.detach())
+                    run.log(step=step, loss=loss.detach(), count=count)
                 if args.ckpt_dir and step % args.save_every == 0:
                     run.save(step=step, epoch=epoch)
                 if step >= args.steps:

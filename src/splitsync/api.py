@@ -25,9 +25,8 @@ from splitsync.distributed.preemption import DEFAULT_PREEMPT_GRACE, DEFAULT_PREE
 from splitsync.distributed.seeding import draw_seed, seed_everything
 from splitsync.distributed.threads import cpu_counts, launcher_threads
 from splitsync.output.trackers import require_packages
-from splitsync.run.config import DEFAULT_STRAGGLER_THRESHOLD, RunConfig
+from splitsync.run.config import DEFAULT_STRAGGLER_THRESHOLD, RunConfig, accumulate_for
 from splitsync.run.runtime import Run
-from splitsync.run.step import accumulate_for
 from splitsync.strategies import check_options, resolve
 from splitsync.train.precision import get_precision
 

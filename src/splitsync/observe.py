@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
     from splitsync.data.loader import DeviceLoader
 
-__all__ = ["Observer", "overriding", "chain_around", "appended", "redirect", "step_end_calls"]
+__all__ = ["Observer", "overriding", "chain_around", "appended", "redirect", "step_end_calls",
+           "backward_calls"]
 
 T = TypeVar("T")
 
@@ -75,8 +76,11 @@ class Observer:
         """An epoch of ``run.epochs`` begins (loaders' ``set_epoch`` already called)."""
 
     # --- training ----------------------------------------------------------------------
-    def on_backward(self, loss: torch.Tensor, loader: DeviceLoader | None) -> None:
-        """``run.backward(loss)``, before the backward pass; ``loader`` is the active one."""
+    def on_backward(self, loss: torch.Tensor, loader: DeviceLoader | None,
+                    count: float | None = None) -> None:
+        """``run.backward(loss)``, before the backward pass; ``loader`` is the active one.
+        ``count``: the items ``loss`` is the mean of, under ``run.backward(loss, count=n)``
+        (an override that takes only ``(loss, loader)`` is called that way)."""
 
     def on_step_begin(self, optimizer: torch.optim.Optimizer) -> None:
         """``run.step``, before it (gradients are final here when it steps:
@@ -166,13 +170,13 @@ def chain_around(observers: Iterable[Observer]) -> Callable[..., Any] | None:
     return call
 
 
-def _takes_stepped(hook: Callable[..., Any]) -> bool:
-    """Whether an ``on_step_end`` override accepts ``stepped`` (the signature of today)."""
+def _takes(hook: Callable[..., Any], name: str) -> bool:
+    """Whether an override accepts the argument ``name`` (the signature of today)."""
     try:
         params = inspect.signature(hook).parameters
     except (TypeError, ValueError):  # a builtin or C callable: assume today's signature
         return True
-    return "stepped" in params or any(
+    return name in params or any(
         p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params.values())
 
 
@@ -186,11 +190,25 @@ def step_end_calls(observers: Iterable[Observer]) -> tuple[Callable[..., Any], .
     calls: list[Callable[..., Any]] = []
     for obs in overriding(observers, "on_step_end"):
         hook = obs.on_step_end
-        if _takes_stepped(hook):
+        if _takes(hook, "stepped"):
             calls.append(hook)
         else:
             calls.append(partial(_old_step_end, hook))
     return tuple(calls)
+
+
+def backward_calls(observers: Iterable[Observer]) -> tuple[Callable[..., Any], ...]:
+    """One ``call(loss, loader, count)`` per observer overriding ``on_backward``, for
+    ``run.backward(loss, count=n)``; an override without ``count`` is called without it."""
+    calls: list[Callable[..., Any]] = []
+    for obs in overriding(observers, "on_backward"):
+        hook = obs.on_backward
+        calls.append(hook if _takes(hook, "count") else partial(_old_backward, hook))
+    return tuple(calls)
+
+
+def _old_backward(hook: Callable[..., Any], loss: Any, loader: Any, count: float) -> None:
+    hook(loss, loader)
 
 
 def _old_step_end(hook: Callable[..., Any], optimizer: Any, norm: Any, stepped: bool) -> None:

@@ -36,6 +36,7 @@ MEASURED: MappingProxyType[str, tuple[int, int, int, int]] = MappingProxyType({
     'SS602': (2, 0, 0, 0),
     'SS603': (1, 0, 0, 0),
     'SS604': (1, 0, 0, 0),
+    'SS610': (0, 0, 0, 0),
 })
 #: Scored files and repositories of the corpus.
 CORPUS = (207, 47)

@@ -17,6 +17,7 @@ from splitsync.check.rules import (
     output,
     parallel,
     seeds,
+    tokens,
 )
 
 __all__ = ["all_rules", "get_rule", "select_rules", "gate", "measured_text", "META_CODES",
@@ -73,7 +74,7 @@ def _gated(rule: Rule) -> Rule:
 def all_rules(gated: bool = True) -> tuple[Rule, ...]:
     """All rules, sorted by code; ``gated`` caps each severity by its measured precision."""
     rules = (*devices.RULES, *indices.RULES, *moves.RULES, *parallel.RULES, *data.RULES,
-             *seeds.RULES, *output.RULES, *metrics.RULES, *loop.RULES)
+             *seeds.RULES, *output.RULES, *metrics.RULES, *loop.RULES, *tokens.RULES)
     if gated:
         rules = tuple(_gated(r) for r in rules)
     return tuple(sorted(rules, key=lambda r: r.code))

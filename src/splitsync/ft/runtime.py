@@ -205,6 +205,17 @@ class FTRun(Run):
             pass
 
     # --- training --------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, count: Any = None) -> None:
+        """``run.backward``; ``count=`` is refused: torchft's reduction of the gradients is
+        its own, so the count cannot ride in it (docs/token-losses.md)."""
+        if count is not None:
+            raise NotImplementedError(
+                "run.backward(loss, count=...) is not available under "
+                "fault_tolerance='torchft': torchft all-reduces the gradients itself, over the "
+                "groups of each quorum. Use a loss that is the mean over the micro-batch "
+                "without count=, or run without fault tolerance.")
+        super().backward(loss)
+
     def step(self, optimizer: torch.optim.Optimizer,  # type: ignore[override]
              clip: float | None = None) -> StepOutcome:
         """Step ``optimizer`` if this step commits (every group of its quorum agreed); else
@@ -212,8 +223,8 @@ class FTRun(Run):
         a :class:`~splitsync.ft.session.StepOutcome`, truthy when the step counted."""
         session = self._session
         if session.decide():
-            norm = super().step(optimizer, clip)
-            return StepOutcome(True, session.step, session.taking, norm)
+            result = super().step(optimizer, clip)
+            return StepOutcome(True, session.step, session.taking, result.norm)
         optimizer.zero_grad(set_to_none=True)
         for call in step_end_calls(self.observers):
             call(optimizer, None, False)  # observers: nothing stepped, nothing counts

@@ -48,6 +48,12 @@ class StepOutcome:
     def __bool__(self) -> bool:
         return self.committed
 
+    @property
+    def stepped(self) -> bool:
+        """``committed``, by :class:`~splitsync.run.result.StepResult`'s name: a loop that
+        reads ``run.step(...).stepped`` runs unchanged under fault tolerance."""
+        return self.committed
+
 
 @dataclass(frozen=True)
 class Committed:

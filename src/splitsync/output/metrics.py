@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import torch
+import torch.distributed as dist
 
 from splitsync.distributed import comm
 from splitsync.output.trackers.fanout import Trackers, chosen
 from splitsync.output.trackers.files import CSV_NAME, JSONL_NAME
 
-__all__ = ["average_metrics", "average_metrics_with", "format_record", "MetricsLog", "JSONL_NAME", "CSV_NAME"]
+__all__ = ["average_metrics", "average_metrics_with", "weighted_metrics", "format_record",
+           "MetricsLog", "JSONL_NAME", "CSV_NAME"]
 
 
 Value = int | float
@@ -88,6 +90,43 @@ def average_metrics_with(metrics: Mapping[str, Any], device: torch.device,
         was_int = checked[name][1]
         out[name] = int(value) if was_int and math.isfinite(value) and value.is_integer() else value
     return out, values[len(names):]
+
+
+def _kept(value: float, was_int: bool) -> Value:
+    return int(value) if was_int and math.isfinite(value) and value.is_integer() else value
+
+
+def weighted_metrics(metrics: Mapping[str, Any], count: Any, device: torch.device,
+                     extra: Sequence[float] = ()) -> tuple[dict[str, Value], list[float]]:
+    """``run.log(count=n, **metrics)``: each rank's metrics weigh by its ``n`` items, so a
+    per-rank mean becomes the mean over every item; the record's ``count`` is the total.
+
+    One all-reduce, as :func:`average_metrics_with` (``extra`` still averaged over ranks).
+    A rank with ``n == 0`` adds nothing (its mean over no item may be NaN). When no rank
+    has an item, the metrics are the plain average over ranks.
+    """
+    n, _ = _check("count", count)
+    n = float(n)
+    if not (math.isfinite(n) and n >= 0):
+        raise ValueError(f"run.log(count={n!r}): the count of items must be finite and >= 0.")
+    names = sorted(metrics)
+    checked = {k: _check(k, metrics[k]) for k in names}
+    values = torch.stack([v.to(device) if isinstance(v, torch.Tensor) else
+                          torch.tensor(v, dtype=torch.float64, device=device)
+                          for v, _ in checked.values()]) if names else \
+        torch.zeros(0, dtype=torch.float64, device=device)
+    weighted = values * n if n > 0 else torch.zeros_like(values)
+    tail = torch.tensor([n, *extra], dtype=torch.float64, device=device)
+    summed = comm.reduce(torch.cat([weighted, values, tail]), "sum", device)
+    out = summed.tolist()  # type: ignore[union-attr]
+    k = len(names)
+    total = out[2 * k]
+    world = dist.get_world_size() if comm.is_active() else 1
+    means = [x / total for x in out[:k]] if total > 0 else [x / world for x in out[k:2 * k]]
+    averaged = dict(zip(names, means, strict=True))
+    record = {name: _kept(averaged[name], checked[name][1]) for name in metrics}
+    record["count"] = _kept(total, True)
+    return record, [x / world for x in out[2 * k + 1:]]
 
 
 def _fmt(value: Value) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -16,7 +17,7 @@ from splitsync.output.trackers import check_loggers
 from splitsync.strategies import check_name
 from splitsync.train.precision import PRECISIONS, check_precision_name
 
-__all__ = ["RunConfig", "PRECISIONS", "DEFAULT_STRAGGLER_THRESHOLD"]
+__all__ = ["RunConfig", "PRECISIONS", "DEFAULT_STRAGGLER_THRESHOLD", "accumulate_for"]
 
 # run.log reports the slowest rank when the others wait for it a quarter of every step
 DEFAULT_STRAGGLER_THRESHOLD = 0.25
@@ -69,3 +70,17 @@ class RunConfig:
         object.__setattr__(self, "preempt_grace", check_grace(self.preempt_grace))
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed={self.seed!r}: give a non-negative integer or None.")
+
+
+def accumulate_for(accumulate: int | Callable[[int], int], world_size: int) -> int:
+    """``init(accumulate=...)``: the number itself, or what a function of the world size
+    returns for this one (checked: a positive integer)."""
+    if not callable(accumulate):
+        return accumulate  # RunConfig checks it, with the other arguments
+    value = accumulate(world_size)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"init(accumulate=...) returned {value!r} at world size {world_size}: return the "
+            "micro-batches per optimizer step on each process, an integer >= 1 (e.g. "
+            "lambda world_size: max(1, 40 // world_size)).")
+    return value

@@ -14,7 +14,12 @@ from typing import Any
 import torch
 
 from splitsync.observe import Observer, overriding
-from splitsync.output.metrics import MetricsLog, average_metrics, average_metrics_with
+from splitsync.output.metrics import (
+    MetricsLog,
+    average_metrics,
+    average_metrics_with,
+    weighted_metrics,
+)
 from splitsync.run.config import RunConfig
 
 __all__ = ["Logging", "run_settings"]
@@ -47,14 +52,15 @@ class Logging:
         self._riders = overriding(observers, "log_extra")
         self._on_log = overriding(observers, "on_log")
 
-    def log(self, metrics: Mapping[str, Any]) -> dict[str, int | float]:
-        riders = self._riders if metrics else ()
-        if not riders:
+    def log(self, metrics: Mapping[str, Any], count: Any = None) -> dict[str, int | float]:
+        riders = self._riders if metrics or count is not None else ()
+        if not riders and count is None:
             record = average_metrics(metrics, self.device)
         else:
             extras = [list(obs.log_extra()) for obs in riders]
-            record, means = average_metrics_with(metrics, self.device,
-                                                 [v for part in extras for v in part])
+            flat = [v for part in extras for v in part]
+            record, means = (average_metrics_with(metrics, self.device, flat) if count is None
+                             else weighted_metrics(metrics, count, self.device, flat))
             start = 0
             for obs, part in zip(riders, extras, strict=True):
                 obs.on_log_extra(means[start:start + len(part)])

@@ -74,11 +74,11 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         self._data = Loaders()
         self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
                               config.strategy_options, env.local_world_size)
+        self._collectives = Collectives(device, self._data)
         self._training = Training(self._plan, self._data, self.world_size,
-                                  self._new_optimizer)
+                                  self._new_optimizer, self._collectives.sum)
         self._plan.ends = self._data.run_ends  # the run's last batch closes its last window
         self._data.on_end = self._training.epochs_ended
-        self._collectives = Collectives(device, self._data)
         self._generators = Generators(seed, self.rank)
         # a background save's watch listens to run.step only: the other parts keep theirs
         self._step_watch: tuple[Observer, ...] = ()
@@ -233,12 +233,14 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         """``iterable`` with a progress bar on rank 0 (plain lines when not a terminal)."""
         return _progress(iterable, show=self.is_main, total=total, desc=desc, every=every)
 
-    def log(self, **metrics: Any) -> dict[str, int | float]:
+    def log(self, count: Any = None, **metrics: Any) -> dict[str, int | float]:
         """Average ``metrics`` over ranks (one all-reduce) and return the averages on every
         rank; rank 0 prints them and hands them to the trackers chosen with
         ``init(loggers=...)``. A collective: every rank calls it, with the same names (not
-        Fabric's ``log_dict``, which logs rank 0's own values)."""
-        return self._logging.log(metrics)
+        Fabric's ``log_dict``, which logs rank 0's own values). ``count=n``: each rank's
+        numbers weigh by its ``n`` items (the mean over all items), and the record's
+        ``count`` is their total."""
+        return self._logging.log(metrics, count)
 
     def log_config(self, params: dict[str, Any]) -> None:
         """Record ``params`` (nested dicts allowed) once as hyperparameters with every

@@ -19,6 +19,9 @@ run points at its loaders) that micro-step syncs and steps, its gradients scaled
 ``k / held`` so they are the mean over the ``held`` micro-batches it really has, and no
 sample is left untrained. A checkpoint saved inside a window keeps it (``window``,
 ``reopen``: the micro-steps done; the gradients themselves are saved by ``splitsync.ckpt``).
+
+``run.backward(loss, count=n)`` (``run/counting.py``) weighs micro-batches by their items
+instead; its functions are chosen only once ``count=`` is first used.
 """
 
 from __future__ import annotations
@@ -26,62 +29,26 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any
-from weakref import WeakSet
+from weakref import WeakKeyDictionary, WeakSet
 
 import torch
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable
 
-from splitsync.observe import Observer, chain_around, overriding, step_end_calls
+from splitsync.observe import Observer, backward_calls, chain_around, overriding, step_end_calls
+from splitsync.run.counting import Counting, as_count
 from splitsync.run.data import Loaders
+from splitsync.run.result import NOT_STEPPED, STEPPED, StepResult
 from splitsync.strategies import Strategy, SyncSetter, for_model
 from splitsync.train.clip import clip_optimizer
 from splitsync.train.precision import Precision, forward_with
 
-__all__ = ["StepPlan", "StepResult", "Training", "prepare_module", "accumulate_for", "join"]
+__all__ = ["StepPlan", "StepResult", "Training", "prepare_module", "join"]
 
 
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    """What ``run.step`` did. ``stepped``: the optimizer stepped (False on an accumulation
-    micro-step and on a step the GradScaler skipped for inf/nan gradients); ``norm``: the
-    global gradient norm before clipping when ``clip`` was given and the step reached the
-    clip, else None. True in a condition exactly when it stepped; ``float(result)`` is the
-    norm (what ``run.step`` used to return)."""
-
-    stepped: bool
-    norm: torch.Tensor | None = None
-
-    def __bool__(self) -> bool:
-        return self.stepped
-
-    def __float__(self) -> float:
-        if self.norm is None:
-            why = "give run.step(opt, clip=...)" if self.stepped else \
-                "it did not step (an accumulation micro-step or a skipped step)"
-            raise TypeError(f"this run.step has no gradient norm: {why}; check "
-                            "result.stepped / result.norm first.")
-        return float(self.norm)
-
-
-# No allocation on the steps without a norm, the common case.
-STEPPED, NOT_STEPPED = StepResult(True), StepResult(False)
-
-def accumulate_for(accumulate: int | Callable[[int], int], world_size: int) -> int:
-    """``init(accumulate=...)``: the number itself, or what a function of the world size
-    returns for this one (checked: a positive integer)."""
-    if not callable(accumulate):
-        return accumulate  # RunConfig checks it, with the other arguments
-    value = accumulate(world_size)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"init(accumulate=...) returned {value!r} at world size {world_size}: return the "
-            "micro-batches per optimizer step on each process, an integer >= 1 (e.g. "
-            "lambda world_size: max(1, 40 // world_size)).")
-    return value
 
 
 def _plain_backward(loss: torch.Tensor) -> None:
@@ -103,18 +70,37 @@ class StepPlan:
         self._watched: WeakSet[torch.optim.Optimizer] = WeakSet()
         # Whether the micro-batch under way is the run's last (its window then ends there)
         self.ends: Callable[[], bool] = _never
+        # count=: armed by the first counted backward; the models it must know of
+        self.counting: Counting | None = None
+        self._models: WeakKeyDictionary[nn.Module, Strategy] = WeakKeyDictionary()
         self.backward: Callable[[torch.Tensor], None]
         self.step: Callable[..., StepResult]
         self.held = 0  # run.no_sync blocks open: no micro-step inside one syncs
         self._choose()
 
     def _choose(self) -> None:
-        if self.scaler is None and self.every == 1:
+        if self.counting is not None and self.counting.unit_window and self.scaler is None:
+            # one process, no accumulation: a window is one backward, nothing to rescale
+            self.backward = partial(self.counting.unit_backward, self)
+            self.step = partial(self.counting.unit_step, self)
+        elif self.counting is not None:
+            self.backward = self._backward_checked
+            self.step = self._step_general
+        elif self.scaler is None and self.every == 1:
             self.backward = _plain_backward
             self.step = self._step_plain
         else:
             self.backward = self._backward_general
             self.step = self._step_general
+
+    def arm(self, world_size: int, reduce: Callable[[float], float]) -> Counting:
+        """Switch to counted windows (the first ``run.backward(loss, count=n)``)."""
+        if self.counting is None:
+            self.counting = Counting(world_size, self.every, reduce)
+            for model, strategy in list(self._models.items()):
+                self.counting.add(model, strategy)
+            self._choose()
+        return self.counting
 
     def use_strategy_scaler(self, strategy: Strategy, model: nn.Module) -> None:
         """The scaler the model's strategy needs (FSDP2's sharded one: found-inf must agree
@@ -145,17 +131,27 @@ class StepPlan:
         self.micro = done
 
     # --- backward ----------------------------------------------------------------------
-    def _backward_general(self, loss: torch.Tensor) -> None:
+    def update_scale(self) -> Any:
+        """The scaler, its deferred update done (several optimizers share one scale)."""
         scaler = self.scaler
+        if scaler is not None and self._update_due:
+            scaler.update()
+            self._update_due = False
+        return scaler
+
+    def _backward_general(self, loss: torch.Tensor) -> None:
+        scaler = self.update_scale()
         if scaler is not None:
-            if self._update_due:  # deferred so that several optimizers share one scale
-                scaler.update()
-                self._update_due = False
             loss = scaler.scale(loss)
         if self.every > 1:
             loss = loss / self.every
         loss.backward()
         self.micro += 1
+
+    def _backward_checked(self, loss: torch.Tensor) -> None:
+        """A backward without count= once count= has been used: windows must not mix."""
+        self.counting.begin(self.micro % self.every == 0, counted=False)  # type: ignore[union-attr]
+        self._backward_general(loss)
 
     # --- step --------------------------------------------------------------------------
     @staticmethod
@@ -169,6 +165,13 @@ class StepPlan:
         optimizer.zero_grad(set_to_none=True)
         return StepResult(True, norm)
 
+    def settle(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Before a step that ends a counted window: divide the gradients no reduction
+        divided by the window's items; False when it had none anywhere (no step)."""
+        counting = self.counting
+        return (counting is None or (bool(self.micro % self.every) and not self.ends())
+                or counting.settle(optimizer))
+
     def _step_general(self, optimizer: torch.optim.Optimizer,
                       clip: float | None = None) -> StepResult:
         held = self.micro % self.every
@@ -176,8 +179,14 @@ class StepPlan:
             if not self.ends():
                 self.stepped = False
                 return NOT_STEPPED  # inside an accumulation window: keep gradients, do not step
-            _close_window(optimizer, self.every, held)
+            if self.counting is None:  # counted windows divide by their items anyway
+                _close_window(optimizer, self.every, held)
             self.micro += self.every - held  # a later backward opens a new window
+        counting = self.counting
+        if counting is not None and not counting.settle(optimizer):
+            optimizer.zero_grad(set_to_none=True)  # no item on any rank: nothing to learn
+            self.stepped = False
+            return NOT_STEPPED
         norm = None
         scaler = self.scaler
         if scaler is None:
@@ -219,6 +228,9 @@ class StepPlan:
         """
         strategy = for_model(model) if strategy is None else strategy
         self.use_strategy_scaler(strategy, model)
+        self._models[model] = strategy
+        if self.counting is not None:
+            self.counting.add(model, strategy)
         forward = model.forward
         precision = self.precision if autocast else replace(self.precision, autocast_dtype=None)
         wrapped = forward_with(forward, precision)
@@ -286,11 +298,16 @@ class Training:
     """backward/step and friends, over one StepPlan."""
 
     def __init__(self, plan: StepPlan, loaders: Loaders, world_size: int,
-                 check_optimizer: Callable[[Any], None] | None = None) -> None:
+                 check_optimizer: Callable[[Any], None] | None = None,
+                 count_sum: Callable[[float], float] = float) -> None:
         self.plan = plan
         self.loaders = loaders
         self.world_size = world_size
         self.backward: Callable[[torch.Tensor], None] = plan.backward
+        # run.backward(loss, count=n): arms the plan's counted windows on first use
+        self.backward_count: Callable[[torch.Tensor, Any], None] = self._first_count
+        self._sum = count_sum  # the count all-reduce, where a reduction cannot carry it
+        self._observers: tuple[Observer, ...] = ()
         self.step: Callable[..., StepResult] = plan.step
         # optimizer -> its step function, filled at its first run.step (after the check);
         # Run.step looks the optimizer up here, so a checked one costs one dict lookup
@@ -312,11 +329,19 @@ class Training:
         self.steps[optimizer] = self.step
         return self.step(optimizer, clip)
 
+    def _first_count(self, loss: torch.Tensor, count: Any) -> None:
+        self.plan.arm(self.world_size, self._sum)
+        self.set_observers(self._observers)  # the plan's functions changed: choose again
+        self.backward_count(loss, count)
+
     def set_observers(self, observers: Sequence[Observer]) -> None:
         """Choose backward/step for these observers (the plain ones when none listens)."""
+        self._observers = tuple(observers)
         before = overriding(observers, "on_backward")
         around = chain_around(observers) if self.world_size > 1 else None
         self.backward = self._observed_backward(before, around)
+        if self.plan.counting is not None:
+            self.backward_count = self._observed_count(backward_calls(observers), around)
         self.step = self._observed_step(overriding(observers, "on_step_begin"),
                                         step_end_calls(observers))
         self.steps = dict.fromkeys(self.steps, self.step)
@@ -339,6 +364,24 @@ class Training:
 
         return backward
 
+    def _observed_count(self, calls: tuple[Callable[..., Any], ...],
+                        around: Callable[..., Any] | None) -> Callable[[torch.Tensor, Any], None]:
+        plan, loaders = self.plan, self.loaders
+        counted = partial(plan.counting.backward, plan)  # type: ignore[union-attr]
+        if not calls and around is None:  # the counting's own backward: one frame
+            return counted
+
+        def backward(loss: torch.Tensor, count: Any) -> None:
+            n = as_count(count)
+            for call in calls:
+                call(loss, loaders.active, n)
+            if around is None:
+                counted(loss, n)
+            else:
+                around(_BACKWARD_OP, counted, loss, n)
+
+        return backward
+
     def _observed_step(self, begin: tuple[Observer, ...],
                        end: tuple[Callable[..., Any], ...]) -> Callable[..., StepResult]:
         plan = self.plan
@@ -355,7 +398,12 @@ class Training:
 
             return step_then
 
+        # observers see a counted window's gradients divided by its items
+        settle = plan.settle if begin and plan.counting is not None else None
+
         def step(optimizer: torch.optim.Optimizer, clip: float | None = None) -> StepResult:
+            if settle is not None:
+                settle(optimizer)
             for obs in begin:
                 obs.on_step_begin(optimizer)
             result = plan.step(optimizer, clip)

@@ -24,9 +24,17 @@ class TrainingVerbs:
 
     _training: Training
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """``loss.backward()``, scaled under "16-mixed" and divided by ``accumulate``."""
-        self._training.backward(loss)
+    def backward(self, loss: torch.Tensor, count: Any = None) -> None:
+        """``loss.backward()``, scaled under "16-mixed" and divided by ``accumulate``.
+
+        ``count=n``: ``loss`` is the mean over ``n`` items (tokens, samples; an int or a
+        tensor); the optimizer step then uses the mean over every item of the step on
+        every rank, as one process on the global batch would (docs/token-losses.md).
+        Give it on every backward of a step or on none; ``n == 0`` contributes nothing."""
+        if count is None:
+            self._training.backward(loss)
+        else:
+            self._training.backward_count(loss, count)
 
     def step(self, optimizer: torch.optim.Optimizer, clip: float | None = None) -> StepResult:
         """``run.step(optimizer, clip=None)``: step the optimizer (every ``accumulate``-th

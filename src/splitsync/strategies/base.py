@@ -24,6 +24,7 @@ from splitsync.strategies.modules import unwrap
 if TYPE_CHECKING:
     from torch.distributed.algorithms.join import Joinable
 
+    from splitsync.strategies.count import CountSync
     from splitsync.train.precision import Precision
 
 __all__ = ["Strategy", "WrapContext", "SyncSetter", "unwrap", "frozen_copy", "meta_copy"]
@@ -115,6 +116,12 @@ class Strategy:
         """No gradient sync inside the block (a no-op for a model that never syncs)."""
         setter = self.sync_setter(model)
         return nullcontext() if setter is None else sync_off(setter)
+
+    def count_sync(self, model: nn.Module) -> CountSync | None:
+        """How ``model``'s gradient reduction divides by the items of all ranks under
+        ``run.backward(loss, count=n)`` (``strategies/count.py``); None: it does not, and
+        the step rescales its gradients. Asked once per model, at world size > 1."""
+        return None
 
     # --- precision ---------------------------------------------------------------------
     def make_scaler(self, precision: Precision, model: nn.Module | None = None) -> Any:

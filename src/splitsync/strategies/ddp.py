@@ -19,13 +19,17 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from splitsync.strategies.base import Strategy, SyncSetter, WrapContext
+
+if TYPE_CHECKING:
+    from splitsync.strategies.count import CountSync
 
 OPTIONS = ("find_unused_parameters", "static_graph", "bucket_cap_mb", "broadcast_buffers",
            "comm_hook", "comm_hook_options")
@@ -79,6 +83,20 @@ class DDP(Strategy):
         if isinstance(model, TorchDDP):
             return model.no_sync()
         return nullcontext()
+
+    def count_sync(self, model: nn.Module) -> CountSync | None:
+        # Only one comm hook per DDP model: with the user's (comm_hook="fp16", ...) the step
+        # rescales instead. The hook writes into the buckets the gradients are views of. The
+        # count rides in a bucket of the gradients' dtype: exact in float32 up to 2**24 items,
+        # in bfloat16 ("bf16-true") only up to 256, so there the step rescales too.
+        if (not isinstance(model, DistributedDataParallel) or getattr(model, "_comm_hooks", ())
+                or not model.gradient_as_bucket_view or any(
+                    p.dtype not in (torch.float32, torch.float64)
+                    for p in model.parameters() if p.requires_grad)):
+            return None
+        from splitsync.strategies.count import DdpCount
+
+        return DdpCount(model)
 
     def joinables(self, model: nn.Module) -> list[Any]:
         return [model] if isinstance(model, TorchDDP) else []

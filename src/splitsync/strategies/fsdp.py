@@ -23,6 +23,7 @@ from splitsync.strategies.base import Strategy, SyncSetter, WrapContext, meta_co
 from splitsync.strategies.blocks import default_blocks, given_blocks
 
 if TYPE_CHECKING:
+    from splitsync.strategies.count import CountSync
     from splitsync.train.precision import Precision
 
 OPTIONS = ("blocks", "reshard_after_forward", "offload")
@@ -215,6 +216,13 @@ class FSDP(Strategy):
             model.set_requires_gradient_sync(flag)  # read by FSDP2 in post-backward
 
         return set_fsdp
+
+    def count_sync(self, model: nn.Module) -> CountSync | None:
+        if not _is_fsdp(model):
+            return None  # ran unsharded (one process, no group)
+        from splitsync.strategies.count import FsdpCount
+
+        return FsdpCount(model)
 
     def make_scaler(self, precision: Precision, model: nn.Module | None = None) -> Any:
         if model is not None and not _is_fsdp(model):

@@ -14,7 +14,8 @@
   once ``SPLITSYNC_VERIFY_STOP`` optimizer steps are done (counted from a resumed
   checkpoint's step), after writing the final parameters (``params.pt``, rank 0);
 - records per optimizer step that really steps (``on_step_end``'s ``stepped``): the loss
-  (what the gradient is the gradient of), the micro-steps, the gradient norm, the learning
+  (what the gradient is the gradient of: under ``run.backward(loss, count=n)`` the mean
+  over the step's items, with their count), the micro-steps, the gradient norm, the learning
   rates the step used, the sample indices (``run.loader``), hashes of the rows the model
   trained on and the optimizer's own step count; plus the initial-weight hash, each pass's ``set_epoch`` value, checkpoints
   saved and the step a checkpoint resumed at.
@@ -102,7 +103,7 @@ class ScriptRecorder(Observer):
                                      "resumed_step": None, "saves": [], "first_step": 0,
                                      "params": False}
         self._module: nn.Module | None = None
-        self._pending: dict[str, Any] = {"losses": [], "rows": [], "indices": []}
+        self._pending: dict[str, Any] = {"losses": [], "counts": [], "rows": [], "indices": []}
         self._grad_norm = 0.0
         self._opt_steps = 0.0
         self._lr: list[float] = []
@@ -169,8 +170,9 @@ class ScriptRecorder(Observer):
     def epochs(self, start: int, n: int) -> int:
         return min(n, start + self.max_epochs)
 
-    def on_backward(self, loss: torch.Tensor, active: Any) -> None:
+    def on_backward(self, loss: torch.Tensor, active: Any, count: float | None = None) -> None:
         self._pending["losses"].append(float(loss.detach().float().item()))
+        self._pending["counts"].append(count)
         if active is not None and id(active) in self._orders:
             order, bs, index = self._orders[id(active)]
             seen = active.batches_seen
@@ -194,15 +196,15 @@ class ScriptRecorder(Observer):
         for the coming step."""
         if not stepped:
             return
-        losses = self._pending["losses"]
+        losses, counts = self._pending["losses"], self._pending["counts"]
+        loss, count = _step_loss(losses, counts, self.accumulate)
         self.data["steps"].append({
-            # the loss whose gradient the step applies: run.backward divides by accumulate
-            "loss": sum(losses) / self.accumulate if losses else None,
+            "loss": loss, "count": count,
             "micro": len(losses), "grad_norm": self._grad_norm,
             "rows": self._pending["rows"], "indices": self._pending["indices"],
             "pass": len(self.data["passes"]), "optimizer_steps": self._opt_steps,
             "lr": self._lr})
-        self._pending = {"losses": [], "rows": [], "indices": []}
+        self._pending = {"losses": [], "counts": [], "rows": [], "indices": []}
         self.flush()
         if self.data["first_step"] + len(self.data["steps"]) >= self.stop:
             self._write_params()
@@ -235,6 +237,20 @@ class ScriptRecorder(Observer):
 
     def _params(self) -> list[nn.Parameter]:
         return list(self._module.parameters()) if self._module is not None else []
+
+
+def _step_loss(losses: list[float], counts: list[float | None],
+               accumulate: int) -> tuple[float | None, float | None]:
+    """The loss whose gradient the step applies, and the items it is the mean of: the mean
+    over the items under count= (a micro-batch without any adds nothing), else the mean of
+    the micro-steps' losses (run.backward divides each by accumulate)."""
+    if not losses:
+        return None, None
+    if None in counts:
+        return sum(losses) / accumulate, None
+    total = sum(counts)  # type: ignore[arg-type]
+    weighed = sum(v * n for v, n in zip(losses, counts, strict=True) if n)  # type: ignore[operator]
+    return (weighed / total if total else None), total
 
 
 def _module_name(m: nn.Module) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from splitsync.tools.verify.checks import Result, not_checkable
 
 __all__ = ["compare_runs", "likely_cause", "summed_micro_steps", "unshuffled", "lr_row",
-           "first_lr_change", "RTOL", "ATOL", "UNSHUFFLED"]
+           "first_lr_change", "step_loss", "counted", "RTOL", "ATOL", "UNSHUFFLED"]
 
 RTOL, ATOL = 1e-3, 1e-5
 Record = dict[str, Any]
@@ -64,12 +64,21 @@ def _first_mismatch(a: Sequence[float | None], b: Sequence[float | None]) -> int
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if not _close(x, y)), None)
 
 
+def step_loss(per_rank: Sequence[Record]) -> float | None:
+    """One step's loss over all ranks: the mean of the ranks' losses, or under count= the
+    mean over every rank's items (each rank's loss weighs by its count)."""
+    values = [r["loss"] for r in per_rank]
+    counts = [r.get("count") for r in per_rank]
+    if None in counts:
+        return None if None in values else sum(values) / len(values)
+    total = sum(counts)
+    return sum(v * n for v, n in zip(values, counts, strict=True) if n) / total if total \
+        else None
+
+
 def _series(single: Record, multi: Sequence[Record], steps: int) -> tuple[list, list, list, list]:
     loss1 = [single["steps"][s]["loss"] for s in range(steps)]
-    lossn = []
-    for s in range(steps):
-        values = [r["steps"][s]["loss"] for r in multi]
-        lossn.append(None if None in values else sum(values) / len(values))
+    lossn = [step_loss([r["steps"][s] for r in multi]) for s in range(steps)]
     grad1 = [single["steps"][s]["grad_norm"] for s in range(steps)]
     gradn = [multi[0]["steps"][s]["grad_norm"] for s in range(steps)]
     return loss1, lossn, grad1, gradn
@@ -197,11 +206,13 @@ def _epochs(record: Record) -> Result:
 
 
 def likely_cause(results: Sequence[Result], single: Record, multi: Sequence[Record],
-                 n: int) -> str | None:
+                 n: int, token_mean: str | None = None) -> str | None:
     """The first failure's most likely explanation, or None when everything passed.
 
     Causes are tried in the order of the checks: a cause is named only for a check that
     failed (dropout is blamed only when losses diverge and the model has dropout).
+    ``token_mean``: what to say when the losses diverge and the script hands a mean over a
+    micro-batch's tokens to run.backward without count= (``splitsync check``'s SS610).
     """
     failed = {r.check for r in results if not r.ok}
     if not failed:
@@ -230,7 +241,7 @@ def likely_cause(results: Sequence[Result], single: Record, multi: Sequence[Reco
                 "because Accelerate steps a prepared scheduler num_processes times per "
                 "step; step yours once per optimizer step: if run.step(opt): sched.step().")
     if {"per-step loss", "per-step gradient norm"} & failed:
-        return _diverged(failed, single, multi, n)
+        return _diverged(failed, single, multi, n, token_mean)
     if "set_epoch advanced" in failed:
         return ("The sampler's epoch never advances, so every epoch reads the samples in the "
                 "same order: iterate run.epochs(n) or call loader.set_epoch(epoch).")
@@ -243,7 +254,8 @@ def _lr_detail(results: Sequence[Result]) -> str:
     return next(r.detail for r in results if r.check == "per-step learning rate")
 
 
-def _diverged(failed: set[str], single: Record, multi: Sequence[Record], n: int) -> str:
+def _diverged(failed: set[str], single: Record, multi: Sequence[Record], n: int,
+              token_mean: str | None = None) -> str:
     """Why per-step losses or gradient norms differ although the data is right."""
     steps = min(len(single["steps"]), *(len(r["steps"]) for r in multi))
     loss1, lossn, grad1, gradn = _series(single, multi, steps)
@@ -258,6 +270,8 @@ def _diverged(failed: set[str], single: Record, multi: Sequence[Record], n: int)
                     "reduction='mean' (the default) or divide by the batch size.")
     if f"initial weights: 1 vs {n} processes" in failed:
         return "The model's initial weights depend on the number of processes (seed or rank)."
+    if token_mean and not counted(multi):
+        return token_mean
     modules = set(multi[0]["modules"])
     if any(m.startswith("Dropout") and not m.endswith("(p=0)") for m in modules):
         return ("Dropout draws different masks for a batch of B than for N batches of B/N; "
@@ -268,6 +282,12 @@ def _diverged(failed: set[str], single: Record, multi: Sequence[Record], n: int)
     return ("The losses diverge without a known cause: check that the loss is a mean over the "
             "batch, that the learning rate and batch size do not depend on world_size, and "
             "that nothing random (augmentation, noise) is drawn per process.")
+
+
+def counted(records: Sequence[Record]) -> bool:
+    """Whether the run gave run.backward its counts (count=) on every recorded step."""
+    steps = [st for r in records for st in r["steps"]]
+    return bool(steps) and all(st.get("count") is not None for st in steps)
 
 
 def summed_micro_steps(a: Sequence[float | None], b: Sequence[float | None], step_a: Record,

@@ -22,7 +22,7 @@ from splitsync.observers.verify import agree, record
 from splitsync.tools.verify.checks import Result, not_checkable
 from splitsync.tools.verify.launch import Launch, Outcome, run_all
 from splitsync.tools.verify.pair import Side, compare_pair, pair_cause
-from splitsync.tools.verify.script import launch_env
+from splitsync.tools.verify.script import launch_env, token_mean_cause
 
 __all__ = ["Section", "Plan", "verify_modes"]
 
@@ -221,7 +221,7 @@ def _accumulate(runner: _Runner, ref: _Launch, base: Side | None, accum: _Launch
                f"on {k}x the samples per step") if own else None
         rows = compare_pair(base, side, samples_differ_ok=why)
         results += rows
-        cause = cause or pair_cause(rows, base, side)
+        cause = cause or pair_cause(rows, base, side, token_mean_cause(runner.script))
     return Section(title, results, cause or _generic(results))
 
 

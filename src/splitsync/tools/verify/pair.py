@@ -17,7 +17,14 @@ from typing import Any
 import torch
 
 from splitsync.tools.verify.checks import Result, not_checkable
-from splitsync.tools.verify.compare import UNSHUFFLED, lr_row, summed_micro_steps, unshuffled
+from splitsync.tools.verify.compare import (
+    UNSHUFFLED,
+    counted,
+    lr_row,
+    step_loss,
+    summed_micro_steps,
+    unshuffled,
+)
 
 __all__ = ["Side", "compare_pair", "pair_cause", "tolerance"]
 
@@ -53,8 +60,7 @@ def _samples(per_rank: list[Record], use_indices: bool) -> Counter[Any]:
 
 
 def _loss(per_rank: list[Record]) -> float | None:
-    values = [r["loss"] for r in per_rank]
-    return None if None in values else sum(values) / len(values)
+    return step_loss(per_rank)
 
 
 def _close(a: float | None, b: float | None, rtol: float, exact: bool) -> bool:
@@ -130,8 +136,10 @@ def _params(ref: Side, other: Side, exact: bool, checkable: bool) -> Result:
                   if worst <= atol else f"{where} differs by {worst:.2e} beyond rtol {rtol:g}")
 
 
-def pair_cause(results: Sequence[Result], ref: Side, other: Side) -> str | None:
-    """The first failure's likely cause, named only from what the records show."""
+def pair_cause(results: Sequence[Result], ref: Side, other: Side,
+               token_mean: str | None = None) -> str | None:
+    """The first failure's likely cause, named only from what the records show
+    (``token_mean``: as for :func:`~splitsync.tools.verify.compare.likely_cause`)."""
     failed = [r.check for r in results if not r.ok]
     if not failed:
         return None
@@ -149,6 +157,8 @@ def pair_cause(results: Sequence[Result], ref: Side, other: Side) -> str | None:
         summed = summed_micro_steps(lb, la, b[first][0], a[first][0])
         if summed:
             return summed
+        if token_mean and not counted(other.records):
+            return token_mean
         modules = set(ref.records[0]["modules"])
         if any(m.startswith("Dropout") and not m.endswith("(p=0)") for m in modules):
             return ("Dropout draws its masks from a random stream that differs between the "

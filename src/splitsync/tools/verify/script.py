@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +15,7 @@ from splitsync.tools.verify.checks import Result
 from splitsync.tools.verify.compare import compare_runs, likely_cause
 from splitsync.tools.verify.launch import Launch, Outcome, run_all
 
-__all__ = ["ScriptReport", "verify_script", "launch_env"]
+__all__ = ["ScriptReport", "verify_script", "launch_env", "token_mean_cause"]
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,31 @@ def verify_script(script: str, args: list[str], nproc: int, steps: int = 3, epoc
             results.append(Result("records written", False, detail))
             return ScriptReport(results, cause, outcomes)
         results += compare_runs(single[0], multi, nproc)
-        return ScriptReport(results, likely_cause(results, single[0], multi, nproc), outcomes)
+        cause = likely_cause(results, single[0], multi, nproc, token_mean_cause(script))
+        return ScriptReport(results, cause, outcomes)
+
+
+def token_mean_cause(script: str) -> str | None:
+    """The likely cause when the script hands run.backward a mean over a micro-batch's real
+    tokens without count= (``splitsync check``'s SS610), else None.
+
+    The linter runs as its own command: it stands alone, no other part imports it."""
+    command = [sys.executable, "-m", "splitsync", "check", "--select", "SS610", "--json",
+               "--jobs", "1", script]
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+        found = json.loads(out.stdout)["findings"]
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError):
+        return None  # no hint is better than a wrong one: the generic cause stays
+    hit = next((f for f in found if f.get("code") == "SS610"), None)
+    if hit is None:
+        return None
+    return (f"{Path(hit['path']).name}:{hit['line']}: the loss is a mean over each "
+            "micro-batch's real tokens, handed to run.backward without count=. The ranks' (and "
+            "micro-batches') means are then averaged with equal weights whatever their numbers "
+            "of tokens, so the step is not the mean over every token that one process on the "
+            "whole batch takes. Pass the count: run.backward(loss, count=n), n the "
+            "micro-batch's real tokens (docs/token-losses.md).")
 
 
 NEEDS = ("verify records what a run does through splitsync: splitsync.init(), "
