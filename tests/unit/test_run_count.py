@@ -69,7 +69,7 @@ def _train(run: ss.Run, steps: list[list[int]], k: int, clip: float | None = Non
         for m in range(k):
             part = slice(m * size, (m + 1) * size)
             run.backward(_loss(model, tokens[part], mask[part]), count=int(mask[part].sum()))
-            norm = run.step(opt, clip=clip)
+            norm = run.step(opt, clip=clip).norm
         if norm is not None:
             norms.append(float(norm))
     return model, norms

@@ -16,6 +16,7 @@ import logging
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -76,7 +77,7 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
                               config.strategy_options, env.local_world_size)
         self._collectives = Collectives(device, self._data)
         self._training = Training(self._plan, self._data, self.world_size,
-                                  self._new_optimizer, self._collectives.sum)
+                                  self._new_optimizer, partial(self._collectives.reduce, op="sum"))
         self._plan.ends = self._data.run_ends  # the run's last batch closes its last window
         self._data.on_end = self._training.epochs_ended
         self._generators = Generators(seed, self.rank)

@@ -118,7 +118,7 @@ def train(run: ss.Run, model: nn.Module, micro: int, *, count: bool = True,
                 run.backward(masked_mean(model, x, real), count=real.sum())
             else:  # the mean of means, as scripts do
                 run.backward(masked_mean(model, x, real, guarded=True))
-            norm = run.step(opt, clip=clip)
+            norm = run.step(opt, clip=clip).norm
         norms.append(None if norm is None else float(norm))
     run.remove_observer(watch)
     stepped = watch.stepped[micro - 1::micro]  # the steps that end a window
