@@ -22,7 +22,7 @@ from itertools import chain
 
 import torch
 
-from splitsync.data.permute import WHOLE_BITS, EpochOrders, Permutation, half_bits
+from splitsync.data.permute import WHOLE_BITS, EpochOrders, Permutation, half_bits, whole_orders
 
 __all__ = ["PassOrder", "ORDERS"]
 
@@ -96,7 +96,7 @@ class PassOrder:
             return None
         orders = self.orders
         if orders is None or (orders.n, orders.seed) != (self.n, self.seed):
-            orders = EpochOrders(self.n, self.seed)
+            return whole_orders(self.n, self.seed, self.epoch, 1)[0]  # this epoch alone
         return orders.order(self.epoch)
 
     def indices(self, lo: int, hi: int) -> torch.Tensor:
