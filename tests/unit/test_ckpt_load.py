@@ -57,3 +57,45 @@ def test_a_resume_frees_the_optimizer_state_it_replaces(tmp_path: Path) -> None:
         for n, p in model.named_parameters():  # the loaded state, not the replaced one
             assert torch.equal(opt.state[p]["exp_avg"], saved[n])
         assert _dead(old), "the replaced optimizer state is still alive"
+
+
+class _Shrinks(torch.optim.SGD):
+    """An optimizer whose step moves the weights whatever its lr (a decay not scaled by lr)
+    and counts its steps."""
+
+    def __init__(self, params: object) -> None:
+        super().__init__(params, lr=0.1)  # type: ignore[arg-type]
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        self.steps += 1
+        for g in self.param_groups:
+            for p in g["params"]:
+                p.mul_(0.5)
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-g["lr"])
+                    self.state[p]["seen"] = self.state[p].get("seen", 0) + 1
+
+
+def test_a_resume_into_a_fresh_optimizer_does_not_step_it(tmp_path: Path) -> None:
+    """DCP would step a stateless optimizer once (zero gradients, lr 0) before loading into
+    it: wasted work (most of a large AdamW resume), and here it would halve the weights just
+    loaded, so the resumed run would not continue the saved one."""
+    with ss.init(seed=0) as run:
+        torch.manual_seed(0)
+        model = run.model(nn.Linear(16, 8))
+        opt = _Shrinks(model.parameters())
+        run.resume(tmp_path, model=model, optimizer=opt)
+        run.backward(model(torch.randn(4, 16)).square().mean())
+        run.step(opt)
+        run.save(tmp_path)
+        saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with ss.init(seed=0) as run:
+        model = run.model(nn.Linear(16, 8))
+        opt = _Shrinks(model.parameters())
+        assert run.resume(tmp_path, model=model, optimizer=opt).step == 1
+        assert opt.steps == 0
+        for n, p in model.named_parameters():
+            assert torch.equal(p, saved[n]), n
+            assert opt.state[p] == {"seen": 1}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import tracemalloc
 
 import pytest
@@ -10,7 +11,7 @@ from torch.utils.data import TensorDataset
 
 import splitsync as ss
 from splitsync.data.loader import ShardSampler
-from splitsync.data.permute import Permutation
+from splitsync.data.permute import EpochOrders, Permutation, whole_orders
 
 DATA = TensorDataset(torch.arange(10.0))
 
@@ -84,3 +85,69 @@ def test_run_loader_uses_the_bijection_and_keeps_randperm_available() -> None:
                           order="randperm").sampler.order == "randperm"
     with pytest.raises(ValueError, match="order='nope'"):
         ShardSampler(DATA, 1, 0, True, 0, order="nope")
+
+
+def _reference(n: int, seed: int, epoch: int, positions: list[int]) -> list[int]:
+    """The definition, one value at a time in plain Python: one round trip, then walk."""
+    p = Permutation(n, seed, epoch)
+    return [p._walk_one(i) for i in positions]
+
+
+# sizes around the domain's powers of four, the whole-order limit (65536) and odd ones
+_SIZES = [1, 2, 3, 4, 5, 15, 16, 17, 63, 64, 65, 255, 257, 1000, 2048, 4095, 4097, 65535,
+          65536]
+
+
+@pytest.mark.parametrize("n", _SIZES)
+def test_whole_orders_of_several_epochs_are_the_per_index_permutation(n: int) -> None:
+    rng = random.Random(n)
+    seed, first = rng.randrange(1 << 64), rng.randrange(1000)
+    rows = whole_orders(n, seed, first, 3)
+    assert rows.shape == (3, n) and rows.dtype == torch.int64
+    picks = sorted({0, n - 1, *(rng.randrange(n) for _ in range(200))})
+    for k in range(3):
+        assert sorted(rows[k].tolist()) == list(range(n))  # a bijection of [0, n)
+        assert rows[k][picks].tolist() == _reference(n, seed, first + k, picks)
+        assert torch.equal(Permutation(n, seed, first + k).at(torch.tensor(picks)), rows[k][picks])
+
+
+def test_epoch_orders_answer_any_epoch_in_any_order() -> None:
+    n, seed = 1000, 7
+    orders = EpochOrders(n, seed)
+    assert orders.count > 1  # a small dataset: several epochs per call
+    for epoch in [0, 1, orders.count - 1, orders.count, 3, 40, 39, 0]:  # across blocks, back
+        want = whole_orders(n, seed, epoch, 1)[0]
+        assert torch.equal(orders.order(epoch), want), epoch
+    assert not torch.equal(orders.order(1), orders.order(2))
+    assert whole_orders(0, seed, 0, 2).shape == (2, 0)
+    with pytest.raises(ValueError, match="whole orders"):
+        whole_orders(70_000, seed, 0, 1)
+
+
+@pytest.mark.parametrize("n", [65537, 100_003, 10**9, 2**33 + 7])
+def test_large_permutations_per_chunk_are_the_definition(n: int) -> None:
+    """Above the whole-order limit: round tables (n < 2^32) or rounds computed (above)."""
+    rng = random.Random(n)
+    picks = [0, n - 1, *(rng.randrange(n) for _ in range(300))]
+    got = Permutation(n, 11, 2).at(torch.tensor(picks, dtype=torch.int64)).tolist()
+    assert got == _reference(n, 11, 2, picks)
+
+
+@pytest.mark.parametrize("order", ["bijection", "randperm"])
+def test_a_sampler_over_many_epochs_deals_what_a_fresh_one_does(order: str) -> None:
+    """Its orders kept epochs ahead change nothing: per epoch, after resumes, per rank."""
+    data = TensorDataset(torch.arange(77.0))
+    kept = [ShardSampler(data, 3, r, True, 5, order=order) for r in range(3)]
+    for epoch, start in [(0, 0), (1, 0), (2, 10), (17, 0), (16, 40), (5, 76), (6, 0)]:
+        for r, s in enumerate(kept):
+            fresh = ShardSampler(data, 3, r, True, 5, order=order)
+            if start:
+                s.resume_at(epoch, start)
+                fresh.resume_at(epoch, start)
+            else:
+                s.set_epoch(epoch)
+                fresh.set_epoch(epoch)
+            got = list(s)
+            assert got == list(fresh) == s.pass_order().indices(0, len(s)).tolist()
+            whole = fresh.global_order()
+            assert got[: len(s) - s.padding] == whole[start + r :: 3][: len(s) - s.padding]

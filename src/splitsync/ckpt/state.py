@@ -165,8 +165,23 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer,
     """Load a name-keyed optimizer state (``full``: whole tensors, resharded here)."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-    set_optimizer_state_dict(_holder(model), optimizer, dict(state),
-                             options=_options(full, False))
+    # DCP first gives an optimizer without state one, by stepping it with zero gradients at
+    # lr 0: a whole optimizer step (AdamW's state allocated and swept, most of a resume's
+    # time), whose state load_state_dict then replaces, and which an optimizer that changes
+    # parameters whatever its lr would apply to the weights just loaded. Loading unsharded
+    # state needs none of it (DCP pairs names with parameters and calls load_state_dict);
+    # DCP skips that step for an optimizer whose state is not empty.
+    first = next((p for g in optimizer.param_groups for p in g["params"]), None)
+    marked = not full and not optimizer.state and first is not None and not is_sharded(model)
+    if marked:
+        optimizer.state[first] = {}
+    try:
+        set_optimizer_state_dict(_holder(model), optimizer, dict(state),
+                                 options=_options(full, False))
+    except BaseException:
+        if marked and optimizer.state.get(first) == {}:  # a failed load leaves no mark
+            del optimizer.state[first]
+        raise
 
 
 def state_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:

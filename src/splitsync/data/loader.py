@@ -18,6 +18,7 @@ from torch.utils.data import (
 )
 
 from splitsync.data.order import ORDERS, PassOrder
+from splitsync.data.permute import EpochOrders
 from splitsync.distributed.device import move_to
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class ShardSampler(DistributedSampler):
         # the DataLoader draws indices), so a loader can say which samples a batch holds.
         self.tap: IndexTap | None = None
         self._pass: PassOrder | None = None  # the current pass's order, made when asked
+        self._orders: EpochOrders | None = None  # a small dataset's orders, epochs ahead
         self._set_sizes()
 
     def _set_sizes(self) -> None:
@@ -85,9 +87,12 @@ class ShardSampler(DistributedSampler):
         cur, n = self._pass, len(self.dataset)  # type: ignore[arg-type]
         if (cur is None or cur.epoch != self.epoch or cur.start != self.start or cur.n != n
                 or cur.num_samples != self.num_samples):
+            orders = self._orders
+            if orders is None or (orders.n, orders.seed) != (n, self.seed):
+                orders = self._orders = EpochOrders(n, self.seed)
             cur = self._pass = PassOrder(n, self.seed, self.epoch, self.shuffle, self.order,
                                          self.start, self.rank, self.num_replicas,
-                                         self.num_samples)
+                                         self.num_samples, orders)
         return cur
 
     def __iter__(self) -> Iterator[int]:

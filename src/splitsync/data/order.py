@@ -19,12 +19,13 @@ run's last batch then differed from the uninterrupted run's).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import chain
 
 import torch
 
-from splitsync.data.permute import Permutation
+from splitsync.data.permute import WHOLE_BITS, EpochOrders, Permutation, half_bits, whole_orders
 
 __all__ = ["PassOrder", "ORDERS"]
 
@@ -48,6 +49,9 @@ class PassOrder:
     rank: int
     world_size: int
     num_samples: int  # this rank's samples in the pass, padding included
+    # Where a small dataset's bijection orders come from: its sampler's, which makes them
+    # several epochs at a time for all its passes (None: the pass makes its own).
+    orders: EpochOrders | None = field(default=None, compare=False, repr=False)
 
     @property
     def remaining(self) -> int:
@@ -85,16 +89,45 @@ class PassOrder:
             q = torch.remainder(q, self.n)
         return q
 
+    @cached_property
+    def _whole(self) -> torch.Tensor | None:
+        """The epoch's whole shuffled order where it is at hand: randperm's, and the
+        bijection's for a small dataset (see :mod:`splitsync.data.permute`); else None."""
+        if self.order != "bijection":
+            return self._randperm
+        if 2 * half_bits(self.n) > WHOLE_BITS:
+            return None
+        orders = self.orders
+        if orders is None or (orders.n, orders.seed) != (self.n, self.seed):
+            return whole_orders(self.n, self.seed, self.epoch, 1)[0]  # this epoch alone
+        return orders.order(self.epoch)
+
     def indices(self, lo: int, hi: int) -> torch.Tensor:
         """The dataset indices (int64) this rank's pass hands out at positions ``lo`` to ``hi``."""
         pos = self.global_positions(lo, hi)
         if not self.shuffle or not len(pos):
             return pos
-        if self.order == "bijection":
-            return self._permutation.at(pos)
-        return self._randperm[pos]
+        whole = self._whole
+        if whole is not None:
+            return whole.index_select(0, pos)
+        return self._permutation.at(pos)
 
     def __iter__(self) -> Iterator[int]:
-        """Every index of the pass, in order, computed ``_CHUNK`` at a time."""
+        """Every index of the pass, in order. Where the epoch's order is at hand (or there
+        is no shuffle) the positions before the padded tail are one strided slice of it, as
+        DistributedSampler takes them; else they are computed ``_CHUNK`` at a time."""
+        whole = self._whole if self.shuffle else None
+        if self.shuffle and whole is None:
+            # chain over lists: the DataLoader's next() per index stays in C
+            return chain.from_iterable(self._chunks())
+        real, world = self.real, self.world_size
+        first = self.start + self.rank
+        stop = first + real * world
+        head = whole[first:stop:world].tolist() if whole is not None else range(first, stop, world)
+        if real == self.num_samples:
+            return iter(head)
+        return chain(head, self.indices(real, self.num_samples).tolist())  # the padded tail
+
+    def _chunks(self) -> Iterator[list[int]]:
         for lo in range(0, self.num_samples, _CHUNK):
-            yield from self.indices(lo, min(lo + _CHUNK, self.num_samples)).tolist()
+            yield self.indices(lo, min(lo + _CHUNK, self.num_samples)).tolist()
