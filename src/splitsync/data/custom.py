@@ -16,7 +16,9 @@ ranks would read overlapping samples and a resume would read others.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
+from itertools import chain
 from typing import Any
 
 import torch
@@ -36,6 +38,10 @@ class DrawnOrder(PassOrder):
 
     def indices(self, lo: int, hi: int) -> torch.Tensor:
         return self.drawn[super().indices(lo, hi)]
+
+    def __iter__(self) -> Iterator[int]:
+        # through indices(): PassOrder's fast path slices its own order, not the drawn one
+        return chain.from_iterable(self._chunks())
 
 
 class _Positions:
