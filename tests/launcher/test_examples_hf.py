@@ -28,10 +28,6 @@ def _eval_loss(out: str) -> float:
     return float(found[0])
 
 
-def _losses(out: str) -> list[float]:
-    return [float(x) for x in re.findall(r"step \d+ \| loss (\d+\.?\d*)", out)]
-
-
 def _loaded_eval_loss(folder: Path) -> float:
     import torch
     from transformers import GPT2LMHeadModel
@@ -59,6 +55,8 @@ def test_fsdp_checkpoint_resumes_under_ddp_and_both_export(tmp_path: Path) -> No
     assert "0/2 GPT2Block sharded" in second
     assert "resumed at step 4" in second
     assert [int(s) for s in re.findall(r"step (\d+) \|", second)] == [6, 8]  # continued
-    assert _losses(second)[-1] < _losses(first)[0]  # it learns across the restart
+    # it learns across the restart: on the fixed evaluation batch, not on a training batch
+    # (the ragged windows' batches differ in difficulty: one has a loss of 7.6 at step 8)
+    assert _eval_loss(second) < _eval_loss(first)
     assert sorted(p.name for p in ddp_export.iterdir()) == ["config.json", "model.safetensors"]
     assert _loaded_eval_loss(ddp_export) == pytest.approx(_eval_loss(second), abs=1e-4)
