@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from splitsync.ckpt import store
 from splitsync.ckpt.store import LATEST, MANIFEST
-from splitsync.errors import CheckpointError
+from splitsync.errors import CheckpointError, CheckpointWarning
 
-__all__ = ["Storage", "LocalStorage", "ObjectStorage", "is_url", "open_storage", "open_dir"]
+__all__ = ["Storage", "LocalStorage", "ObjectStorage", "is_url", "open_storage", "open_dir",
+           "newer_steps", "set_aside_newer"]
 
 # Object stores upload in parts of this size (s3fs multipart); large parts, few requests.
 _BLOCK = 64 << 20
@@ -269,3 +271,20 @@ class ObjectStorage:
             self.fs.rm(self._p(name, MANIFEST))
         return "; its manifest was removed and the next save deletes it"
 
+
+def set_aside_newer(storage: Storage | None, names: list[str]) -> None:
+    """After ``run.resume(dir, step=N)`` went back past newer checkpoints, the first save
+    sets them aside (``.rolled-back-step-*``; in object storage their manifests go): kept,
+    they would be the newest, so keep-last-k would prune the new ones and the next resume
+    would load the abandoned future."""
+    for name in names if storage is not None else ():
+        how = storage.set_aside(name, ".rolled-back-")  # type: ignore[union-attr]
+        warnings.warn(f"checkpoint {storage.where(name)} is newer than the step this "  # type: ignore[union-attr]
+                      f"run resumed from: set aside{how}", CheckpointWarning, stacklevel=4)
+
+
+def newer_steps(storage: Storage, step: int | None) -> list[str]:
+    """Committed checkpoints newer than ``step`` (none when no step was asked for)."""
+    if step is None:
+        return []
+    return [name for s, name in storage.steps() if s > step]

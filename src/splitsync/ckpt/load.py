@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from splitsync.ckpt.save import Window
     from splitsync.ckpt.state import Registered
 
-__all__ = ["load_objects", "CheckpointWarning", "Listing", "check_size", "list_candidates", "read_part", "verify_files", "find_checkpoint", "held_state", "Freeing", "free_later", "load_full", "load_models", "unregistered", "reopen_window", "locate", "newer_steps"]
+__all__ = ["load_objects", "CheckpointWarning", "Listing", "check_size", "list_candidates", "read_part", "verify_files", "find_checkpoint", "held_state", "Freeing", "free_later", "load_full", "load_models", "unregistered", "reopen_window", "locate"]
 
 @dataclass(frozen=True)
 class Listing:
@@ -258,6 +258,8 @@ def locate(where: Any, step: int | None) -> tuple[Any, int | None]:
     committed step folder (``ckpt/step-000050``, as ``splitsync ckpt`` takes) stands for
     its parent and that step, so saves go next to it, never inside it; a folder that is one
     checkpoint under another name, or a save's work folder, is refused naming the parent."""
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise TypeError(f"run.resume(..., step={step!r}): give the number of a saved step.")
     text = str(where).rstrip("/")
     url = "://" in text
     name = text.rsplit("/", 1)[-1]
@@ -282,13 +284,6 @@ def locate(where: Any, step: int | None) -> tuple[Any, int | None]:
             f"go inside it. Pass the directory that holds its step-NNNNNN folder (e.g. "
             f"{str(parent)!r}) with step=N, or copy it into one as step-NNNNNN/.")
     return where, step
-
-
-def newer_steps(storage: Storage, step: int | None) -> list[str]:
-    """Committed checkpoints newer than ``step`` (none when no step was asked for)."""
-    if step is None:
-        return []
-    return [name for s, name in storage.steps() if s > step]
 
 
 def held_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:

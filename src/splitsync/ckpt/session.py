@@ -1,20 +1,15 @@
 """The run's checkpoints: ``run.resume``, ``run.save``, ``run.load``, ``run.export`` and the
-save in flight.
-
-One :class:`Checkpointer` per run holds what ``run.resume`` registered (without it, saves
-take what the run wrapped, asked from the run at each save), the optimizer-step count a
-save is named after, and the save lifecycle: the staging buffers, the background
-gloo group, the save in flight and the threads freeing replaced optimizer state.
-:meth:`Checkpointer.settle` is the one place that waits for a background save; it is called
-before the next save or resume, at ``close``, and (without waiting) after each ``run.step``
-while a save is in flight, through a watch attached only for that long, so a run without a
-save in flight pays nothing per step.
+save in flight. One :class:`Checkpointer` per run holds what ``run.resume`` registered
+(without it, what the run wrapped), the optimizer-step count saves are named after, and the
+save lifecycle (staging buffers, the background gloo group, the save in flight, the threads
+freeing replaced optimizer state). :meth:`Checkpointer.settle` is the one place that waits
+for a background save: before the next save or resume, at ``close``, and after each
+``run.step`` while a save is in flight (through a watch attached only for that long).
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,14 +18,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from splitsync.ckpt.fs import Storage, open_dir
+from splitsync.ckpt.fs import Storage, newer_steps, open_dir, set_aside_newer
 from splitsync.ckpt.load import (
     Freeing,
     find_checkpoint,
     load_models,
     load_objects,
     locate,
-    newer_steps,
     reopen_window,
     unregistered,
 )
@@ -153,9 +147,6 @@ class Checkpointer:
         ``dir`` (``step``: that step, or an error listing the steps there), or start fresh.
         A step folder ``dir/step-000050`` resumes that step of ``dir``."""
         self.settle(wait=True)  # the save in flight commits (or raises) first
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int)
-                                 or step < 0):
-            raise TypeError(f"run.resume(..., step={step!r}): give the number of a saved step.")
         where, step = locate(self._path(dir), step)
         # no objects: what the run wrapped, looked up again at each save
         registered = self._register(objects or self.wrapped(), keep)
@@ -237,21 +228,15 @@ class Checkpointer:
                          for i, pos in enumerate(body["loaders"])]
         for i, loader in enumerate(self.loaders):
             self._continue(loader, i)
-        self._reopen_window(reg, body, per_rank, storage.where(name))
+        reopen_window(self.window, reg.models, body.get("window"),  # the window saved in
+                      {} if per_rank is None else per_rank.get("window", {}),
+                      world_size=self.world_size, saved_world=int(body["world_size"]),
+                      where=storage.where(name))
         self.step = int(body["step"])
         where = storage.where(name)
         return ResumeState(step=self.step, epoch=int(body["epoch"]), extra=extra,
                            path=Path(where) if storage.local else where,
                            world_size=int(body["world_size"]))
-
-    def _reopen_window(self, reg: Registered, body: Mapping[str, Any],
-                       per_rank: Mapping[str, Any] | None, where: str) -> None:
-        """The accumulation window the checkpoint was saved in, with this rank's gradients
-        (none: the next micro-step begins a window)."""
-        grads = {} if per_rank is None else per_rank.get("window", {})
-        reopen_window(self.window, reg.models, body.get("window"), grads,
-                      world_size=self.world_size, saved_world=int(body["world_size"]),
-                      where=where)
 
     def attach_loader(self, loader: ResumableLoader) -> None:
         """A loader made after ``run.resume`` continues where the checkpoint left it."""
@@ -311,20 +296,19 @@ class Checkpointer:
         reg, storage, extra = self._target(dir, state, extra)
         for obs in self._before_save:
             obs.before_save(step)
-        self._set_aside_ahead()
+        ahead, self._ahead = self._ahead, []
+        set_aside_newer(self.storage, ahead)
         blocking = self.blocking if blocking is None else blocking
         if step is None:
             if self._hook is None and not reg.optims:
                 raise TypeError("run.save(...) names checkpoints after optimizer steps, and "
                                 "this run has stepped no optimizer: pass step=<steps done>.")
             step = self.step
-        group = None
-        if not blocking:
+        if not blocking:  # the background save's group and staging buffers: made once
             if self._group is None:
                 self._group = side_group(self.world_size, self.timeout)
-            if self._stager is None:
-                self._stager = Stager()
-            group = self._group
+            self._stager = self._stager if self._stager is not None else Stager()
+        group = None if blocking else self._group
         self._counting = False  # DCP may step optimizers to build their state
         try:
             job = build_job(reg, storage, self.loaders, step=step, epoch=epoch, extra=extra,
@@ -364,19 +348,6 @@ class Checkpointer:
         if root is None or str(root) == str(self.where):
             return reg, self.storage, extra  # type: ignore[return-value]
         return reg, open_dir(root), extra
-    def _set_aside_ahead(self) -> None:
-        """After ``run.resume(dir, step=N)`` went back past newer checkpoints, the first save
-        sets them aside (``.rolled-back-step-*``; in object storage their manifests go):
-        kept, they would be the newest, so keep-last-k would prune the new ones and the next
-        resume would load the abandoned future."""
-        ahead, self._ahead = self._ahead, []
-        if not ahead or self.storage is None:
-            return
-        for name in ahead:
-            how = self.storage.set_aside(name, ".rolled-back-")
-            warnings.warn(f"checkpoint {self.storage.where(name)} is newer than the step this "
-                          f"run resumed from: set aside{how}", CheckpointWarning, stacklevel=3)
-
     def settle(self, *, wait: bool, raise_errors: bool = True) -> None:
         """Finish with the background save in flight, if it is done (or ``wait``): its
         thread ends, the watch is detached, observers hear of the commit, and its failure
@@ -404,15 +375,9 @@ class Checkpointer:
 
     # --- export and teardown -------------------------------------------------------------
     def export(self, path: str | os.PathLike[str], model: nn.Module | None = None) -> Path | str:
-        from splitsync.ckpt.export import export_safetensors
+        from splitsync.ckpt.export import export_run_model
 
-        if model is None:
-            models = list(self.models.values())
-            if len(models) != 1:
-                raise TypeError("run.export(path) exports the run's one model; it has "
-                                f"{len(models)}, so pass model=...")
-            model = models[0]
-        return export_safetensors(model, self._path(path), self.rank)
+        return export_run_model(self.models, model, self._path(path), self.rank)
 
     def close(self, clean: bool = True) -> None:
         """Wait for the save in flight (raising its failure when ``clean``), stop counting
