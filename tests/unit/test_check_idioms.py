@@ -273,6 +273,7 @@ def test_print_right_before_leaving_is_not_flagged() -> None:
                 print("needs 2 GPUs")
                 sys.exit()
             print("training")
+        main()
     """)[0].line == 13
 
 

@@ -20,6 +20,7 @@ def test_ss501_flags_print_on_every_rank() -> None:
     found = run("SS501", """
         def train():
             print("epoch done")
+        train()
     """)
     assert len(found) == 1 and found[0].line == 7
     assert "in train() runs on every rank" in found[0].message

@@ -19,6 +19,7 @@ from splitsync.check.evidence import framework_of, logging_configured, logging_r
 from splitsync.check.facts import Facts, last_name
 from splitsync.check.model import Project
 from splitsync.check.ranks import is_rank_like, rank_in
+from splitsync.check.reach import call_graph, reached, references
 from splitsync.check.rules.data import sharded
 
 __all__ = ["Disk", "local_imports", "project_of", "file_project", "merge", "with_project", "overrides_print", "same_seed",
@@ -223,6 +224,7 @@ def _wraps(facts: Facts) -> bool:
 
 def file_project(f: Facts) -> Project:
     """What one file contributes to its project (read once per file, then merged)."""
+    entry, edges, outside = call_graph(f)
     return Project(
         files=(f.path,),
         print_override=overrides_print(f),
@@ -235,17 +237,29 @@ def file_project(f: Facts) -> Project:
         log_configured=logging_configured([f]),
         framework=framework_of(f),
         sharded=sharded(f),
+        entry=entry,
+        edges=edges,
+        outside=outside,
+        referenced=references(f),
     )
 
 
 def merge(parts: Iterable[Project]) -> Project:
     """The :class:`Project` of files read together, from each file's own part."""
     parts = list(parts)
+    entry = frozenset().union(*(p.entry for p in parts))
+    mentioned = frozenset().union(*(p.mentioned for p in parts))
+    referenced = frozenset().union(*(p.referenced for p in parts))
+    outside = frozenset().union(*(p.outside for p in parts))
+    edges: dict[str, frozenset[str]] = {}
+    for part in parts:
+        for name, called in part.edges.items():
+            edges[name] = edges[name] | called if name in edges else called
     return Project(
         files=tuple(p for part in parts for p in part.files),
         print_override=any(p.print_override for p in parts),
         called=frozenset().union(*(p.called for p in parts)),
-        mentioned=frozenset().union(*(p.mentioned for p in parts)),
+        mentioned=mentioned,
         wrapped=any(p.wrapped for p in parts),
         distributed=any(p.distributed for p in parts),
         same_seed=any(p.same_seed for p in parts),
@@ -253,6 +267,11 @@ def merge(parts: Iterable[Project]) -> Project:
         log_configured=any(p.log_configured for p in parts),
         framework=next((p.framework for p in parts if p.framework), None),
         sharded=any(p.sharded for p in parts),
+        entry=entry,
+        edges=edges,
+        outside=outside,
+        referenced=referenced,
+        reach=reached(entry, edges, outside, referenced),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import io
 import re
+import sys
 import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -96,8 +97,18 @@ def parse(source: str, path: str, index: TreeIndex | None = None) -> Facts | Fin
                        path, 1, 1, 1)
     except (SyntaxError, ValueError) as err:
         line = getattr(err, "lineno", None) or 1
+        message = str(getattr(err, "msg", err))
+        if sys.version_info < (3, 12) and message.startswith("f-string"):
+            # PEP 701 (Python 3.12) allows quotes and backslashes inside f-strings: the file
+            # may be valid Python that this interpreter's grammar cannot read
+            return Finding("SS000", META_CODES["SS000"], "info",
+                           f"cannot parse {path} with Python {sys.version_info[0]}."
+                           f"{sys.version_info[1]}'s grammar ({message}); it may use the "
+                           "f-string syntax of Python 3.12. No rule was checked.",
+                           "run `splitsync check` with Python 3.12 or newer to check this file.",
+                           path, line, getattr(err, "offset", None) or 1, line)
         return Finding("SS000", META_CODES["SS000"], "error",
-                       f"cannot parse {path}: {getattr(err, 'msg', err)}; no rule was checked.",
+                       f"cannot parse {path}: {message}; no rule was checked.",
                        "fix the syntax error (Python would refuse to run the script too).",
                        path, line, getattr(err, "offset", None) or 1, line)
     return build_facts(tree, path, source)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from splitsync.check.measured import MEASURED
+from splitsync.check.gating import MIN_PRECISION, gate, measured_text
 from splitsync.check.model import SEVERITIES, Rule
 from splitsync.check.rules import (
     data,
@@ -22,9 +22,6 @@ from splitsync.check.rules import (
 __all__ = ["all_rules", "get_rule", "select_rules", "gate", "measured_text", "META_CODES",
            "META_HELP", "MIN_PRECISION"]
 
-#: Below this precision on the labelled corpus a rule reports at most `info`.
-MIN_PRECISION = 0.95
-
 #: Codes the runner itself reports: a file that does not parse, a bad suppression comment,
 #: a rule that crashed on a file.
 META_CODES = {"SS000": "syntax-error", "SS001": "bad-suppression", "SS002": "rule-failed"}
@@ -34,33 +31,6 @@ META_HELP = {
     "SS001": ("warning", "a `# splitsync: ignore[...]` comment names no rule"),
     "SS002": ("warning", "a rule failed on this file (the other rules still ran)"),
 }
-
-
-def gate(code: str, declared: str) -> tuple[str, str]:
-    """The severity a rule may use given its measured precision, and why.
-
-    ``declared`` is a ceiling: below 95% precision on the corpus a rule is at most ``info``;
-    ``error`` needs proof, i.e. findings on the corpus and none of them false.
-    """
-    true, false, _, _ = MEASURED.get(code, (0, 0, 0, 0))
-    if true + false and true / (true + false) < MIN_PRECISION:
-        return "info", f"measured precision {true / (true + false):.0%} is below 95%"
-    if declared == "error" and (false or not true):
-        why = (f"{false} false positive(s) on the corpus" if false
-               else "no finding on the corpus yet proves it")
-        return "warning", f"error needs proof: {why}"
-    return declared, ""
-
-
-def measured_text(code: str) -> str:
-    """One line on the rule's measured precision, for ``--explain`` and ``--list-rules``."""
-    true, false, held_true, held_false = MEASURED.get(code, (0, 0, 0, 0))
-    if not true + false:
-        return "not measured: no finding on the labelled corpus of public training code."
-    held = held_true + held_false
-    part = (f"; held-out part {held_true}/{held} = {held_true / held:.0%}" if held else "")
-    return (f"measured on the labelled corpus of public training code: {true} of {true + false} "
-            f"findings right = {true / (true + false):.0%}{part}.")
 
 
 def _gated(rule: Rule) -> Rule:

@@ -57,7 +57,20 @@ def _sharded(facts: Facts) -> bool:
                 k.arg in {"rank", "world_size", "num_replicas", "num_shards", "shard_id"}
                 for k in call.keywords):
             return True  # `make_imagenet1k(..., world_size=ws, rank=rank)`
+    # a loader class or data generator of the project that reads the rank itself
+    # (modded-nanogpt's `DistributedDataLoader.__init__`: `self.rank = int(os.environ["RANK"])`)
+    for node in facts.of(ast.ClassDef, ast.FunctionDef):
+        if _DATA_WORDS.search(node.name) and _reads_rank(facts, node):  # type: ignore[attr-defined]
+            return True
     return _seeded_per_rank(facts)
+
+
+def _reads_rank(facts: Facts, node: ast.AST) -> bool:
+    """Does ``node`` read the process's rank itself (``os.environ["RANK"]``,
+    ``dist.get_rank()``), rather than take it as a parameter?"""
+    return any(is_rank_like(n) for n in facts.inside(node, ast.Subscript)) or any(
+        "rank" in (last_name(c) or "").lower() or is_rank_like(c)
+        for c in facts.inside(node, ast.Call) if last_name(c) not in {"int", "str"})
 
 
 def sharded(facts: Facts) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from splitsync.check.evidence import cuda_only_reason
+from splitsync.check.evidence import cuda_only_reason, test_or_benchmark
 from splitsync.check.facts import SETUP_HELPER, Facts, dotted, last_name
 from splitsync.check.flow import availability_guarded, is_rank_like
 from splitsync.check.model import Hit, Rule
@@ -39,8 +39,14 @@ def data_parallel(facts: Facts) -> Iterator[Hit]:
                   "`model = run.model(model)` launched by `splitsync run -n N train.py`.")
 
 
+_STATE_OBJECTS = frozenset({"PartialState", "AcceleratorState", "Accelerator"})
+
+
 def _initialisers(facts: Facts) -> list[ast.Call]:
     found = facts.torch_calls("init_process_group") + facts.init_calls()
+    # Accelerate's state objects create the process group when they are built
+    found += [c for c, full in facts.calls if last_name(c) in _STATE_OBJECTS
+              and full.startswith(("accelerate", last_name(c) or "-"))]
     found += [c for c, full in facts.calls if SETUP_HELPER.search(full.rsplit(".", 1)[-1])
               and full.rsplit(".", 1)[-1] != "init_process_group"]
     # `from utils import setup` may well create the group: give imported set-up helpers the
@@ -164,6 +170,8 @@ def nccl_hard_coded(facts: Facts) -> Iterator[Hit]:
     if cuda_only_reason(facts):
         return  # the file imports CUDA-only kernels: it needs NVIDIA GPUs whatever the backend
     for call in facts.torch_calls("init_process_group"):
+        if test_or_benchmark(facts, call):
+            continue  # a GPU benchmark or test needs NCCL on purpose
         arg = call.args[0] if call.args else next(
             (k.value for k in call.keywords if k.arg == "backend"), None)
         how = "first positional argument `backend`" if call.args else "`backend=`"

@@ -1,0 +1,142 @@
+"""Files every rank writes: torch.save (SS502) outside a rank-0 check, checkpoints written once
+per machine (SS504), and files truncated or trees copied on every rank (SS505)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from splitsync.check.everyrank import every_rank, guard_text, names_rank
+from splitsync.check.facts import Facts, dotted, last_name
+from splitsync.check.flow import (
+    is_local_rank_test,
+    local_rank_names,
+    mentions_rank,
+    rank0_guards,
+)
+from splitsync.check.model import Hit, Rule
+
+__all__ = ["RULES"]
+
+
+def _buffers(facts: Facts) -> set[str]:
+    """Names bound to in-memory buffers (``io.BytesIO()``): saving there writes no file."""
+    names: set[str] = set()
+    for node in facts.of(ast.Assign, ast.withitem):
+        if isinstance(node, ast.Assign):
+            value, targets = node.value, node.targets
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            value, targets = node.context_expr, [node.optional_vars]
+        else:
+            continue
+        if isinstance(value, ast.Call) and last_name(value) == "BytesIO":
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+#: Functions that write one checkpoint file (not the collective ``torch.distributed.checkpoint``).
+_SAVERS = frozenset({"torch.save", "safetensors.torch.save_file", "safetensors.torch.save_model"})
+
+
+def _saves(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST | None]]:
+    """Checkpoint writes and their target (None when unseen), skipping in-memory buffers and
+    paths that name the rank (one file per rank on purpose)."""
+    buffers = _buffers(facts)
+    for c, full in facts.calls:
+        if full not in _SAVERS:
+            continue
+        target = c.args[1] if len(c.args) > 1 else next(
+            (k.value for k in c.keywords if k.arg in {"f", "filename"}), None)
+        if target is not None and (mentions_rank([target], facts) or dotted(target) in buffers
+                                   or last_name(target) == "BytesIO"):
+            continue
+        yield c, target
+
+
+def unguarded_save(facts: Facts) -> Iterator[Hit]:
+    """SS502: ``torch.save`` on every rank."""
+    for c, target in _saves(facts):
+        if not every_rank(facts, c):
+            continue
+        what = f"`{facts.text(target, 200)}`" if target is not None else "the file"
+        yield Hit(c, f"`{facts.text(c)}` {facts.scope_name(c)} runs on every rank: N processes "
+                  f"write {what} at the same time, which can leave it truncated or mixed, and "
+                  "N-1 of the writes are wasted.",
+                  f"save under {guard_text(facts)}, then `dist.barrier()` before any rank reads it "
+                  "back (`run.barrier()` in splitsync).")
+
+
+def save_per_node(facts: Facts) -> Iterator[Hit]:
+    """SS504: a checkpoint written under ``local_rank == 0``: once per machine."""
+    if not facts.in_distributed_run:
+        return
+    local = local_rank_names(facts)
+    for c, target in _saves(facts):
+        if target is not None and any("local" in (last_name(n) or "").lower()
+                                      for n in ast.walk(target)):
+            continue  # `args.local_out_dir`: a node-local disk, one copy per machine on purpose
+        guards = rank0_guards(facts, c)
+        if not guards or not all(is_local_rank_test(g, local) for g in guards):
+            continue
+        what = f"`{facts.text(target, 200)}`" if target is not None else "the file"
+        test = facts.text(guards[0], 80)
+        yield Hit(c, f"`{facts.text(c)}` is guarded by `{test}`, the rank within one machine: "
+                  f"on a multi-node run one process per node writes {what}, so several "
+                  "processes write the same file on a shared filesystem at once.",
+                  "guard checkpoint writes by the global rank, `if dist.get_rank() == 0:` "
+                  "(`int(os.environ[\"RANK\"]) == 0` under torchrun; `run.is_main` in "
+                  "splitsync), and `dist.barrier()` before any rank reads the file.")
+
+_TREE_WRITES = frozenset({"shutil.copytree", "shutil.copyfile", "shutil.copy", "shutil.copy2",
+                          "shutil.rmtree", "shutil.move", "os.remove", "os.replace"})
+
+
+def _write_mode(call: ast.Call) -> bool:
+    mode = call.args[1] if len(call.args) > 1 else next(
+        (k.value for k in call.keywords if k.arg == "mode"), None)
+    return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and "w" in mode.value
+
+
+def shared_file_writes(facts: Facts) -> Iterator[Hit]:
+    """SS505: every rank copies a tree or truncates a file (``open(path, "w")``)."""
+    if not facts.in_distributed_run:
+        return
+    for call, full in facts.calls:
+        tree = full in _TREE_WRITES
+        if not tree and not (full == "open" and _write_mode(call)):
+            continue
+        target = call.args[-1] if tree and call.args else (call.args[0] if call.args else None)
+        if target is None or mentions_rank([target], facts) or not every_rank(facts, call):
+            continue
+        if names_rank(facts, call, {}):
+            continue  # the path is built from the rank: one file per process
+        what = "copies or removes files" if tree else "truncates and writes"
+        yield Hit(call, f"`{facts.text(call)}` {facts.scope_name(call)} runs on every rank and "
+                  f"{what} `{facts.text(target, 80)}`: N processes race on the same path, so "
+                  "the file can end up truncated, interleaved or half-copied.",
+                  f"do it once, under {guard_text(facts)}, then `dist.barrier()` before any rank "
+                  "reads it; or put the rank in the path if every process needs its own.")
+
+
+RULES = (
+    Rule("SS502", "unguarded-save", "warning",
+         "torch.save in a distributed script not guarded by a rank-0 check",
+         "Concurrent writers of one checkpoint file can corrupt it; save on rank 0 and barrier. "
+         "Paths that contain the rank (one file per rank) are allowed. Known false positives: a "
+         "helper that is only ever called on rank 0 from another project the checker does not "
+         "read; saves to node-local scratch disks meant per process.", unguarded_save),
+    Rule("SS504", "save-per-node", "warning",
+         "checkpoint written under local_rank == 0 (one writer per machine)",
+         "LOCAL_RANK is the process's index on its own machine, so `local_rank == 0` is true "
+         "on one process per node: on N nodes N processes write the same checkpoint path, "
+         "which a shared filesystem interleaves or truncates. Guard writes by the global "
+         "rank. Known false positives: single-node jobs (local and global rank agree) and "
+         "paths on node-local disks where one copy per machine is intended.", save_per_node),
+    Rule("SS505", "every-rank-writes-file", "warning",
+         "a file truncated (open(path, 'w')) or a tree copied on every rank of a distributed run",
+         "Writing one path from every process races: `open(path, 'w')` truncates what another "
+         "rank is writing, `shutil.copytree` copies over another rank's half-done copy. Do it "
+         "once on rank 0 and barrier, or name the file after the rank. Known false positives: "
+         "paths on node-local or per-process scratch space the checker cannot tell apart.",
+         shared_file_writes),
+)
