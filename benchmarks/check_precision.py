@@ -77,10 +77,12 @@ def measure() -> dict[str, object]:
     found: set[tuple[str, int, str]] = set()
     records: list[tuple[str, str, str, str, str]] = []  # rule, split, verdict, batch, severity
     located: list[tuple[str, int, str, str]] = []  # every finding: path, line, rule, shown severity
+    raw: list[tuple[str, int, str, str]] = []  # the same with the severity before the gate
     unlabelled = []
     for f in findings:
         rel = Path(f.path).resolve().relative_to(FILES.resolve()).as_posix()
         located.append((rel, f.line, f.code, gate(f.code, f.severity)[0]))
+        raw.append((rel, f.line, f.code, f.severity))
         if split.get(rel, "context") == "context":
             continue
         key = (rel, f.line, f.code)
@@ -101,7 +103,7 @@ def measure() -> dict[str, object]:
             if label["verdict"] == "true" and (path, line, rule) not in found:
                 print(f"missed: {path}:{line} {rule} - {label['why']}", file=sys.stderr)
     return {"records": records, "real": real, "unlabelled": unlabelled, "files": len(scored),
-            "findings": located, "splits": split,
+            "findings": located, "raw": raw, "splits": split,
             "repos": len({r["repo"] for r in corpus if r["split"] != "context"}),
             "seconds": seconds, "rules": {r.code: r.severity for r in all_rules(gated=False)}}
 

@@ -58,13 +58,15 @@ def cuda_only_reason(facts: Facts) -> str | None:
 
 def test_or_benchmark(facts: Facts, node: ast.AST) -> bool:
     """Is ``node`` in test or benchmark code (a function named ``benchmark*``,
-    ``compute_time_*``, ``test_*`` in a file that trains nothing, or a file named
+    ``compute_time_*``, ``test_*`` in a module of tests, or a file named
     ``test_*.py``, ``benchmark.py``), which runs on the GPU on purpose rather than training
     on it?"""
     if _TEST_FILE.search(PurePath(facts.path).stem):
         return True
-    # `test_*` is a test only in a file that trains nothing (pycls' `test_epoch` evaluates)
-    tests = not facts.method_calls("backward")
+    # `test_*` is a test in a module of tests (most of its functions are `test_*`), not
+    # pycls' `test_epoch` beside a training loop
+    top = [s.name for s in facts.tree.body if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)]
+    tests = len(top) >= 3 and 2 * sum(bool(_TEST_FUNCTION.search(n)) for n in top) >= len(top)
     return any(isinstance(p, ast.FunctionDef | ast.AsyncFunctionDef) and bool(
         _MEASURES_GPU.search(p.name) or (tests and _TEST_FUNCTION.search(p.name)))
         for p in facts.ancestors(node))
@@ -133,12 +135,17 @@ def _rank_choice(expr: ast.AST) -> bool:
     return isinstance(expr, ast.IfExp) and (rank0_test(expr.test) or nonmain_test(expr.test))
 
 
-def _rank_filter(facts: Facts, expr: ast.AST) -> bool:
+def _rank_filter(facts: Facts, expr: ast.AST, depth: int = 0) -> bool:
     """A logging filter that reads the rank: ``addFilter(rank0_only)`` where ``rank0_only``
     (a function or a ``logging.Filter`` subclass of this file) tests the rank, a lambda that
     does, or a filter named for rank 0."""
     if rank_in(facts, expr) or _rank_choice(expr):
         return True
+    if isinstance(expr, ast.Name) and depth < 2:  # `filter = rank0_filter`, then addFilter(filter)
+        values = [n.value for n in facts.of(ast.Assign) if any(  # type: ignore[attr-defined]
+            isinstance(t, ast.Name) and t.id == expr.id for t in n.targets)]  # type: ignore[attr-defined]
+        if any(_rank_filter(facts, v, depth + 1) for v in values):
+            return True
     target = expr.func if isinstance(expr, ast.Call) else expr
     name = last_name(target) or ""
     if re.search(r"rank_?(0|zero)|main_?process|master", name, re.I):

@@ -97,6 +97,8 @@ class Project:
     #: Names called on every rank by code that runs on import (and root functions), and per
     #: function name the names it calls outside a rank-0 check (:mod:`splitsync.check.reach`).
     entry: frozenset[str] = frozenset()
+    #: The names its `if __name__ == "__main__":` block calls (entries unless imported).
+    main_entry: frozenset[str] = frozenset()
     edges: dict[str, frozenset[str]] = field(default_factory=dict, hash=False)
     #: Functions code outside the project may call (module-level functions, a library's
     #: public methods): entries when nothing in the project mentions them.

@@ -11,15 +11,15 @@ from __future__ import annotations
 import ast
 import os
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from splitsync.check.evidence import framework_of, logging_configured, logging_rank_limited
 from splitsync.check.facts import Facts, last_name
 from splitsync.check.model import Project
 from splitsync.check.ranks import is_rank_like, rank_in
-from splitsync.check.reach import call_graph, reached, references
+from splitsync.check.reach import call_graph, reached, references, resolve
 from splitsync.check.rules.data import sharded
 
 __all__ = ["Disk", "local_imports", "project_of", "file_project", "merge", "with_project", "overrides_print", "same_seed",
@@ -224,36 +224,45 @@ def _wraps(facts: Facts) -> bool:
 
 def file_project(f: Facts) -> Project:
     """What one file contributes to its project (read once per file, then merged)."""
-    entry, edges, outside = call_graph(f)
+    entry, main_entry, edges, outside = call_graph(f)
     return Project(
         files=(f.path,),
         print_override=overrides_print(f),
         called=frozenset(name for c, _ in f.calls if (name := last_name(c))),
         mentioned=f.loaded_names,
         wrapped=_wraps(f),
-        distributed=f.is_distributed or framework_of(f) is not None,
+        # a module that wraps a model in DDP or creates the process group runs in a
+        # distributed program even when it is not the script (minGPT-ddp's Trainer)
+        distributed=f.is_distributed or framework_of(f) is not None or _wraps(f)
+        or bool(f.torch_calls("init_process_group")),
         same_seed=same_seed(f),
         log_rank_limited=logging_rank_limited([f]),
         log_configured=logging_configured([f]),
         framework=framework_of(f),
         sharded=sharded(f),
         entry=entry,
+        main_entry=main_entry,
         edges=edges,
         outside=outside,
         referenced=references(f),
     )
 
 
-def merge(parts: Iterable[Project]) -> Project:
-    """The :class:`Project` of files read together, from each file's own part."""
+def merge(parts: Iterable[Project], imported: Collection[str] = ()) -> Project:
+    """The :class:`Project` of files read together, from each file's own part
+    (``imported``: the files another of them imports, whose ``__main__`` blocks never run)."""
     parts = list(parts)
-    entry = frozenset().union(*(p.entry for p in parts))
+    stems = {PurePath(f).stem for p in parts for f in p.files}
+    entry = frozenset(resolve(frozenset().union(
+        *(p.entry for p in parts),
+        *(p.main_entry for p in parts if p.files[0] not in imported)), stems))
     mentioned = frozenset().union(*(p.mentioned for p in parts))
-    referenced = frozenset().union(*(p.referenced for p in parts))
+    referenced = frozenset(resolve(frozenset().union(*(p.referenced for p in parts)), stems))
     outside = frozenset().union(*(p.outside for p in parts))
     edges: dict[str, frozenset[str]] = {}
     for part in parts:
         for name, called in part.edges.items():
+            called = frozenset(resolve(called, stems))
             edges[name] = edges[name] | called if name in edges else called
     return Project(
         files=tuple(p for part in parts for p in part.files),

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import ast
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from splitsync.check.facts import Facts, last_name
 from splitsync.check.flow import nonmain_test, rank0_flags, rank0_test
 
-__all__ = ["call_graph", "references", "reached", "runs_everywhere"]
+__all__ = ["call_graph", "references", "resolve", "reached", "runs_everywhere"]
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 #: Decorators that only change how a function is called, not who calls it.
@@ -79,7 +79,55 @@ def _guarded_spans(facts: Facts) -> list[tuple[int, int]]:
     return sorted(spans)
 
 
-def _roots(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+def _key(facts: Facts, fn: ast.AST) -> str:
+    """A function's name in the graph: ``name`` for a function, ``.name`` for a method (a
+    method is only ever called through an attribute: ``model.train()`` is no call of a
+    module-level ``train``)."""
+    return f".{fn.name}" if isinstance(facts.parents.get(fn), ast.ClassDef) \
+        else fn.name  # type: ignore[attr-defined]
+
+
+def _refs(facts: Facts, expr: ast.AST) -> tuple[str, ...]:
+    """The graph names ``expr`` may refer to: ``f`` for a name of this file, ``mod:f`` for a
+    name imported from module ``mod`` or an attribute of it (``misc.summary`` with ``from
+    utils import misc``: resolved against the project's files by :func:`resolve`), ``.m``
+    for an attribute (a method); nothing for a foreign package (``torch.load``)."""
+    if isinstance(expr, ast.Name):
+        full = facts.aliases.get(expr.id)
+        if full is None or "." not in full:
+            return (expr.id,)
+        if full.split(".")[0] in _FOREIGN:
+            return ()
+        module, name = full.rsplit(".", 1)
+        return (f"{module.rsplit('.', 1)[-1]}:{name}",)
+    if not isinstance(expr, ast.Attribute) or _foreign(facts, expr.value):
+        return ()
+    if isinstance(expr.value, ast.Name) and expr.value.id in facts.aliases:
+        module = facts.aliases[expr.value.id].rsplit(".", 1)[-1]
+        return (f"{module}:{expr.attr}", f".{expr.attr}")
+    return (f".{expr.attr}",)
+
+
+def resolve(names: Iterable[str], stems: Collection[str]) -> set[str]:
+    """Graph names with ``mod:f`` turned into ``f`` when ``mod`` is a file of the project,
+    and dropped otherwise (a function of a package the checker does not read)."""
+    out = set()
+    for name in names:
+        module, sep, rest = name.partition(":")
+        if not sep:
+            out.add(name)
+        elif module in stems:
+            out.add(rest)
+    return out
+
+
+def _params(fn: ast.AST) -> frozenset[str]:
+    """The parameters of ``fn``: a name passed on is a value, not a function of the file."""
+    args = fn.args  # type: ignore[attr-defined]
+    return frozenset(a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs))
+
+
+def _roots(facts: Facts, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     if fn.name in _IMPLICIT or (fn.name.startswith("__") and fn.name.endswith("__")):
         return True
     return any(last_name(d) not in _PLAIN_DECORATORS for d in fn.decorator_list)
@@ -93,7 +141,7 @@ def _callable_from_outside(facts: Facts) -> frozenset[str]:
     if not facts.is_script:
         for cls in facts.tree.body:
             if isinstance(cls, ast.ClassDef):
-                found.update(s.name for s in cls.body
+                found.update(f".{s.name}" for s in cls.body
                              if isinstance(s, _FUNCTIONS) and not s.name.startswith("_"))
     return frozenset(found)
 
@@ -108,29 +156,35 @@ def _foreign(facts: Facts, expr: ast.AST) -> bool:
 
 
 def references(facts: Facts) -> frozenset[str]:
-    """Every name this file mentions that may refer to a function of the project (names,
-    and attributes of anything but a foreign package)."""
+    """Every graph name this file mentions (see :func:`_refs`)."""
     found = {n.id for n in facts.of(ast.Name)}  # type: ignore[attr-defined]
-    found.update(n.attr for n in facts.of(ast.Attribute)  # type: ignore[attr-defined]
-                 if not _foreign(facts, n.value))  # type: ignore[attr-defined]
+    for node in facts.of(ast.Attribute):
+        found.update(_refs(facts, node))
     return frozenset(found)
 
 
-def call_graph(facts: Facts) -> tuple[frozenset[str], dict[str, frozenset[str]], frozenset[str]]:
+def call_graph(facts: Facts) -> tuple[frozenset[str], frozenset[str], dict[str, frozenset[str]],
+                                      frozenset[str]]:
     """What this file calls on every rank: the names called (or handed to a call) by code
-    that runs on import, with the functions that are roots; per function name, the names
-    its body calls outside a rank-0 check; and the functions outside code may call (roots
-    when nothing in the project refers to them)."""
+    that runs on import, with the functions that are roots; the names its ``__main__``
+    block calls (it runs only when the file is the script); per function, the names its
+    body calls outside a rank-0 check; and the functions outside code may call (roots when
+    nothing in the project refers to them). Names are graph names (:func:`_key`)."""
     index = facts.tree_index
     position, ends = index.position, index.ends
     functions = index.of(*_FUNCTIONS)
     starts = [position[f] for f in functions]
+    keys = [_key(facts, f) for f in functions]
     spans = _guarded_spans(facts)
     span_starts = [s for s, _ in spans]
     reach_end: list[int] = []  # the furthest end of the spans starting up to each one
     for _, end in spans:
         reach_end.append(max(end, reach_end[-1]) if reach_end else end)
-    entry: set[str] = {f.name for f in functions if _roots(f)}  # type: ignore[arg-type]
+    entry: set[str] = {k for f, k in zip(functions, keys, strict=True)
+                       if _roots(facts, f)}  # type: ignore[arg-type]
+    main_entry: set[str] = set()
+    block = facts.main_block()
+    main_span = (position[block], ends[position[block]]) if block is not None else (-1, -1)
     edges: dict[str, set[str]] = {}
     for call, _ in facts.calls:
         at = position.get(call)
@@ -139,18 +193,19 @@ def call_graph(facts: Facts) -> tuple[frozenset[str], dict[str, frozenset[str]],
         i = bisect_right(span_starts, at)
         if i and reach_end[i - 1] > at:
             continue  # inside a span that runs on rank 0 only
-        names = set() if _foreign(facts, call.func) else {last_name(call)}
-        names.update(last_name(a) for a in (*call.args, *(k.value for k in call.keywords))
-                     if isinstance(a, ast.Name | ast.Attribute))
-        names.discard(None)
         j = bisect_right(starts, at) - 1
         while j >= 0 and ends[starts[j]] <= at:
             j -= 1  # the nearest function that contains the call
+        names = set(_refs(facts, call.func))
+        params = _params(functions[j]) if j >= 0 else frozenset()
+        for arg in (*call.args, *(k.value for k in call.keywords)):
+            if not (isinstance(arg, ast.Name) and arg.id in params):
+                names.update(_refs(facts, arg))  # `mp.spawn(main_worker, ...)`
         if j < 0:
-            entry.update(names)  # type: ignore[arg-type]
+            (main_entry if main_span[0] <= at < main_span[1] else entry).update(names)
         else:
-            edges.setdefault(functions[j].name, set()).update(names)  # type: ignore[attr-defined,arg-type]
-    return (frozenset(entry), {k: frozenset(v) for k, v in edges.items()},
+            edges.setdefault(keys[j], set()).update(names)
+    return (frozenset(entry), frozenset(main_entry), {k: frozenset(v) for k, v in edges.items()},
             _callable_from_outside(facts))
 
 
@@ -175,4 +230,5 @@ def runs_everywhere(facts: Facts, node: ast.AST) -> bool:
     reach = facts.project.reach
     if reach is None:
         return True  # no project graph: assume it runs
-    return all(p.name in reach for p in facts.ancestors(node) if isinstance(p, _FUNCTIONS))
+    return all(_key(facts, p) in reach for p in facts.ancestors(node)
+               if isinstance(p, _FUNCTIONS))

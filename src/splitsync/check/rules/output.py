@@ -12,7 +12,7 @@ from splitsync.check.everyrank import every_rank, guard_text, names_rank
 from splitsync.check.facts import Facts, dotted, last_name
 from splitsync.check.flow import mentions_rank
 from splitsync.check.model import Hit, Rule
-from splitsync.check.rules import writes
+from splitsync.check.rules import overrides, writes
 
 __all__ = ["RULES"]
 
@@ -32,11 +32,20 @@ def _before_exit(facts: Facts, call: ast.Call) -> bool:
             rest = block[block.index(stmt) + 1:]
             while rest and _is_print(rest[0]):
                 rest = rest[1:]
-            if rest and (isinstance(rest[0], ast.Return | ast.Raise) or (
+            if rest and (isinstance(rest[0], ast.Raise) or (
+                    isinstance(rest[0], ast.Return) and _ends_process(facts, rest[0])) or (
                     isinstance(rest[0], ast.Expr) and last_name(rest[0].value) in {
                         "exit", "_exit", "quit"})):
                 return True
     return False
+
+
+def _ends_process(facts: Facts, stmt: ast.Return) -> bool:
+    """Does returning here end the process: a return from the script's entry function
+    (``main()``, called by code that runs on import), not from a helper that carries on?"""
+    scope = facts.scope(stmt)
+    return not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef) or (
+        scope.name in facts.project.entry)
 
 
 _OPT_IN = re.compile(r"verbose|debug|^print_|_print$|^show_", re.I)
@@ -52,8 +61,28 @@ def _opt_in(facts: Facts, call: ast.Call) -> bool:
     return False
 
 
+_BARS = frozenset({"tqdm", "trange"})
+
+
+def _progress_bars(facts: Facts) -> Iterator[Hit]:
+    """``tqdm(loader)`` on every rank: one bar per process, redrawn over each other."""
+    cache: dict[int, set[str]] = {}
+    for call, full in facts.calls:
+        if last_name(call) not in _BARS or not full.startswith(("tqdm", "trange")) \
+                or not every_rank(facts, call):
+            continue
+        if any(k.arg in {"disable", "position"} for k in call.keywords) \
+                or names_rank(facts, call, cache):
+            continue  # switched off off rank 0 (`disable=rank != 0`), or one line per rank
+        yield Hit(call, f"`{facts.text(call)}` {facts.scope_name(call)} draws a progress bar on "
+                  "every rank: N processes redraw N bars over each other on one terminal.",
+                  "draw it on rank 0 only: `tqdm(..., disable=dist.get_rank() != 0)` "
+                  "(`disable=not accelerator.is_main_process` under Accelerate).")
+
+
 def unguarded_print(facts: Facts) -> Iterator[Hit]:
-    """SS501: ``print`` on every rank."""
+    """SS501: ``print`` (and ``tqdm`` progress bars) on every rank."""
+    yield from _progress_bars(facts)
     if "print" in facts.functions or facts.project.print_override:
         return  # print is replaced by a rank-0-only one (`setup_for_distributed(is_master)`)
     cache: dict[int, set[str]] = {}
@@ -107,9 +136,12 @@ def unguarded_logging(facts: Facts) -> Iterator[Hit]:
 
 RULES = (
     Rule("SS501", "unguarded-print", "warning",
-         "print in a distributed script not guarded by a rank-0 check",
+         "print (or a tqdm progress bar) in a distributed script not guarded by a rank-0 check",
          "Every process runs the whole script; output meant once must be guarded by a rank-0 "
-         "check (splitsync: run.print). A print that names its rank (or a value computed from "
+         "check (splitsync: run.print); a tqdm bar on every rank draws N bars over each other "
+         "unless `disable=` switches it off elsewhere. Prints in functions the project never "
+         "reaches on every rank (only under a rank-0 check, or never) are not reported. A "
+         "print that names its rank (or a value computed from "
          "it) is treated as deliberate, and no print is flagged when the project replaces "
          "builtins.print with a rank-0-only one (`setup_for_distributed(is_master)`). Known "
          "false positives: print replaced by other means (a logging redirect, a wrapper "
@@ -120,5 +152,6 @@ RULES = (
          "rank in the message or format (splitsync's run.logger does). Known false "
          "positives: loggers whose handlers are disabled on other ranks by configuration "
          "the checker cannot see.", unguarded_logging),
+    *overrides.RULES,
     *writes.RULES,
 )

@@ -1,9 +1,11 @@
 """Files every rank writes: torch.save (SS502) outside a rank-0 check, checkpoints written once
-per machine (SS504), and files truncated or trees copied on every rank (SS505)."""
+per machine (SS504), files truncated or trees copied on every rank (SS505), and a run folder
+every rank picks for itself (SS509)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from splitsync.check.everyrank import every_rank, guard_text, names_rank
@@ -80,12 +82,20 @@ def save_per_node(facts: Facts) -> Iterator[Hit]:
             continue
         what = f"`{facts.text(target, 200)}`" if target is not None else "the file"
         test = facts.text(guards[0], 80)
+        fix = ("guard checkpoint writes by the global rank, `if dist.get_rank() == 0:` "
+               "(`int(os.environ[\"RANK\"]) == 0` under torchrun; `run.is_main` in "
+               "splitsync), and `dist.barrier()` before any rank reads the file.")
+        if facts.scope(guards[0]) is not facts.scope(c):
+            # the guard is at the caller of the helper that saves: the line to change
+            for guard in guards:
+                yield Hit(guard, f"`{test}` is the rank within one machine, and it guards a "
+                          f"call that writes {what} with `{facts.text(c)}` (line {c.lineno}, "
+                          f"{facts.scope_name(c)}): on a multi-node run one process per node "
+                          "writes the same file on a shared filesystem at once.", fix)
+            continue
         yield Hit(c, f"`{facts.text(c)}` is guarded by `{test}`, the rank within one machine: "
                   f"on a multi-node run one process per node writes {what}, so several "
-                  "processes write the same file on a shared filesystem at once.",
-                  "guard checkpoint writes by the global rank, `if dist.get_rank() == 0:` "
-                  "(`int(os.environ[\"RANK\"]) == 0` under torchrun; `run.is_main` in "
-                  "splitsync), and `dist.barrier()` before any rank reads the file.")
+                  "processes write the same file on a shared filesystem at once.", fix)
 
 _TREE_WRITES = frozenset({"shutil.copytree", "shutil.copyfile", "shutil.copy", "shutil.copy2",
                           "shutil.rmtree", "shutil.move", "os.remove", "os.replace"})
@@ -118,6 +128,53 @@ def shared_file_writes(facts: Facts) -> Iterator[Hit]:
                   "reads it; or put the rank in the path if every process needs its own.")
 
 
+#: Helpers that pick a fresh run folder by looking at what exists (`runs/exp3` after
+#: `runs/exp2`): ultralytics' `increment_path` and its kin.
+_RUN_FOLDERS = re.compile(r"^(increment_(path|dir)|get_(next|new|unique)_(run|exp|log)_?dir|"
+                          r"next_run_dir|make_run_dir|unique_(run|exp)_?dir)$", re.I)
+
+
+def _exist_ok(call: ast.Call) -> bool:
+    value = next((k.value for k in call.keywords if k.arg == "exist_ok"), None)
+    return value is not None and not (isinstance(value, ast.Constant) and not value.value)
+
+
+def _checked_first(facts: Facts, call: ast.Call) -> ast.If | None:
+    """``if not os.path.exists(p): os.mkdir(p)``: the test every rank passes at once."""
+    for parent in facts.ancestors(call):
+        if isinstance(parent, ast.If) and any(
+                last_name(n) in {"exists", "isdir"} for n in facts.inside(parent.test, ast.Call)):
+            return parent
+        if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef | ast.Module):
+            return None
+    return None
+
+
+def run_folder_per_rank(facts: Facts) -> Iterator[Hit]:
+    """SS509: every rank picks its own run folder, or races to create one."""
+    if not facts.in_distributed_run:
+        return
+    for call, full in facts.calls:
+        name = last_name(call) or ""
+        if _RUN_FOLDERS.match(name) and every_rank(facts, call) \
+                and not names_rank(facts, call, {}):
+            yield Hit(call, f"`{facts.text(call)}` {facts.scope_name(call)} runs on every rank: "
+                      "each process looks for the next free run folder itself, so a rank "
+                      "that looks after another has created `exp<N>` picks `exp<N+1>`, and "
+                      "the ranks write their logs and checkpoints into different folders.",
+                      f"pick the folder once, under {guard_text(facts)}, and send it to the "
+                      "other ranks (`dist.broadcast_object_list([path], src=0)`), or derive "
+                      "it from a name every rank knows (a job id) instead of what exists.")
+        elif full in {"os.mkdir", "os.makedirs"} and not _exist_ok(call) \
+                and (test := _checked_first(facts, call)) is not None \
+                and every_rank(facts, call) and not names_rank(facts, call, {}):
+            yield Hit(call, f"`{facts.text(call)}` runs on every rank after "
+                      f"`{facts.text(test.test, 60)}`: all ranks see the folder missing, "
+                      "the first creates it and the others fail with FileExistsError.",
+                      "create it with `os.makedirs(path, exist_ok=True)` (safe on every "
+                      f"rank), or once under {guard_text(facts)} followed by `dist.barrier()`.")
+
+
 RULES = (
     Rule("SS502", "unguarded-save", "warning",
          "torch.save in a distributed script not guarded by a rank-0 check",
@@ -139,4 +196,13 @@ RULES = (
          "once on rank 0 and barrier, or name the file after the rank. Known false positives: "
          "paths on node-local or per-process scratch space the checker cannot tell apart.",
          shared_file_writes),
+    Rule("SS509", "run-folder-per-rank", "warning",
+         "every rank picks its own run folder (increment_path) or races to mkdir it",
+         "Run folders named after what already exists (ultralytics' `increment_path`: "
+         "`runs/exp2` when `runs/exp1` is taken) must be chosen once: chosen on every rank, "
+         "a rank that looks after another created the folder picks the next name, and the "
+         "ranks write into different folders. Likewise `if not os.path.exists(d): "
+         "os.mkdir(d)` on every rank: all ranks pass the test, one creates the folder, the "
+         "others raise FileExistsError. Known false positives: a helper of that name that "
+         "only formats a path; folders on node-local disks.", run_folder_per_rank),
 )
