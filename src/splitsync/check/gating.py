@@ -8,7 +8,8 @@ ratio, so a handful of findings decides nothing:
 - ``warning`` stays ``warning`` unless the corpus shows the rule is wrong too often: with at
   least :data:`MIN_FINDINGS` findings, the 95% Wilson interval of its precision lies wholly
   below :data:`MIN_PRECISION` (its upper bound is below 95%). Then it reports ``info``.
-- ``error`` needs proof: findings on the corpus, none of them false (otherwise ``warning``).
+- ``error`` needs proof: at least :data:`MIN_FINDINGS` findings on the corpus, none of them
+  false (otherwise ``warning``).
 
 Why the upper bound: a warning must be right at least 95% of the time, and the interval says
 where the precision can still be. A rule with 3 right and 1 wrong finding (75%) may well be
@@ -28,7 +29,8 @@ __all__ = ["MIN_PRECISION", "MIN_FINDINGS", "Z", "wilson", "gate", "measured_tex
 
 #: A warning must be right this often; a rule shown to fall short reports at most `info`.
 MIN_PRECISION = 0.95
-#: Fewer findings than this on the corpus never demote a rule: too few to measure it.
+#: Fewer findings than this on the corpus never demote a rule (too few to measure it), and
+#: never prove an `error`.
 MIN_FINDINGS = 3
 #: Two-sided 95% normal quantile of the Wilson score interval.
 Z = 1.959964
@@ -57,9 +59,9 @@ def gate(code: str, declared: str) -> tuple[str, str]:
         if high < MIN_PRECISION:
             return "info", (f"measured precision {true}/{total} = {true / total:.0%} (95% "
                             f"interval {low:.0%}-{high:.0%}) is below {MIN_PRECISION:.0%}")
-    if declared == "error" and (false or not true):
+    if declared == "error" and (false or total < MIN_FINDINGS):
         why = (f"{false} false positive(s) on the corpus" if false
-               else "no finding on the corpus yet proves it")
+               else f"{total} finding(s) on the corpus, fewer than {MIN_FINDINGS}")
         return "warning", f"error needs proof: {why}"
     return declared, ""
 

@@ -105,5 +105,9 @@ class Project:
     outside: frozenset[str] = frozenset()
     #: Names the files mention that may refer to a function of the project.
     referenced: frozenset[str] = frozenset()
+    #: ``stem:name`` of module-level functions that enter a collective (an MPI broadcast).
+    collectives: frozenset[str] = frozenset()
+    #: Some module sets up the process group on some paths only (``distributed = False``).
+    optional_group: bool = False
     #: The function names the project reaches on every rank (None: not computed).
     reach: frozenset[str] | None = None

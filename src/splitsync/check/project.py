@@ -20,6 +20,7 @@ from splitsync.check.facts import Facts, last_name
 from splitsync.check.model import Project
 from splitsync.check.ranks import is_rank_like, rank_in
 from splitsync.check.reach import call_graph, reached, references, resolve
+from splitsync.check.rules.collectives import collective_functions, optional_group
 from splitsync.check.rules.data import sharded
 
 __all__ = ["Disk", "local_imports", "project_of", "file_project", "merge", "with_project", "overrides_print", "same_seed",
@@ -245,6 +246,8 @@ def file_project(f: Facts) -> Project:
         edges=edges,
         outside=outside,
         referenced=references(f),
+        collectives=collective_functions(f),
+        optional_group=optional_group(f),
     )
 
 
@@ -280,6 +283,8 @@ def merge(parts: Iterable[Project], imported: Collection[str] = ()) -> Project:
         edges=edges,
         outside=outside,
         referenced=referenced,
+        collectives=frozenset().union(*(p.collectives for p in parts)),
+        optional_group=any(p.optional_group for p in parts),
         reach=reached(entry, edges, outside, referenced),
     )
 

@@ -11,6 +11,7 @@ from splitsync.check.facts import SETUP_HELPER, Facts, dotted, last_name
 from splitsync.check.flow import is_rank_like, loops_of
 from splitsync.check.model import Hit, Rule
 from splitsync.check.ranks import rank_in
+from splitsync.check.rules import padding
 
 __all__ = ["RULES", "sharded", "seeded_per_rank"]
 
@@ -305,7 +306,7 @@ def _epochs_arg(facts: Facts, loop: ast.For | ast.While | ast.AsyncFor) -> str:
 
 
 RULES = (
-    Rule("SS301", "unsharded-data", "error",
+    Rule("SS301", "unsharded-data", "warning",
          "data-parallel script without a DistributedSampler (every rank trains on the same data)",
          "Data parallelism means splitting the data and syncing the gradients. Without a "
          "DistributedSampler (or run.loader) each rank reads every sample, so the gradient "
@@ -334,3 +335,5 @@ RULES = (
          "generator seeded alike on every rank in code the checker cannot read; datasets whose "
          "split is irrelevant (throw-away synthetic data).", random_split_unseeded),
 )
+
+RULES = (*RULES, *padding.RULES)  # SS304: evaluation over padded shards

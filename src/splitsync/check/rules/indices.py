@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from splitsync.check.facts import Facts, last_name
 from splitsync.check.flow import availability_guarded, is_rank_like
 from splitsync.check.model import Hit, Rule
+from splitsync.check.rules import placement
 from splitsync.check.rules.devices import cuda_literal
 
 __all__ = ["RULES"]
@@ -65,3 +66,5 @@ RULES = (
          "positives: a variable named like a rank that actually holds a torch.device.",
          cuda_by_index),
 )
+
+RULES = (*RULES, *placement.RULES)  # SS106: every rank on one GPU

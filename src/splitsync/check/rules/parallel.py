@@ -11,6 +11,7 @@ from splitsync.check.evidence import cuda_only_reason, test_or_benchmark
 from splitsync.check.facts import SETUP_HELPER, Facts, dotted, last_name
 from splitsync.check.flow import availability_guarded, is_rank_like
 from splitsync.check.model import Hit, Rule
+from splitsync.check.rules import collectives
 from splitsync.check.rules.devices import overridable_default
 
 __all__ = ["RULES"]
@@ -235,7 +236,7 @@ RULES = (
 )
 
 
-_AVAILABLE = ("cuda", "gpu", "is_available", "mps", "accelerator", "device_count", "xpu")
+_AVAILABLE = ("cuda", "gpu", "is_available", "mps", "accel", "device_count", "xpu")
 _WRAPPERS = frozenset({"DistributedDataParallel", "FullyShardedDataParallel", "fully_shard",
                        "prepare", "prepare_model"})
 
@@ -268,7 +269,7 @@ def _ddp_needs_cuda(facts: Facts) -> bool:
 
 def unwrapped_path(facts: Facts) -> Iterator[Hit]:
     """SS205: a distributed script with a branch (the CPU path) where the model is not wrapped."""
-    if not facts.is_distributed or _ddp_needs_cuda(facts):
+    if not facts.in_distributed_run or _ddp_needs_cuda(facts):
         return
     inits = _initialisers(facts)
     reported: set[int] = set()
@@ -287,7 +288,10 @@ def unwrapped_path(facts: Facts) -> Iterator[Hit]:
                             any(i is n for s in here for n in ast.walk(s)) for i in inits)):
                     reported.add(id(parent))
                     path = "true" if other is parent.body else "false"
-                    yield Hit(wrap, f"`{facts.text(wrap)}` wraps the model only on one branch of "
+                    # reported where the user adds the wrap: the branch that lacks it
+                    yield Hit(other[0] if other else wrap,
+                              f"`{facts.text(wrap)}` (line {wrap.lineno}) wraps the model only "
+                              "on one branch of "
                               f"`if {facts.text(parent.test, 80)}:` (line {parent.lineno}); when "
                               f"that test is {path} (the CPU path) the process group is still "
                               "set up but the model is never wrapped, so each rank trains its "
@@ -356,3 +360,5 @@ RULES = (*RULES, Rule(
     "None, and DDP raises a ValueError otherwise. The finding is made on the branch of a "
     "device test that runs without CUDA. Known false positives: a branch the checker reads "
     "as CPU-only that moves the model to a GPU anyway.", device_ids_on_cpu))
+
+RULES = (*RULES, *collectives.RULES)  # SS207-SS208: collectives some ranks never reach

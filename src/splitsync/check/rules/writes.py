@@ -8,7 +8,7 @@ import ast
 import re
 from collections.abc import Iterator
 
-from splitsync.check.everyrank import every_rank, guard_text, names_rank
+from splitsync.check.everyrank import every_rank, guard_text, names_rank, rank_derived
 from splitsync.check.facts import Facts, dotted, last_name
 from splitsync.check.flow import (
     is_local_rank_test,
@@ -44,6 +44,7 @@ def _saves(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST | None]]:
     """Checkpoint writes and their target (None when unseen), skipping in-memory buffers and
     paths that name the rank (one file per rank on purpose)."""
     buffers = _buffers(facts)
+    cache: dict[int, set[str]] = {}
     for c, full in facts.calls:
         if full not in _SAVERS:
             continue
@@ -52,7 +53,20 @@ def _saves(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST | None]]:
         if target is not None and (mentions_rank([target], facts) or dotted(target) in buffers
                                    or last_name(target) == "BytesIO"):
             continue
+        if target is not None and _per_process_path(facts, c, target, cache):
+            continue  # `queue_path = ... "queue" + str(rank) + ".pth"`: one file per rank
         yield c, target
+
+
+def _per_process_path(facts: Facts, call: ast.Call, target: ast.AST,
+                      cache: dict[int, set[str]]) -> bool:
+    """Is ``target`` a name computed from the rank (or a value unique per process) in the
+    function that saves?"""
+    scope = facts.scope(call)
+    if id(scope) not in cache:
+        cache[id(scope)] = rank_derived(facts, scope)
+    return any(isinstance(n, ast.Name) and n.id in cache[id(scope)]
+               for n in facts.subtree(target))
 
 
 def unguarded_save(facts: Facts) -> Iterator[Hit]:
