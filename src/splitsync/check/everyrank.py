@@ -96,18 +96,19 @@ def guard_text(facts: Facts) -> str:
     return "`if rank == 0:` (or `dist.get_rank() == 0`)"
 
 
-def rank_derived(facts: Facts, scope: ast.AST) -> set[str]:
+def rank_derived(facts: Facts, scope: ast.AST, unique: bool = False) -> set[str]:
     """Names in ``scope`` computed from a rank (``device = f"cuda:{rank}"``) or from a value
     unique per process: a message or a path that shows one names its process."""
     names: set[str] = set()
     assigns = [n for n in facts.walk_scope(scope)
                if isinstance(n, ast.Assign | ast.AnnAssign) and n.value is not None]
     loops = [n for n in facts.walk_scope(scope) if isinstance(n, ast.For | ast.AsyncFor)]
-    for node in assigns:  # `time_stamp = str(datetime.now())`: a value unique per process
+    for node in assigns if unique else ():  # `stamp = str(datetime.now())`: one per process
         if _unique(facts, node.value):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names.update(t.id for t in targets if isinstance(t, ast.Name))
-    for item in (n for n in facts.walk_scope(scope) if isinstance(n, ast.withitem)):
+    withs = (n for n in facts.walk_scope(scope) if isinstance(n, ast.withitem)) if unique else ()
+    for item in withs:
         if isinstance(item.optional_vars, ast.Name) and _unique(facts, item.context_expr):
             names.add(item.optional_vars.id)  # `with NamedTemporaryFile() as tmp`
     for _ in range(3):  # `local = int(os.environ["LOCAL_RANK"])`, then `device = f"..{local}"`
@@ -116,6 +117,8 @@ def rank_derived(facts: Facts, scope: ast.AST) -> set[str]:
             if rank_in(facts, loop.iter):
                 names.update(t.id for t in ast.walk(loop.target) if isinstance(t, ast.Name))
         for node in assigns:
+            if not _plain(facts, node.value):  # type: ignore[arg-type]
+                continue  # `model = Net().to(device)` is no name for the process
             if rank_in(facts, node.value) or (names and any(
                     isinstance(n, ast.Name) and n.id in names
                     for n in facts.subtree(node.value))):  # type: ignore[arg-type]
@@ -124,6 +127,17 @@ def rank_derived(facts: Facts, scope: ast.AST) -> set[str]:
         if len(names) == before:
             break
     return names
+
+
+#: Calls that only convert or format a value: a name computed through them still shows it.
+_CONVERSIONS = frozenset({"int", "str", "float", "format", "join", "get", "device", "getenv",
+                          "environ", "Path", "zfill"})
+
+
+def _plain(facts: Facts, expr: ast.AST) -> bool:
+    """Is ``expr`` a value computed from its names by formatting or arithmetic only (so a
+    name bound to it still says which process it is), not the result of other calls?"""
+    return all(last_name(c) in _CONVERSIONS for c in facts.inside(expr, ast.Call))
 
 
 def _unique(facts: Facts, expr: ast.AST) -> bool:
@@ -142,15 +156,19 @@ def _unique(facts: Facts, expr: ast.AST) -> bool:
     return False
 
 
-def names_rank(facts: Facts, call: ast.Call, cache: dict[int, set[str]]) -> bool:
+def names_rank(facts: Facts, call: ast.Call, cache: dict[int, set[str]],
+               unique: bool = False) -> bool:
     """Does ``call`` name its process: the rank, the process id, or a value derived from
-    them (or unique per process) in its arguments?"""
+    them in its arguments? ``unique``: a value unique per process counts too (a path
+    stamped to the microsecond is one file per process; a message stamped so is not)."""
     parts = [*call.args, *call.keywords]
-    if mentions_rank(parts, facts) or any(_unique(facts, p) for p in parts):
+    if mentions_rank(parts, facts) or any(
+            last_name(n) == "getpid" for p in parts for n in facts.subtree(p)) or (
+            unique and any(_unique(facts, p) for p in parts)):
         return True  # the rank or the process id: the line says which process wrote it
     scope = facts.scope(call)
     if id(scope) not in cache:
-        cache[id(scope)] = rank_derived(facts, scope)
+        cache[id(scope)] = rank_derived(facts, scope, unique)
     derived = cache[id(scope)]
     return bool(derived) and any(isinstance(n, ast.Name) and n.id in derived
                                  for p in parts for n in facts.subtree(p))

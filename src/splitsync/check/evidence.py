@@ -197,6 +197,7 @@ def framework_of(facts: Facts) -> str | None:
 
 
 _DISTRIBUTED_FLAG = re.compile(r"^(is_)?(distributed|ddp|multiprocessing_distributed|dist_on)$"
+                               r"|^(enable|use)_(fsdp|ddp|distributed)$"
                                r"|^is_initialized$|^is_dist", re.I)
 
 

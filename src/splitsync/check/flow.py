@@ -77,6 +77,8 @@ def nonmain_test(test: ast.AST, flags: frozenset[str] = frozenset()) -> bool:
         left, op, right = parts
         if isinstance(op, ast.NotEq | ast.IsNot | ast.Gt):
             return is_rank_like(left) and _is_zero(right)
+        if isinstance(op, ast.NotIn) and isinstance(right, ast.List | ast.Tuple | ast.Set):
+            return is_rank_like(left) and any(_is_zero(e) for e in right.elts)  # not in [-1, 0]
         return False
     return is_rank_like(test) and not _main_flag(test)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 from bisect import bisect_right
 from collections.abc import Collection, Iterable, Mapping
+from pathlib import PurePath
 
 from splitsync.check.facts import Facts, last_name
 from splitsync.check.flow import nonmain_test, rank0_flags, rank0_test
@@ -226,9 +227,20 @@ def reached(entry: Iterable[str], edges: Mapping[str, Iterable[str]],
 
 def runs_everywhere(facts: Facts, node: ast.AST) -> bool:
     """Does the project reach the function holding ``node`` on every rank (module-level code
-    always runs)? Each enclosing function must be reached."""
+    always runs)? Each enclosing function must be reached, from the project's entries or
+    from this file's own ``__main__`` block (this file may be the script that is run even
+    when another module imports it)."""
     reach = facts.project.reach
     if reach is None:
         return True  # no project graph: assume it runs
-    return all(_key(facts, p) in reach for p in facts.ancestors(node)
-               if isinstance(p, _FUNCTIONS))
+    keys = [_key(facts, p) for p in facts.ancestors(node) if isinstance(p, _FUNCTIONS)]
+    if all(k in reach for k in keys):
+        return True
+    memo = facts.tree_index.memo
+    if "own_reach" not in memo or memo["own_reach"][0] is not facts.project:  # type: ignore[index]
+        project = facts.project
+        stems = {PurePath(f).stem for f in project.files}
+        own = resolve(call_graph(facts)[1], stems) - reach
+        memo["own_reach"] = (project, reached(own, project.edges) | reach if own else reach)
+    extended = memo["own_reach"][1]  # type: ignore[index]
+    return all(k in extended for k in keys)

@@ -33,6 +33,9 @@ COLLECTIVES = frozenset({
 _GROUPS = re.compile(r"^(dist|torch\.distributed|tdist|comm|COMM_WORLD|MPI\.COMM_WORLD|"
                      r"accelerator|fabric|self\.accelerator|self\.fabric|xm|idist|run)$")
 _NONFINITE = frozenset({"isnan", "isinf", "isfinite"})
+#: Handlers broad enough to swallow a failed rendezvous (a bare `except:` is None).
+_BROAD = frozenset({None, "Exception", "BaseException", "RuntimeError", "DistBackendError",
+                    "DistNetworkError", "DistStoreError"})
 _SKIPS = (ast.Continue, ast.Break)
 _DIST_TEST = re.compile(r"distributed|is_initialized|is_dist|world_size|num_tasks|ddp|"
                         r"num_gpus|n_gpu|is_available", re.I)
@@ -104,19 +107,26 @@ def _what(facts: Facts, call: ast.Call, wrapped: set[str]) -> str | None:
     return None
 
 
-def _paired_barrier(facts: Facts, call: ast.Call) -> bool:
-    """``if rank != 0: barrier()`` ... ``if rank == 0: barrier()``: every rank calls it once."""
+def _paired(facts: Facts, call: ast.Call, guard: ast.AST) -> bool:
+    """The same collective on the other ranks too: in the ``else:`` of the rank-0 test (an
+    MPI broadcast sent by rank 0 and received by the others), or under a test true off rank
+    0 (``if rank != 0: barrier()`` before, ``if rank == 0: barrier()`` after)."""
     scope = facts.scope(call)
     name = last_name(call)
+    test_of = facts.parents.get(guard)
     for other in facts.inside(scope, ast.Call):
         if other is call or last_name(other) != name:
             continue
+        child: ast.AST = other
         for parent in facts.ancestors(other):
-            if isinstance(parent, ast.If) and (nonmain_test(parent.test, facts.rank0_flags)
-                                               and any(other in ast.walk(s) for s in parent.body)):
+            if isinstance(parent, ast.If) and (
+                    (parent is test_of and any(child is s for s in parent.orelse))
+                    or (nonmain_test(parent.test, facts.rank0_flags)
+                        and any(child is s for s in parent.body))):
                 return True
             if parent is scope:
                 break
+            child = parent
     return False
 
 
@@ -127,7 +137,7 @@ def _one_rank(facts: Facts) -> Iterator[Hit]:
         if what is None:
             continue
         guards = rank0_guards(facts, call)
-        if not guards or _paired_barrier(facts, call):
+        if not guards or _paired(facts, call, guards[0]):
             continue
         test = facts.text(guards[0], 80)
         yield Hit(call, f"`{facts.text(call, 80)}` runs only where `{test}` (line "
@@ -210,6 +220,10 @@ def _swallowed_init(facts: Facts) -> Iterator[Hit]:
         if not inits:
             continue
         for handler in node.handlers:  # type: ignore[attr-defined]
+            caught = {last_name(t) for t in (handler.type.elts if isinstance(
+                handler.type, ast.Tuple) else [handler.type])} if handler.type else {None}
+            if not caught & _BROAD:
+                continue  # `except (KeyError, ValueError)`: no launcher variables, one process
             if not any(isinstance(n, ast.Raise) for n in facts.inside(handler, ast.Raise)) \
                     and not any(last_name(c) in {"exit", "_exit"} for c in
                                 facts.inside(handler, ast.Call)):
@@ -231,6 +245,9 @@ def group_missing(facts: Facts) -> Iterator[Hit]:
             continue
         if _dist_guarded(facts, call) or _guarded_callers(facts, facts.scope(call)):
             continue
+        if any(c.lineno < call.lineno for c in facts.torch_calls("init_process_group")
+               if facts.scope(c) is facts.scope(call)):
+            continue  # right after the group is created, on the path that creates it
         yield Hit(call, f"`{facts.text(call, 80)}` runs whether or not a process group "
                   "exists, but the project sets one up only when launched distributed (its "
                   "set-up sets `distributed = False` and returns otherwise): a one-process run "

@@ -26,6 +26,7 @@ from splitsync.check.rules.metrics import _accumulated, _is_eval, _iterated, _sh
 __all__ = ["RULES"]
 
 _EVAL = re.compile(r"val|test|eval", re.I)
+_DATASET = re.compile(r"dataset|data_set|^ds$|set$", re.I)
 _SAMPLERS = frozenset({"DistributedSampler"})
 #: Loader factories that shard with a padding DistributedSampler when distributed.
 _PADDING_FACTORIES = frozenset({"auto_dataloader", "create_loader"})
@@ -76,6 +77,15 @@ def _samplers(facts: Facts) -> Iterator[Hit]:
                   "then changes with the number of processes.", f"{_FIX}.")
 
 
+def _evaluates(facts: Facts, loop: ast.AST, fn: ast.FunctionDef) -> bool:
+    """Is ``loop`` an evaluation: under ``no_grad``/``inference_mode``, or in a function
+    named for testing or validation (not one that also trains)?"""
+    if any(isinstance(p, ast.With) and any(last_name(i.context_expr) in {
+            "no_grad", "inference_mode"} for i in p.items) for p in facts.ancestors(loop)):
+        return True
+    return bool(_EVAL.search(fn.name)) and _is_eval(facts, loop, fn)
+
+
 def _divided_by_length(facts: Facts) -> Iterator[Hit]:
     """``loss_sum / len(loader.dataset)`` after a loop over a sharded loader."""
     loaders = _sharded_loaders(facts)
@@ -85,15 +95,16 @@ def _divided_by_length(facts: Facts) -> Iterator[Hit]:
         name = _iterated(loop.iter)  # type: ignore[attr-defined]
         scope = facts.scope(loop)
         if name not in loaders or not isinstance(scope, ast.FunctionDef) \
-                or not _is_eval(facts, loop, scope):
+                or not _evaluates(facts, loop, scope):
             continue
         sums = _accumulated(loop)  # type: ignore[arg-type]
         for node in facts.inside(scope, ast.BinOp):
             if node.lineno <= loop.end_lineno or not isinstance(node.op, ast.Div):  # type: ignore[attr-defined,operator]
                 continue
             right = node.right  # type: ignore[attr-defined]
-            if not (isinstance(right, ast.Call) and last_name(right) == "len" and right.args):
-                continue
+            if not (isinstance(right, ast.Call) and last_name(right) == "len" and right.args
+                    and _DATASET.search(last_name(right.args[0]) or "")):
+                continue  # `/ len(loader)` is this rank's number of batches, no padding
             if not any(isinstance(n, ast.Name) and n.id in sums
                        for n in ast.walk(node.left)):  # type: ignore[attr-defined]
                 continue

@@ -64,7 +64,7 @@ def _per_process_path(facts: Facts, call: ast.Call, target: ast.AST,
     function that saves?"""
     scope = facts.scope(call)
     if id(scope) not in cache:
-        cache[id(scope)] = rank_derived(facts, scope)
+        cache[id(scope)] = rank_derived(facts, scope, unique=True)
     return any(isinstance(n, ast.Name) and n.id in cache[id(scope)]
                for n in facts.subtree(target))
 
@@ -132,7 +132,7 @@ def shared_file_writes(facts: Facts) -> Iterator[Hit]:
         target = call.args[-1] if tree and call.args else (call.args[0] if call.args else None)
         if target is None or mentions_rank([target], facts) or not every_rank(facts, call):
             continue
-        if names_rank(facts, call, {}):
+        if names_rank(facts, call, {}, unique=True):
             continue  # the path is built from the rank: one file per process
         what = "copies or removes files" if tree else "truncates and writes"
         yield Hit(call, f"`{facts.text(call)}` {facts.scope_name(call)} runs on every rank and "
@@ -171,7 +171,7 @@ def run_folder_per_rank(facts: Facts) -> Iterator[Hit]:
     for call, full in facts.calls:
         name = last_name(call) or ""
         if _RUN_FOLDERS.match(name) and every_rank(facts, call) \
-                and not names_rank(facts, call, {}):
+                and not names_rank(facts, call, {}, unique=True):
             yield Hit(call, f"`{facts.text(call)}` {facts.scope_name(call)} runs on every rank: "
                       "each process looks for the next free run folder itself, so a rank "
                       "that looks after another has created `exp<N>` picks `exp<N+1>`, and "
@@ -181,7 +181,7 @@ def run_folder_per_rank(facts: Facts) -> Iterator[Hit]:
                       "it from a name every rank knows (a job id) instead of what exists.")
         elif full in {"os.mkdir", "os.makedirs"} and not _exist_ok(call) \
                 and (test := _checked_first(facts, call)) is not None \
-                and every_rank(facts, call) and not names_rank(facts, call, {}):
+                and every_rank(facts, call) and not names_rank(facts, call, {}, unique=True):
             yield Hit(call, f"`{facts.text(call)}` runs on every rank after "
                       f"`{facts.text(test.test, 60)}`: all ranks see the folder missing, "
                       "the first creates it and the others fail with FileExistsError.",
