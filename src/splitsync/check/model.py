@@ -103,6 +103,10 @@ class Project:
     #: Functions code outside the project may call (module-level functions, a library's
     #: public methods): entries when nothing in the project mentions them.
     outside: frozenset[str] = frozenset()
+    #: A library module's public classes and methods: entries of a project without a script.
+    api: frozenset[str] = frozenset()
+    #: Some file of the project is a script (it runs; it is not only imported).
+    has_script: bool = False
     #: Names the files mention that may refer to a function of the project.
     referenced: frozenset[str] = frozenset()
     #: ``stem:name`` of module-level functions that enter a collective (an MPI broadcast).

@@ -225,7 +225,7 @@ def _wraps(facts: Facts) -> bool:
 
 def file_project(f: Facts) -> Project:
     """What one file contributes to its project (read once per file, then merged)."""
-    entry, main_entry, edges, outside = call_graph(f)
+    entry, main_entry, edges, (outside, api) = call_graph(f)
     return Project(
         files=(f.path,),
         print_override=overrides_print(f),
@@ -245,6 +245,8 @@ def file_project(f: Facts) -> Project:
         main_entry=main_entry,
         edges=edges,
         outside=outside,
+        api=api,
+        has_script=f.is_script,
         referenced=references(f),
         collectives=collective_functions(f),
         optional_group=optional_group(f),
@@ -262,6 +264,8 @@ def merge(parts: Iterable[Project], imported: Collection[str] = ()) -> Project:
     mentioned = frozenset().union(*(p.mentioned for p in parts))
     referenced = frozenset(resolve(frozenset().union(*(p.referenced for p in parts)), stems))
     outside = frozenset().union(*(p.outside for p in parts))
+    if not any(p.has_script for p in parts):  # a library: its API is called from outside
+        outside |= frozenset().union(*(p.api for p in parts))
     edges: dict[str, frozenset[str]] = {}
     for part in parts:
         for name, called in part.edges.items():
@@ -282,6 +286,7 @@ def merge(parts: Iterable[Project], imported: Collection[str] = ()) -> Project:
         entry=entry,
         edges=edges,
         outside=outside,
+        has_script=any(p.has_script for p in parts),
         referenced=referenced,
         collectives=frozenset().union(*(p.collectives for p in parts)),
         optional_group=any(p.optional_group for p in parts),

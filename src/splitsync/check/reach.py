@@ -80,12 +80,21 @@ def _guarded_spans(facts: Facts) -> list[tuple[int, int]]:
     return sorted(spans)
 
 
+def _implicit(name: str) -> bool:
+    """Methods Python or torch call without naming them (``__init__``, ``forward``)."""
+    return name in _IMPLICIT or (name.startswith("__") and name.endswith("__"))
+
+
 def _key(facts: Facts, fn: ast.AST) -> str:
     """A function's name in the graph: ``name`` for a function, ``.name`` for a method (a
     method is only ever called through an attribute: ``model.train()`` is no call of a
-    module-level ``train``)."""
-    return f".{fn.name}" if isinstance(facts.parents.get(fn), ast.ClassDef) \
-        else fn.name  # type: ignore[attr-defined]
+    module-level ``train``), ``Class.name`` for a method called implicitly, which runs
+    when its class is used (``Net(...)`` reaches ``Net.__init__`` and ``Net.forward``)."""
+    owner = facts.parents.get(fn)
+    name = fn.name  # type: ignore[attr-defined]
+    if not isinstance(owner, ast.ClassDef):
+        return name
+    return f"{owner.name}.{name}" if _implicit(name) else f".{name}"
 
 
 def _refs(facts: Facts, expr: ast.AST) -> tuple[str, ...]:
@@ -129,22 +138,25 @@ def _params(fn: ast.AST) -> frozenset[str]:
 
 
 def _roots(facts: Facts, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    if fn.name in _IMPLICIT or (fn.name.startswith("__") and fn.name.endswith("__")):
-        return True
+    """A decorator may hand the function to a framework that calls it (``@app.route``,
+    ``@trainer.on(...)``): such functions are entries."""
     return any(last_name(d) not in _PLAIN_DECORATORS for d in fn.decorator_list)
 
 
-def _callable_from_outside(facts: Facts) -> frozenset[str]:
+def _callable_from_outside(facts: Facts) -> tuple[frozenset[str], frozenset[str]]:
     """Functions code outside the project may call: the module-level functions of every
-    file (a launcher imports ``main`` by name), and the public methods of a library module
-    (a user calls ``trainer.load()``). A method of a script nothing calls is dead code."""
-    found = {s.name for s in facts.tree.body if isinstance(s, _FUNCTIONS)}
+    file (a launcher imports ``main`` by name); and a library module's API, its public
+    classes and methods (a user calls ``trainer.load()``), which count only for a project
+    without a script (in an application, a method nothing calls is dead code)."""
+    functions = {s.name for s in facts.tree.body if isinstance(s, _FUNCTIONS)}
+    api: set[str] = set()
     if not facts.is_script:
         for cls in facts.tree.body:
-            if isinstance(cls, ast.ClassDef):
-                found.update(f".{s.name}" for s in cls.body
-                             if isinstance(s, _FUNCTIONS) and not s.name.startswith("_"))
-    return frozenset(found)
+            if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_"):
+                api.add(cls.name)
+                api.update(f".{s.name}" for s in cls.body
+                           if isinstance(s, _FUNCTIONS) and not s.name.startswith("_"))
+    return frozenset(functions), frozenset(api)
 
 
 def _foreign(facts: Facts, expr: ast.AST) -> bool:
@@ -165,7 +177,7 @@ def references(facts: Facts) -> frozenset[str]:
 
 
 def call_graph(facts: Facts) -> tuple[frozenset[str], frozenset[str], dict[str, frozenset[str]],
-                                      frozenset[str]]:
+                                      tuple[frozenset[str], frozenset[str]]]:
     """What this file calls on every rank: the names called (or handed to a call) by code
     that runs on import, with the functions that are roots; the names its ``__main__``
     block calls (it runs only when the file is the script); per function, the names its
@@ -187,6 +199,11 @@ def call_graph(facts: Facts) -> tuple[frozenset[str], frozenset[str], dict[str, 
     block = facts.main_block()
     main_span = (position[block], ends[position[block]]) if block is not None else (-1, -1)
     edges: dict[str, set[str]] = {}
+    for cls in facts.of(ast.ClassDef):  # using a class runs its implicit methods
+        edges[cls.name] = {f"{cls.name}.{s.name}" for s in cls.body  # type: ignore[attr-defined]
+                           if isinstance(s, _FUNCTIONS) and _implicit(s.name)}
+        for base in cls.bases:  # type: ignore[attr-defined]
+            edges[cls.name].update(_refs(facts, base))  # and its bases' (`super().__init__()`)
     for call, _ in facts.calls:
         at = position.get(call)
         if at is None:

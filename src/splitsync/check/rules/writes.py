@@ -165,12 +165,14 @@ def _checked_first(facts: Facts, call: ast.Call) -> ast.If | None:
 
 
 def run_folder_per_rank(facts: Facts) -> Iterator[Hit]:
-    """SS509: every rank picks its own run folder, or races to create one."""
+    """SS509: every rank picks its own run folder, or races to create one. The folder is the
+    training script's choice: a helper module's own folder picking (an inference API's
+    `save()`) is not the run folder."""
     if not facts.in_distributed_run:
         return
     for call, full in facts.calls:
         name = last_name(call) or ""
-        if _RUN_FOLDERS.match(name) and every_rank(facts, call) \
+        if _RUN_FOLDERS.match(name) and facts.is_distributed and every_rank(facts, call) \
                 and not names_rank(facts, call, {}, unique=True):
             yield Hit(call, f"`{facts.text(call)}` {facts.scope_name(call)} runs on every rank: "
                       "each process looks for the next free run folder itself, so a rank "
