@@ -354,6 +354,7 @@ def test_print_behind_a_verbose_or_debug_switch_is_opted_into() -> None:
                 self.seen = i
             def __len__(self):
                 return 4
+        loader = torch.utils.data.DataLoader(Tokens())
     """)
     assert [f.line for f in found] == [17]
 
