@@ -100,14 +100,21 @@ def rank_derived(facts: Facts, scope: ast.AST, unique: bool = False) -> set[str]
     """Names in ``scope`` computed from a rank (``device = f"cuda:{rank}"``) or from a value
     unique per process: a message or a path that shows one names its process."""
     names: set[str] = set()
-    assigns = [n for n in facts.walk_scope(scope)
-               if isinstance(n, ast.Assign | ast.AnnAssign) and n.value is not None]
-    loops = [n for n in facts.walk_scope(scope) if isinstance(n, ast.For | ast.AsyncFor)]
+    assigns: list[ast.Assign | ast.AnnAssign] = []
+    loops: list[ast.For | ast.AsyncFor] = []
+    withs: list[ast.withitem] = []
+    for n in facts.walk_scope(scope):  # one walk for the three kinds
+        if isinstance(n, ast.Assign | ast.AnnAssign):
+            if n.value is not None:
+                assigns.append(n)
+        elif isinstance(n, ast.For | ast.AsyncFor):
+            loops.append(n)
+        elif isinstance(n, ast.withitem) and unique:
+            withs.append(n)
     for node in assigns if unique else ():  # `stamp = str(datetime.now())`: one per process
-        if _unique(facts, node.value):
+        if _unique(facts, node.value):  # type: ignore[arg-type]
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names.update(t.id for t in targets if isinstance(t, ast.Name))
-    withs = (n for n in facts.walk_scope(scope) if isinstance(n, ast.withitem)) if unique else ()
     for item in withs:
         if isinstance(item.optional_vars, ast.Name) and _unique(facts, item.context_expr):
             names.add(item.optional_vars.id)  # `with NamedTemporaryFile() as tmp`
@@ -168,7 +175,11 @@ def names_rank(facts: Facts, call: ast.Call, cache: dict[int, set[str]],
         return True  # the rank or the process id: the line says which process wrote it
     scope = facts.scope(call)
     if id(scope) not in cache:
-        cache[id(scope)] = rank_derived(facts, scope, unique)
+        memo = facts.tree_index.memo  # the same scopes are asked by several rules
+        key = f"rank_derived:{id(scope)}:{unique}"
+        if key not in memo:
+            memo[key] = rank_derived(facts, scope, unique)
+        cache[id(scope)] = memo[key]  # type: ignore[assignment]
     derived = cache[id(scope)]
     return bool(derived) and any(isinstance(n, ast.Name) and n.id in derived
                                  for p in parts for n in facts.subtree(p))

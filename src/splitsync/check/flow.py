@@ -163,7 +163,15 @@ def _call_sites(facts: Facts) -> dict[str, tuple[list[ast.Call], int]]:
 
 def rank0_flags(facts: Facts) -> frozenset[str]:
     """Names assigned only from rank-0 tests: ``should_log = accelerator.is_main_process``,
-    ``self.can_checkpoint = self.is_local_main if local else self.is_main``."""
+    ``self.can_checkpoint = self.is_local_main if local else self.is_main`` (kept with the
+    tree: the call graph and the rules ask)."""
+    memo = facts.tree_index.memo
+    if "rank0_flags" not in memo:
+        memo["rank0_flags"] = _rank0_flags(facts)
+    return memo["rank0_flags"]  # type: ignore[return-value]
+
+
+def _rank0_flags(facts: Facts) -> frozenset[str]:
     flags: frozenset[str] = frozenset()
     assigns = facts.of(ast.Assign)
     for _ in range(2):  # a flag computed from a flag

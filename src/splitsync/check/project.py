@@ -19,7 +19,7 @@ from splitsync.check.evidence import framework_of, logging_configured, logging_r
 from splitsync.check.facts import Facts, last_name
 from splitsync.check.model import Project
 from splitsync.check.ranks import is_rank_like, rank_in
-from splitsync.check.reach import call_graph, reached, references, resolve
+from splitsync.check.reach import call_graph, reached, resolve
 from splitsync.check.rules.collectives import collective_functions, optional_group
 from splitsync.check.rules.data import sharded
 
@@ -225,7 +225,8 @@ def _wraps(facts: Facts) -> bool:
 
 def file_project(f: Facts) -> Project:
     """What one file contributes to its project (read once per file, then merged)."""
-    entry, main_entry, edges, (outside, api) = call_graph(f)
+    entry, main_entry, edges, (outside, api), referenced = call_graph(f)
+    framework = framework_of(f)
     return Project(
         files=(f.path,),
         print_override=overrides_print(f),
@@ -234,12 +235,12 @@ def file_project(f: Facts) -> Project:
         wrapped=_wraps(f),
         # a module that wraps a model in DDP or creates the process group runs in a
         # distributed program even when it is not the script (minGPT-ddp's Trainer)
-        distributed=f.is_distributed or framework_of(f) is not None or _wraps(f)
+        distributed=f.is_distributed or framework is not None or _wraps(f)
         or bool(f.torch_calls("init_process_group")),
         same_seed=same_seed(f),
         log_rank_limited=logging_rank_limited([f]),
         log_configured=logging_configured([f]),
-        framework=framework_of(f),
+        framework=framework,
         sharded=sharded(f),
         entry=entry,
         main_entry=main_entry,
@@ -247,7 +248,7 @@ def file_project(f: Facts) -> Project:
         outside=outside,
         api=api,
         has_script=f.is_script,
-        referenced=references(f),
+        referenced=referenced,
         collectives=collective_functions(f),
         optional_group=optional_group(f),
     )
@@ -258,18 +259,16 @@ def merge(parts: Iterable[Project], imported: Collection[str] = ()) -> Project:
     (``imported``: the files another of them imports, whose ``__main__`` blocks never run)."""
     parts = list(parts)
     stems = {PurePath(f).stem for p in parts for f in p.files}
-    entry = frozenset(resolve(frozenset().union(
-        *(p.entry for p in parts),
-        *(p.main_entry for p in parts if p.files[0] not in imported)), stems))
+    entry = frozenset().union(*(p.entry for p in parts),
+                              *(p.main_entry for p in parts if p.files[0] not in imported))
     mentioned = frozenset().union(*(p.mentioned for p in parts))
     referenced = frozenset(resolve(frozenset().union(*(p.referenced for p in parts)), stems))
     outside = frozenset().union(*(p.outside for p in parts))
     if not any(p.has_script for p in parts):  # a library: its API is called from outside
         outside |= frozenset().union(*(p.api for p in parts))
     edges: dict[str, frozenset[str]] = {}
-    for part in parts:
+    for part in parts:  # `mod:f` names are resolved against `stems` as they are reached
         for name, called in part.edges.items():
-            called = frozenset(resolve(called, stems))
             edges[name] = edges[name] | called if name in edges else called
     return Project(
         files=tuple(p for part in parts for p in part.files),
@@ -290,7 +289,7 @@ def merge(parts: Iterable[Project], imported: Collection[str] = ()) -> Project:
         referenced=referenced,
         collectives=frozenset().union(*(p.collectives for p in parts)),
         optional_group=any(p.optional_group for p in parts),
-        reach=reached(entry, edges, outside, referenced),
+        reach=reached(entry, edges, outside, referenced, stems),
     )
 
 

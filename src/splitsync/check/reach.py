@@ -23,7 +23,7 @@ from pathlib import PurePath
 from splitsync.check.facts import Facts, last_name
 from splitsync.check.flow import nonmain_test, rank0_flags, rank0_test
 
-__all__ = ["call_graph", "references", "resolve", "reached", "runs_everywhere"]
+__all__ = ["call_graph", "resolve", "reached", "runs_everywhere"]
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 #: Decorators that only change how a function is called, not who calls it.
@@ -123,10 +123,11 @@ def resolve(names: Iterable[str], stems: Collection[str]) -> set[str]:
     and dropped otherwise (a function of a package the checker does not read)."""
     out = set()
     for name in names:
-        module, sep, rest = name.partition(":")
-        if not sep:
+        if ":" not in name:
             out.add(name)
-        elif module in stems:
+            continue
+        module, _, rest = name.partition(":")
+        if module in stems:
             out.add(rest)
     return out
 
@@ -168,21 +169,15 @@ def _foreign(facts: Facts, expr: ast.AST) -> bool:
     return facts.aliases[expr.id].split(".")[0] in _FOREIGN
 
 
-def references(facts: Facts) -> frozenset[str]:
-    """Every graph name this file mentions (see :func:`_refs`)."""
-    found = {n.id for n in facts.of(ast.Name)}  # type: ignore[attr-defined]
-    for node in facts.of(ast.Attribute):
-        found.update(_refs(facts, node))
-    return frozenset(found)
-
-
 def call_graph(facts: Facts) -> tuple[frozenset[str], frozenset[str], dict[str, frozenset[str]],
-                                      tuple[frozenset[str], frozenset[str]]]:
+                                      tuple[frozenset[str], frozenset[str]], frozenset[str]]:
     """What this file calls on every rank: the names called (or handed to a call) by code
     that runs on import, with the functions that are roots; the names its ``__main__``
     block calls (it runs only when the file is the script); per function, the names its
     body calls outside a rank-0 check; and the functions outside code may call (roots when
-    nothing in the project refers to them). Names are graph names (:func:`_key`)."""
+    nothing in the project refers to them); and every name the file refers to in a call or
+    an argument (so a function used anywhere is no entry from outside). Names are graph
+    names (:func:`_key`)."""
     index = facts.tree_index
     position, ends = index.position, index.ends
     functions = index.of(*_FUNCTIONS)
@@ -199,43 +194,54 @@ def call_graph(facts: Facts) -> tuple[frozenset[str], frozenset[str], dict[str, 
     block = facts.main_block()
     main_span = (position[block], ends[position[block]]) if block is not None else (-1, -1)
     edges: dict[str, set[str]] = {}
+    params: dict[int, frozenset[str]] = {}
     for cls in facts.of(ast.ClassDef):  # using a class runs its implicit methods
         edges[cls.name] = {f"{cls.name}.{s.name}" for s in cls.body  # type: ignore[attr-defined]
                            if isinstance(s, _FUNCTIONS) and _implicit(s.name)}
         for base in cls.bases:  # type: ignore[attr-defined]
             edges[cls.name].update(_refs(facts, base))  # and its bases' (`super().__init__()`)
+    mentioned: set[str] = {n.id for n in facts.of(ast.Name)}  # type: ignore[attr-defined]
     for call, _ in facts.calls:
         at = position.get(call)
         if at is None:
             continue
-        i = bisect_right(span_starts, at)
-        if i and reach_end[i - 1] > at:
-            continue  # inside a span that runs on rank 0 only
         j = bisect_right(starts, at) - 1
         while j >= 0 and ends[starts[j]] <= at:
             j -= 1  # the nearest function that contains the call
         names = set(_refs(facts, call.func))
-        params = _params(functions[j]) if j >= 0 else frozenset()
-        for arg in (*call.args, *(k.value for k in call.keywords)):
-            if not (isinstance(arg, ast.Name) and arg.id in params):
-                names.update(_refs(facts, arg))  # `mp.spawn(main_worker, ...)`
+        args = call.args + [k.value for k in call.keywords] if call.keywords else call.args
+        for arg in args:
+            if isinstance(arg, ast.Name):
+                if j < 0 or arg.id not in (params.get(j) or params.setdefault(
+                        j, _params(functions[j]))):
+                    names.update(_refs(facts, arg))  # `mp.spawn(main_worker, ...)`
+            elif isinstance(arg, ast.Attribute):
+                names.update(_refs(facts, arg))
+        mentioned.update(names)
+        i = bisect_right(span_starts, at)
+        if i and reach_end[i - 1] > at:
+            continue  # inside a span that runs on rank 0 only: no edge
         if j < 0:
             (main_entry if main_span[0] <= at < main_span[1] else entry).update(names)
         else:
             edges.setdefault(keys[j], set()).update(names)
     return (frozenset(entry), frozenset(main_entry), {k: frozenset(v) for k, v in edges.items()},
-            _callable_from_outside(facts))
+            _callable_from_outside(facts), frozenset(mentioned))
 
 
 def reached(entry: Iterable[str], edges: Mapping[str, Iterable[str]],
-            outside: Iterable[str] = (), mentioned: frozenset[str] = frozenset()
-            ) -> frozenset[str]:
+            outside: Iterable[str] = (), mentioned: Collection[str] = frozenset(),
+            stems: Collection[str] | None = None) -> frozenset[str]:
     """Every name reached from ``entry`` through ``edges``; the ``outside`` functions that
-    no code of the project ``mentioned`` are entries too (called from outside)."""
+    no code of the project ``mentioned`` are entries too (called from outside). With
+    ``stems``, ``mod:f`` names are resolved on the way (only those reached are)."""
     seen = set(entry) | {name for name in outside if name not in mentioned}
+    if stems is not None:
+        seen = resolve(seen, stems)
     todo = list(seen)
     while todo:
-        for name in edges.get(todo.pop(), ()):
+        found = edges.get(todo.pop(), ())
+        for name in (resolve(found, stems) if stems is not None else found):
             if name not in seen:
                 seen.add(name)
                 todo.append(name)
@@ -258,6 +264,7 @@ def runs_everywhere(facts: Facts, node: ast.AST) -> bool:
         project = facts.project
         stems = {PurePath(f).stem for f in project.files}
         own = resolve(call_graph(facts)[1], stems) - reach
-        memo["own_reach"] = (project, reached(own, project.edges) | reach if own else reach)
+        memo["own_reach"] = (project, reached(own, project.edges, stems=stems) | reach
+                             if own else reach)
     extended = memo["own_reach"][1]  # type: ignore[index]
     return all(k in extended for k in keys)

@@ -132,7 +132,9 @@ def _paired(facts: Facts, call: ast.Call, guard: ast.AST) -> bool:
 
 def _one_rank(facts: Facts) -> Iterator[Hit]:
     wrapped = _wrapped(facts)
-    for call, _ in facts.calls:
+    helpers = {k.rsplit(":", 1)[-1] for k in facts.project.collectives}
+    models = {w.rsplit(".", 1)[-1] for w in wrapped}
+    for call in facts.named_calls(*COLLECTIVES, *helpers, *models):
         what = _what(facts, call, wrapped)
         if what is None:
             continue

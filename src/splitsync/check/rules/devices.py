@@ -107,9 +107,9 @@ _FRAMEWORKS = frozenset({"Fabric", "Trainer"})
 
 def _framework_accelerator(facts: Facts) -> Iterator[Hit]:
     """``L.Fabric(accelerator="cuda")``: the framework is told to use CUDA whatever the machine."""
-    for call, full in facts.calls:
-        if last_name(call) not in _FRAMEWORKS or not full.startswith(
-                ("lightning", "pytorch_lightning", "lightning_fabric")):
+    for call in facts.named_calls(*_FRAMEWORKS):
+        full = facts.resolve(call.func) or ""
+        if not full.startswith(("lightning", "pytorch_lightning", "lightning_fabric")):
             continue
         value = next((k.value for k in call.keywords if k.arg == "accelerator"), None)
         if isinstance(value, ast.Constant) and str(value.value).lower() in {"cuda", "gpu"} \

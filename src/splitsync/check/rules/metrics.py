@@ -105,7 +105,17 @@ def _returned(fn: ast.FunctionDef | ast.AsyncFunctionDef, loaders: set[str],
 
 def _sharded_loaders(facts: Facts) -> set[str]:
     """Names (or attributes) bound to a loader that a distributed sampler shards, also
-    through a helper that builds and returns it (``train, val = prepare_dataset(...)``)."""
+    through a helper that builds and returns it (``train, val = prepare_dataset(...)``).
+    Kept with the tree: SS304 and SS506 both ask."""
+    memo = facts.tree_index.memo
+    if "sharded_loaders" not in memo:
+        memo["sharded_loaders"] = _find_sharded_loaders(facts)
+    return memo["sharded_loaders"]  # type: ignore[return-value]
+
+
+def _find_sharded_loaders(facts: Facts) -> set[str]:
+    if not facts.named_calls(*_SAMPLERS, "DataLoader", "loader", *_FRAMEWORK_LOADERS):
+        return set()  # no sampler, loader or framework call: no sharded loader to find
     helpers = _sampler_helpers(facts)
     samplers: set[str] = set()
     loaders: set[str] = set()

@@ -67,8 +67,8 @@ _BARS = frozenset({"tqdm", "trange"})
 def _progress_bars(facts: Facts) -> Iterator[Hit]:
     """``tqdm(loader)`` on every rank: one bar per process, redrawn over each other."""
     cache: dict[int, set[str]] = {}
-    for call, full in facts.calls:
-        if last_name(call) not in _BARS or not full.startswith(("tqdm", "trange")) \
+    for call in facts.named_calls(*_BARS):
+        if not (facts.resolve(call.func) or "").startswith(("tqdm", "trange")) \
                 or not every_rank(facts, call):
             continue
         if any(k.arg in {"disable", "position"} for k in call.keywords) \

@@ -54,8 +54,9 @@ def _trimmed(facts: Facts) -> bool:
 
 
 def _samplers(facts: Facts) -> Iterator[Hit]:
-    for call, full in facts.calls:
+    for call in facts.named_calls(*_SAMPLERS, *_PADDING_FACTORIES):
         name = last_name(call) or ""
+        full = facts.resolve(call.func) or ""
         if name in _SAMPLERS:
             if any(k.arg == "drop_last" for k in call.keywords):
                 continue  # drops the remainder instead (evaluated elsewhere, or not at all)
@@ -88,6 +89,9 @@ def _evaluates(facts: Facts, loop: ast.AST, fn: ast.FunctionDef) -> bool:
 
 def _divided_by_length(facts: Facts) -> Iterator[Hit]:
     """``loss_sum / len(loader.dataset)`` after a loop over a sharded loader."""
+    if not any(isinstance(n.op, ast.Div) and isinstance(n.right, ast.Call)  # type: ignore[attr-defined]
+               and last_name(n.right) == "len" for n in facts.of(ast.BinOp)):  # type: ignore[attr-defined]
+        return  # no division by a length: nothing to read the loaders for
     loaders = _sharded_loaders(facts)
     if not loaders:
         return

@@ -46,8 +46,8 @@ _STATE_OBJECTS = frozenset({"PartialState", "AcceleratorState", "Accelerator"})
 def _initialisers(facts: Facts) -> list[ast.Call]:
     found = facts.torch_calls("init_process_group") + facts.init_calls()
     # Accelerate's state objects create the process group when they are built
-    found += [c for c, full in facts.calls if last_name(c) in _STATE_OBJECTS
-              and full.startswith(("accelerate", last_name(c) or "-"))]
+    found += [c for c in facts.named_calls(*_STATE_OBJECTS)
+              if (facts.resolve(c.func) or "").startswith(("accelerate", last_name(c) or "-"))]
     found += [c for c, full in facts.calls if SETUP_HELPER.search(full.rsplit(".", 1)[-1])
               and full.rsplit(".", 1)[-1] != "init_process_group"]
     # `from utils import setup` may well create the group: give imported set-up helpers the
@@ -263,8 +263,7 @@ def _ddp_needs_cuda(facts: Facts) -> bool:
             if tests and any(any(is_rank_like(n) or "distributed" in (last_name(n) or "")
                                  for n in ast.walk(t)) for t in tests):
                 return True
-    return any(isinstance(n, ast.Assert) and "device_count" in ast.unparse(n.test)
-               for n in facts.nodes)
+    return any("device_count" in ast.unparse(n.test) for n in facts.of(ast.Assert))  # type: ignore[attr-defined]
 
 
 def unwrapped_path(facts: Facts) -> Iterator[Hit]:

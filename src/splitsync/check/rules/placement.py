@@ -73,7 +73,7 @@ def _no_device(facts: Facts) -> Iterator[Hit]:
 
 def _local_rank_flag(facts: Facts) -> Iterator[Hit]:
     """``--local_rank`` defaulting to 0 in a script that never reads ``LOCAL_RANK``."""
-    if any(n.value == "LOCAL_RANK" for n in facts.of(ast.Constant)):  # type: ignore[attr-defined]
+    if "LOCAL_RANK" in facts.source:
         return  # read from the environment too (torchrun sets it)
     for call in facts.method_calls("add_argument"):
         flags = [a.value for a in call.args if isinstance(a, ast.Constant)]
@@ -97,7 +97,7 @@ def one_gpu_for_all(facts: Facts) -> Iterator[Hit]:
     """SS106: every rank of a machine on ``cuda:0``."""
     if not facts.in_distributed_run:
         return
-    if any(n.value == "CUDA_VISIBLE_DEVICES" for n in facts.of(ast.Constant)):  # type: ignore[attr-defined]
+    if "CUDA_VISIBLE_DEVICES" in facts.source:
         return  # each process is shown its own GPU: cuda:0 is that GPU
     yield from _no_device(facts)
     yield from _local_rank_flag(facts)

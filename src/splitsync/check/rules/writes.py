@@ -170,8 +170,10 @@ def run_folder_per_rank(facts: Facts) -> Iterator[Hit]:
     `save()`) is not the run folder."""
     if not facts.in_distributed_run:
         return
-    for call, full in facts.calls:
+    names = [n for n in facts.call_names() if _RUN_FOLDERS.match(n)] + ["mkdir", "makedirs"]
+    for call in facts.named_calls(*names):
         name = last_name(call) or ""
+        full = facts.resolve(call.func) or ""
         if _RUN_FOLDERS.match(name) and facts.is_distributed and every_rank(facts, call) \
                 and not names_rank(facts, call, {}, unique=True):
             yield Hit(call, f"`{facts.text(call)}` {facts.scope_name(call)} runs on every rank: "
