@@ -71,7 +71,28 @@ def every_rank(facts: Facts, call: ast.Call) -> bool:
         return False  # a library function no module of the project calls: no evidence it runs
     if _ray_driver(facts, call):
         return False  # Ray runs the ranks as actors; the rest of the file is the one driver
+    if under_lock(facts, call, once=True):
+        return False  # one process, holding a file lock, finds the work still to do
     return runs_everywhere(facts, call)
+
+
+def under_lock(facts: Facts, call: ast.AST, once: bool = False) -> bool:
+    """Is ``call`` inside ``with FileLock(...):`` (processes take turns)? ``once``: and
+    under a test that the work is still to do (``if not os.path.exists(path):``), so only
+    the first process to hold the lock does it."""
+    locked = checked = False
+    for parent in facts.ancestors(call):
+        if isinstance(parent, ast.If) and any(
+                last_name(c) in {"exists", "isfile", "isdir"}
+                for c in facts.inside(parent.test, ast.Call)):
+            checked = True
+        if isinstance(parent, ast.With | ast.AsyncWith) and any(
+                "lock" in (facts.text(i.context_expr, 200)).lower() for i in parent.items):
+            locked = True
+            break
+        if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef | ast.Module):
+            break
+    return locked and (checked or not once)
 
 
 def _ray_remote(facts: Facts, node: ast.AST) -> bool:

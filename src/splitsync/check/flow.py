@@ -256,10 +256,17 @@ def conditional_between(facts: Facts, node: ast.AST, loop: ast.AST) -> bool:
         if parent is loop:
             return False
         if isinstance(parent, ast.If | ast.IfExp) and child is not parent.test:
-            if not rank0_test(parent.test):
+            if not rank0_test(parent.test) or _also_interval(parent.test):
                 return True
         child = parent
     return False
+
+
+def _also_interval(test: ast.AST) -> bool:
+    """``master_process and step % log_every == 0``: a rank-0 test that also holds only every
+    few steps (any other condition joined with ``and``)."""
+    return isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and any(
+        not rank0_test(v) for v in test.values)
 
 
 def _guard_of(parent: ast.AST, child: ast.AST, flags: frozenset[str]) -> ast.AST | None:

@@ -13,7 +13,7 @@ import re
 import sys
 import tokenize
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from splitsync.check.facts import Facts, build_facts
@@ -150,7 +150,24 @@ def run_rules(facts: Facts, rules: tuple[Rule, ...]) -> list[Finding]:
                 "SS001", META_CODES["SS001"], "warning",
                 f"`# splitsync: ignore[{code}]` names no rule, so it silences nothing.",
                 "use a code from `splitsync check --list-rules`.", path, line, col, line)
-    return sorted(found.values(), key=lambda f: (f.line, f.column, f.code))
+    return _merged(sorted(found.values(), key=lambda f: (f.line, f.column, f.code)))
+
+
+def _merged(findings: list[Finding]) -> list[Finding]:
+    """One finding per rule and line: three calls on one line (``a.cuda(), b.cuda(),
+    c.cuda()``) are one thing to fix, reported once at the first, with the count."""
+    out: list[Finding] = []
+    extra: dict[tuple[str, int], int] = {}
+    for f in findings:
+        key = (f.code, f.line)
+        if key in extra:
+            extra[key] += 1
+            continue
+        extra[key] = 0
+        out.append(f)
+    return [f if not extra[(f.code, f.line)] else replace(
+        f, message=f"{f.message} (This line has {extra[(f.code, f.line)]} more such "
+        f"call{'s' if extra[(f.code, f.line)] > 1 else ''}.)") for f in out]
 
 
 def read_source(path: Path) -> str | Finding:

@@ -8,7 +8,13 @@ import ast
 import re
 from collections.abc import Iterator
 
-from splitsync.check.everyrank import every_rank, guard_text, names_rank, rank_derived
+from splitsync.check.everyrank import (
+    every_rank,
+    guard_text,
+    names_rank,
+    rank_derived,
+    under_lock,
+)
 from splitsync.check.facts import Facts, dotted, last_name
 from splitsync.check.flow import (
     is_local_rank_test,
@@ -72,8 +78,8 @@ def _per_process_path(facts: Facts, call: ast.Call, target: ast.AST,
 def unguarded_save(facts: Facts) -> Iterator[Hit]:
     """SS502: ``torch.save`` on every rank."""
     for c, target in _saves(facts):
-        if not every_rank(facts, c):
-            continue
+        if not every_rank(facts, c) or under_lock(facts, c):
+            continue  # not on every rank, or the processes take turns under a file lock
         what = f"`{facts.text(target, 200)}`" if target is not None else "the file"
         yield Hit(c, f"`{facts.text(c)}` {facts.scope_name(c)} runs on every rank: N processes "
                   f"write {what} at the same time, which can leave it truncated or mixed, and "
@@ -130,7 +136,8 @@ def shared_file_writes(facts: Facts) -> Iterator[Hit]:
         if not tree and not (full == "open" and _write_mode(call)):
             continue
         target = call.args[-1] if tree and call.args else (call.args[0] if call.args else None)
-        if target is None or mentions_rank([target], facts) or not every_rank(facts, call):
+        if target is None or mentions_rank([target], facts) or not every_rank(facts, call) \
+                or under_lock(facts, call):
             continue
         if names_rank(facts, call, {}, unique=True):
             continue  # the path is built from the rank: one file per process
