@@ -114,7 +114,7 @@ def _under_rank_test(facts: Facts, node: ast.AST) -> bool:
 
 def _rank_level(facts: Facts) -> bool:
     """A level set per rank, or a handler only rank 0 gets (``NullHandler`` elsewhere)."""
-    for call, _ in facts.calls:
+    for call in facts.named_calls(*_LEVEL_CALLS, "NullHandler", "addHandler", "addFilter"):
         name = last_name(call)
         args = [*call.args, *(k.value for k in call.keywords)]
         if name in _LEVEL_CALLS and (any(rank_in(facts, a) or _rank_choice(a) for a in args)
@@ -183,15 +183,14 @@ def logging_configured(members: Iterable[Facts]) -> bool:
     names = {"basicConfig", "addHandler", "setLevel", "dictConfig", "fileConfig",
              "set_verbosity", "set_verbosity_info", "setup_logging", "init_logger",
              "setup_logger", "create_logger", "set_logging"}
-    return any(last_name(c) in names for f in members for c, _ in f.calls)
+    return any(not names.isdisjoint(f.call_names()) for f in members)
 
 
 def framework_of(facts: Facts) -> str | None:
     """``"Fabric"`` or ``"Accelerator"`` when the script runs under that framework."""
-    for call, full in facts.calls:
-        name = last_name(call)
-        if name in {"Fabric", "Accelerator"} and (full.startswith(("lightning", "accelerate"))
-                                                  or full == name):
+    for call in facts.named_calls("Fabric", "Accelerator"):
+        name, full = last_name(call), facts.resolve(call.func) or ""
+        if full.startswith(("lightning", "accelerate")) or full == name:
             return name
     return None
 

@@ -206,8 +206,9 @@ def _global_seed(facts: Facts, call: ast.Call) -> bool:
 
 def same_seed(facts: Facts) -> bool:
     """Is a seed set that every rank shares (not ``seed + rank``)?"""
-    derived = _rank_derived(facts)
-    for call, _ in facts.calls:
+    seeds = [n for n in facts.call_names() if "seed" in n.lower()]  # few: read only those
+    derived = _rank_derived(facts) if seeds else set()
+    for call in facts.named_calls(*seeds) if seeds else ():
         if not is_seed_call(call) or not (call.args or call.keywords) \
                 or not _global_seed(facts, call):
             continue
@@ -230,7 +231,7 @@ def file_project(f: Facts) -> Project:
     return Project(
         files=(f.path,),
         print_override=overrides_print(f),
-        called=frozenset(name for c, _ in f.calls if (name := last_name(c))),
+        called=f.call_names() - {""},
         mentioned=f.loaded_names,
         wrapped=_wraps(f),
         # a module that wraps a model in DDP or creates the process group runs in a

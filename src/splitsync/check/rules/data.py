@@ -37,15 +37,17 @@ def _is_false(expr: ast.AST | None) -> bool:
 
 def _sharded(facts: Facts) -> bool:
     """Is the data split between ranks anywhere in the script?"""
-    if any(last_name(c) in _SHARDERS for c, _ in facts.calls) or facts.run_calls("loader"):
+    if not _SHARDERS.isdisjoint(facts.call_names()) or facts.run_calls("loader"):
         return True
     for node in facts.of(ast.Slice):  # manual shards: data[rank::world_size], Subset(..rank..)
         if rank_in(facts, node.lower) or rank_in(facts, node.step):  # type: ignore[attr-defined]
             return True
-    if any(last_name(c) == "Subset" and rank_in(facts, c) for c, _ in facts.calls):
+    if any(rank_in(facts, c) for c in facts.named_calls("Subset")):
         return True
     for call, full in facts.calls:  # a dataset told its rank shards itself: MyData(rank=rank)
-        name = last_name(call) or ""
+        if not call.args and not call.keywords:
+            continue  # nothing handed to it: it cannot be told the rank
+        name = full.rsplit(".", 1)[-1] if full else (last_name(call) or "")
         if name[:1].isupper() and any(any(w in (k.arg or "") for w in _SHARD_ARGS)
                                       for k in call.keywords):
             return True
