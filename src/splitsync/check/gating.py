@@ -25,7 +25,7 @@ from math import sqrt
 
 from splitsync.check.measured import MEASURED
 
-__all__ = ["MIN_PRECISION", "MIN_FINDINGS", "Z", "wilson", "gate", "measured_text"]
+__all__ = ["MIN_PRECISION", "MIN_FINDINGS", "Z", "wilson", "gate", "earned", "measured_text"]
 
 #: A warning must be right this often; a rule shown to fall short reports at most `info`.
 MIN_PRECISION = 0.95
@@ -51,6 +51,12 @@ def gate(code: str, declared: str) -> tuple[str, str]:
     """The severity a rule may use given its findings on the corpus, and why (empty when
     the declared severity stands). ``declared`` is a ceiling, never raised."""
     true, false, _, _ = MEASURED.get(code, (0, 0, 0, 0))
+    return earned(true, false, declared)
+
+
+def earned(true: int, false: int, declared: str) -> tuple[str, str]:
+    """The severity ``true`` right and ``false`` wrong findings earn a rule declared at
+    ``declared``, and why (empty when the declared severity stands)."""
     total = true + false
     if declared == "info":
         return "info", ""
