@@ -15,7 +15,8 @@ The report prints precision per rule (``check_precision.report``) and then recal
 and per split, overall and without ``hard-coded-cuda`` (a lesson rule, not a correctness bug
 at N GPUs); ``--found`` lists the mistakes found at warning or above with the rules that
 matched (so credit from a rule of another topic on the same line shows), ``--misses`` every
-mistake not found at warning or above.
+mistake not found at warning or above. Both list the ``train`` split unless ``--split`` names
+another: the held-out parts measure the rules and are never read to design them.
 
     PYTHONPATH=src python benchmarks/check_recall.py            # both tables
     PYTHONPATH=src python benchmarks/check_recall.py --misses   # and the missed mistakes
@@ -137,12 +138,13 @@ def report(matched: list[tuple[Mistake, list[tuple[str, str]]]], files_read: int
     return "\n".join(out)
 
 
-def misses(matched: list[tuple[Mistake, list[tuple[str, str]]]]) -> str:
-    """Every mistake not found at warning or above, grouped by class."""
-    out = []
+def misses(matched: list[tuple[Mistake, list[tuple[str, str]]]], splits: tuple[str, ...]
+           ) -> str:
+    """Every mistake of ``splits`` not found at warning or above, grouped by class."""
+    out = ["", f"misses listed for: {', '.join(splits)}"]
     for cls in CLASSES:
-        rows = [(m, hits) for m, hits in matched
-                if m.cls == cls and not any(sev in SHOWN for _, sev in hits)]
+        rows = [(m, hits) for m, hits in matched if m.cls == cls and m.split in splits
+                and not any(sev in SHOWN for _, sev in hits)]
         if not rows:
             continue
         out += ["", f"### {cls} ({len(rows)} missed at warning+)"]
@@ -153,12 +155,13 @@ def misses(matched: list[tuple[Mistake, list[tuple[str, str]]]]) -> str:
     return "\n".join(out)
 
 
-def found(matched: list[tuple[Mistake, list[tuple[str, str]]]]) -> str:
-    """Every mistake found at warning or above, with the rules that matched it (a rule of
-    another topic on the same line also matches: this list shows such credit)."""
+def found(matched: list[tuple[Mistake, list[tuple[str, str]]]], splits: tuple[str, ...]
+          ) -> str:
+    """Every mistake of ``splits`` found at warning or above, with the rules that matched it
+    (a rule of another topic on the same line also matches: this list shows such credit)."""
     out = ["", "### found at warning+"]
     for m, hits in matched:
-        if any(sev in SHOWN for _, sev in hits):
+        if m.split in splits and any(sev in SHOWN for _, sev in hits):
             rules = ", ".join(f"{code} ({sev})" for code, sev in hits)
             out.append(f"- {m.cls}: {m.path} ({m.split}) by {rules}")
     return "\n".join(out)
@@ -170,7 +173,11 @@ def main() -> int:
                         help="list the mistakes not found at warning or above")
     parser.add_argument("--found", action="store_true",
                         help="list the mistakes found at warning or above and the rules that did")
+    parser.add_argument("--split", action="append", choices=precision.SPLITS,
+                        help="the splits --misses and --found list (repeatable; default train: "
+                             "the held-out parts are for measuring, never for designing rules)")
     args = parser.parse_args()
+    splits = tuple(args.split or ("train",))
     result = precision.measure()
     corpus = {precision._key(r["repo"], r["path"]): r["split"]
               for r in precision._rows("corpus.tsv")}
@@ -184,9 +191,9 @@ def main() -> int:
     print()
     print(report(matched, len(read)))
     if args.found:
-        print(found(matched))
+        print(found(matched, splits))
     if args.misses:
-        print(misses(matched))
+        print(misses(matched, splits))
     return 0
 
 
