@@ -77,6 +77,33 @@ def test_ss501_accepts_else_branch_early_exit_decorator_and_guarded_helper() -> 
     """) == []
 
 
+SAMPLER = """
+    from tqdm import tqdm
+    class Diffusion:
+        def loop(self, n):
+            for t in tqdm(range(n), desc="sampling"):
+                pass
+        def fast_loop(self, n):
+            print("fast sampling")
+        def sample(self, n):
+            fn = self.loop if n > 10 else self.fast_loop
+            return fn(n)
+    def train(model, rank):
+        if rank == 0:
+            model.sample(4)
+        {unguarded}
+    train(Diffusion(), dist.get_rank())
+"""
+
+
+def test_ss501_follows_a_method_chosen_into_a_variable() -> None:
+    # lucidrains' trainers sample under `if accelerator.is_main_process:` through
+    # `sample_fn = self.p_sample_loop if ... else self.ddim_sample`: one bar, not N
+    assert run("SS501", SAMPLER.format(unguarded="pass")) == []
+    found = run("SS501", SAMPLER.format(unguarded="model.sample(4)"))
+    assert sorted(f.line for f in found) == [9, 12]
+
+
 def test_ss501_silent_in_non_distributed_script_and_spawn_parent() -> None:
     assert run("SS501", "print('hi')\n", head="import torch\n") == []
     assert run("SS501", """

@@ -225,6 +225,22 @@ def call_graph(facts: Facts) -> tuple[frozenset[str], frozenset[str], dict[str, 
             (main_entry if main_span[0] <= at < main_span[1] else entry).update(names)
         else:
             edges.setdefault(keys[j], set()).update(names)
+    for assign in index.of(ast.Assign):  # `fn = self.a if c else self.b`, called as `fn(...)`
+        value = assign.value  # type: ignore[attr-defined]
+        options = (value.body, value.orelse) if isinstance(value, ast.IfExp) else (value,)
+        names = {n for o in options if isinstance(o, ast.Attribute) for n in _refs(facts, o)}
+        if not names:
+            continue
+        mentioned.update(names)
+        at = position[assign]
+        i = bisect_right(span_starts, at)
+        if i and reach_end[i - 1] > at:
+            continue
+        j = bisect_right(starts, at) - 1
+        while j >= 0 and ends[starts[j]] <= at:
+            j -= 1
+        if j >= 0:
+            edges.setdefault(keys[j], set()).update(names)
     return (frozenset(entry), frozenset(main_entry), {k: frozenset(v) for k, v in edges.items()},
             _callable_from_outside(facts), frozenset(mentioned))
 
