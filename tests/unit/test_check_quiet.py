@@ -85,6 +85,21 @@ CASES = [
                 opt.step()
     """, "ctx = contextlib.nullcontext() if last else model.no_sync()",
      "ctx = contextlib.nullcontext()"),
+    # `backward` inside a helper that enters `no_sync` for the micro-steps
+    ("SS602", """
+        model = DDP(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        def backward(loss, sync):
+            with contextlib.nullcontext() if sync else model.no_sync():
+                loss.backward()
+        for i in range(16):
+            loss = model(torch.randn(2, 4)).sum()
+            backward(loss, sync=(i + 1) % 4 == 0)
+            if (i + 1) % 4 == 0:
+                opt.step()
+                opt.zero_grad()
+    """, "with contextlib.nullcontext() if sync else model.no_sync():",
+     "with contextlib.nullcontext():"),
     # per-rank file names: `{rank:05d}` in an f-string, `queue<rank>.pth` through a name
     ("SS505", """
         rank = dist.get_rank()

@@ -31,7 +31,7 @@ MEASURED: MappingProxyType[str, tuple[int, int, int, int]] = MappingProxyType({
     'SS401': (18, 0, 3, 0),
     'SS402': (0, 0, 0, 0),
     'SS404': (3, 0, 0, 0),
-    'SS501': (86, 8, 6, 0),
+    'SS501': (86, 4, 6, 0),
     'SS502': (4, 0, 1, 0),
     'SS503': (66, 1, 29, 0),
     'SS504': (12, 0, 1, 0),
