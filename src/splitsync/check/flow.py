@@ -28,6 +28,8 @@ _AVAILABILITY = ("cuda", "is_available", "gpu", "accelerator", "device_count", "
 #: distributed package): an early return on them leaves CUDA-only code behind.
 _DEVICE_WORDS = ("cuda", "gpu", "accelerator", "device_count", "mps", "xpu")
 _EXITS = frozenset({"exit", "_exit", "quit"})
+#: Words of a test that asks whether a GPU exists (not which one to use: `args.gpu is None`).
+_STRONG = ("is_available", "device_count", "nccl", "mps", "xpu")
 
 
 def _is_zero(expr: ast.AST) -> bool:
@@ -226,7 +228,10 @@ def availability_guarded(facts: Facts, node: ast.AST) -> bool:
                 return True
         if isinstance(parent, ast.If | ast.IfExp | ast.While) and child is not parent.test:
             text = ast.unparse(parent.test).lower()
-            if any(word in text for word in _AVAILABILITY):
+            if any(word in text for word in _AVAILABILITY) and not (
+                    isinstance(parent, ast.If) and not any(w in text for w in _STRONG)
+                    and _no_cpu_alternative(parent.orelse if child in parent.body
+                                            else parent.body)):
                 return True
         if isinstance(parent, ast.BoolOp) and child is not parent.values[0]:
             if any(w in ast.unparse(parent.values[0]).lower() for w in _AVAILABILITY):
@@ -234,6 +239,24 @@ def availability_guarded(facts: Facts, node: ast.AST) -> bool:
         if isinstance(parent, SCOPES):
             return False
         child = parent
+    return False
+
+
+def _no_cpu_alternative(block: list[ast.stmt]) -> bool:
+    """Is the other branch of a GPU-choice test CUDA too, or an error? MoCo's `if args.gpu is
+    not None: model.cuda(args.gpu) ... else: model.cuda()` picks a GPU, it does not test for
+    one, and `else: raise NotImplementedError(...)` leaves no CPU path either."""
+    if not block:
+        return False
+    if isinstance(block[-1], ast.Raise):
+        return True
+    for stmt in block:
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.Attribute) and n.attr in {"cuda", "set_device"}:
+                return True
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) \
+                    and n.value.lower().startswith("cuda"):
+                return True
     return False
 
 

@@ -10,7 +10,7 @@ from types import MappingProxyType
 #: rule -> (true, false, held-out true, held-out false) findings on the corpus, counting
 #: the findings at the rule's own severity (not those it lowers to info itself).
 MEASURED: MappingProxyType[str, tuple[int, int, int, int]] = MappingProxyType({
-    'SS101': (199, 5, 37, 5),
+    'SS101': (216, 5, 37, 5),
     'SS102': (0, 0, 0, 0),
     'SS103': (0, 0, 0, 0),
     'SS104': (10, 0, 0, 0),
