@@ -24,6 +24,7 @@ MEASURED: MappingProxyType[str, tuple[int, int, int, int]] = MappingProxyType({
     'SS206': (0, 0, 0, 0),
     'SS207': (11, 0, 3, 0),
     'SS208': (8, 0, 6, 0),
+    'SS209': (1, 0, 0, 0),
     'SS301': (3, 0, 0, 0),
     'SS302': (2, 0, 2, 0),
     'SS303': (0, 0, 0, 0),

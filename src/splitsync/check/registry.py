@@ -10,6 +10,7 @@ from splitsync.check.model import SEVERITIES, Rule
 from splitsync.check.rules import (
     data,
     devices,
+    drift,
     indices,
     loop,
     metrics,
@@ -42,7 +43,7 @@ def _gated(rule: Rule) -> Rule:
 
 def all_rules(gated: bool = True) -> tuple[Rule, ...]:
     """All rules, sorted by code; ``gated`` caps each severity by its measured precision."""
-    rules = (*devices.RULES, *indices.RULES, *moves.RULES, *parallel.RULES, *data.RULES,
+    rules = (*devices.RULES, *indices.RULES, *moves.RULES, *parallel.RULES, *drift.RULES, *data.RULES,
              *seeds.RULES, *output.RULES, *metrics.RULES, *loop.RULES)
     if gated:
         rules = tuple(_gated(r) for r in rules)
