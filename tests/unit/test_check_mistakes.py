@@ -4,11 +4,13 @@ the mistake corrected is quiet, so every case can fail."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
 
 from splitsync.check import check_file, check_source, select_rules
+from splitsync.check.flow import nonmain_test, rank0_test
 from splitsync.check.registry import all_rules
 
 CASES = Path(__file__).parent / "check_cases" / "evidence" / "mistakes"
@@ -33,6 +35,8 @@ MISTAKES = [
      ("            if dist.get_rank() == 0:\n", "            if True:\n")),
     ("eval_on_master.py", "SS207", "losses[k] = model(",
      ("        losses[k] = model(", "        losses[k] = model.module(")),
+    ("master_returns.py", "SS207", "return -1",
+     ("            return -1\n", "            raise SystemExit(1)\n")),
     ("nan_skip.py", "SS207", "if torch.isnan(loss):",
      ("        continue\n", "        loss = loss * 0\n")),
     ("optional_group/train_caption.py", "SS208", "dist.barrier()",
@@ -115,3 +119,14 @@ def test_only_a_broad_except_swallows_a_failed_rendezvous() -> None:
         "except Exception as e:", "except (KeyError, ValueError) as e:")
     rules = select_rules(["SS208"], gated=False)
     assert check_source(text, "swallowed_init.py", rules) == []
+
+
+
+@pytest.mark.parametrize("flag", ["is_rank0", "is_master", "args.is_main_process"])
+def test_a_negated_rank_zero_flag_is_every_rank_but_zero(flag: str) -> None:
+    # open_clip's evaluate(): `if not use_fsdp_eval and not is_rank0: return metrics` leaves
+    # on every rank but 0; `not rank` (a rank number) stays rank 0's test
+    negated = ast.parse(f"not {flag}", mode="eval").body
+    assert not rank0_test(negated) and nonmain_test(negated)
+    assert not rank0_test(ast.parse(f"not x and not {flag}", mode="eval").body)
+    assert rank0_test(ast.parse("not rank", mode="eval").body)

@@ -53,7 +53,11 @@ def rank0_test(test: ast.AST, flags: frozenset[str] = frozenset()) -> bool:
     if isinstance(test, ast.BoolOp):
         return any(rank0_test(v, flags) for v in test.values)
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return is_rank_like(test.operand) or nonmain_test(test.operand, flags)
+        operand = test.operand
+        if (isinstance(operand, ast.Name | ast.Attribute) and last_name(operand) in flags) \
+                or _main_flag(operand):
+            return False  # `not is_rank0`: a flag of rank 0, negated (every rank but 0)
+        return is_rank_like(operand) or nonmain_test(operand, flags)
     if isinstance(test, ast.Name | ast.Attribute) and last_name(test) in flags:
         return True
     if isinstance(test, ast.Compare) and (parts := _compare(test)):

@@ -22,7 +22,7 @@ MEASURED: MappingProxyType[str, tuple[int, int, int, int]] = MappingProxyType({
     'SS204': (32, 0, 5, 0),
     'SS205': (5, 0, 1, 0),
     'SS206': (0, 0, 0, 0),
-    'SS207': (11, 0, 3, 0),
+    'SS207': (13, 0, 3, 0),
     'SS208': (8, 0, 6, 0),
     'SS209': (1, 0, 0, 0),
     'SS301': (3, 0, 0, 0),

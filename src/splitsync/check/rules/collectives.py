@@ -150,6 +150,36 @@ def _one_rank(facts: Facts) -> Iterator[Hit]:
                   "a helper that broadcasts must be called by every rank.")
 
 
+def _rank0_return(facts: Facts) -> Iterator[Hit]:
+    """``if is_master(args): ... return -1`` in a function whose later code every rank must
+    run together (open_clip's main: an existing experiment ends rank 0 only)."""
+    wrapped = _wrapped(facts)
+    for ret in facts.of(ast.Return):
+        fn = facts.scope(ret)
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        guards = [g for g in rank0_guards(facts, ret) if facts.scope(g) is fn]
+        top = next((p for p in facts.ancestors(ret) if facts.parents.get(p) is fn), None)
+        if not guards or not isinstance(top, ast.If) or top not in fn.body:
+            continue
+        later = [c for stmt in fn.body[fn.body.index(top) + 1:]
+                 for c in facts.inside(stmt, ast.Call)]
+        joint = next(((c, w) for c in later if (w := _what(facts, c, wrapped))
+                      or facts.is_torch(c, "DistributedDataParallel", "FullyShardedDataParallel")),
+                     None)
+        if joint is None or rank0_guards(facts, joint[0]):
+            continue
+        call, what = joint
+        what = what or "the DDP/FSDP wrap broadcasts rank 0's weights to the others"
+        yield Hit(ret, f"`{facts.text(ret, 40)}` leaves {fn.name}() on rank 0 only (under "
+                  f"`{facts.text(guards[0], 60)}`, line {guards[0].lineno}); the other ranks go "
+                  f"on to `{facts.text(call, 60)}` (line {call.lineno}): {what}, so they wait "
+                  "there for a rank that has left (a hang until the timeout).",
+                  "decide on every rank: check on rank 0, broadcast the answer "
+                  "(`dist.broadcast_object_list`), and return on every rank together; or "
+                  "raise, so the launcher stops the whole job.")
+
+
 def _nonfinite_skip(facts: Facts) -> Iterator[Hit]:
     """``if torch.isnan(loss): continue`` before the backward of a DDP step."""
     backwards = facts.method_calls("backward")
@@ -183,6 +213,7 @@ def collective_on_some_ranks(facts: Facts) -> Iterator[Hit]:
     if not facts.in_distributed_run:
         return
     yield from _one_rank(facts)
+    yield from _rank0_return(facts)
     yield from _nonfinite_skip(facts)
 
 
