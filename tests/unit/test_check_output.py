@@ -181,3 +181,41 @@ def test_ss501_accepts_imagenet_style_local_main_guard() -> None:
             if not args.multiprocessing_distributed or args.rank % ngpus_per_node == 0:
                 print("saving")
     """) == []
+
+
+def test_ss501_a_helper_process_rank_0_starts_is_no_launcher() -> None:
+    # open_clip's main() starts its remote-sync process under `if is_master(args):`: main is
+    # a rank's own code, not the parent that launches the ranks, so its prints are per rank
+    source = """
+        import multiprocessing
+        def main(args):
+            print("=> using a layer from bitsandbytes")
+            if dist.get_rank() == 0:
+                proc = multiprocessing.Process(target=print)
+                proc.start()
+        main(None)
+    """
+    assert [f.line for f in run("SS501", source)] == [8]
+    # the parent that starts the ranks prints once
+    assert run("SS501", source.replace("if dist.get_rank() == 0:", "if True:")) == []
+
+
+def test_a_value_made_on_rank_0_only_guards_like_a_rank_test() -> None:
+    # `writer = None; if rank == 0: writer = SummaryWriter()`, then `if writer is not None:`
+    source = """
+        def train(rank):
+            sync = None
+            if rank == 0:
+                sync = object()
+            if sync is not None:
+                logging.info("final sync")
+                print("final sync")
+            if sync is None:
+                pass
+            else:
+                print("synced")
+        train(dist.get_rank())
+    """
+    assert run("SS501", source) == [] and run("SS503", source) == []
+    # made on every rank: the same tests guard nothing
+    assert [f.line for f in run("SS501", source.replace("if rank == 0:", "if True:"))] == [12, 16]

@@ -84,7 +84,8 @@ def parameterless(facts: Facts, expr: ast.AST) -> bool:
 @lru_cache(maxsize=8)  # asked once per print; Facts compare by identity
 def launcher_functions(facts: Facts) -> frozenset[str]:
     """Functions that start the ranks (``mp.spawn(...)``, ``p.start()`` on a Process,
-    ``subprocess.Popen``): their own lines run once, in the parent process."""
+    ``subprocess.Popen``): their own lines run once, in the parent process. A start under a
+    rank test is a rank's own helper process (open_clip's remote sync), not the launcher."""
     found: set[str] = set()
     processes = {dotted(t) for n in facts.of(ast.Assign) if isinstance(n, ast.Assign)
                  and isinstance(n.value, ast.Call) and last_name(n.value) == "Process"
@@ -95,8 +96,8 @@ def launcher_functions(facts: Facts) -> frozenset[str]:
             name == "start" and isinstance(call.func, ast.Attribute)
             and (dotted(call.func.value) in processes or "proc" in (
                 dotted(call.func.value) or "").lower() or dotted(call.func.value) == "p"))
-        if not starts:
-            continue
+        if not starts or _under_rank_test(facts, call):
+            continue  # started by one rank (a sync helper under `if is_master(args):`)
         scope = facts.scope(call)
         if isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
             found.add(scope.name)

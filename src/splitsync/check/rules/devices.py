@@ -6,9 +6,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from splitsync.check.availability import availability_guarded
 from splitsync.check.evidence import cuda_only_reason, parameterless, test_or_benchmark
 from splitsync.check.facts import Facts, dotted, last_name
-from splitsync.check.flow import availability_guarded
 from splitsync.check.model import Hit, Rule
 
 __all__ = ["RULES", "FACTORIES", "cuda_literal", "overridable_default"]

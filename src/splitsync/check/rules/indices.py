@@ -6,8 +6,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from splitsync.check.availability import availability_guarded
 from splitsync.check.facts import Facts, last_name
-from splitsync.check.flow import availability_guarded, is_rank_like
+from splitsync.check.flow import is_rank_like
 from splitsync.check.model import Hit, Rule
 from splitsync.check.rules import placement
 from splitsync.check.rules.devices import cuda_literal

@@ -7,9 +7,10 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from splitsync.check.availability import availability_guarded
 from splitsync.check.evidence import cuda_only_reason, test_or_benchmark
 from splitsync.check.facts import SETUP_HELPER, Facts, dotted, last_name
-from splitsync.check.flow import availability_guarded, is_rank_like
+from splitsync.check.flow import is_rank_like
 from splitsync.check.model import Hit, Rule
 from splitsync.check.rules import collectives
 from splitsync.check.rules.devices import overridable_default
