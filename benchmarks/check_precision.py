@@ -41,9 +41,16 @@ CORPUS = HERE / "check_corpus"
 FILES = CORPUS / "files"
 SHOW_FALSE = "--show-false" in sys.argv
 SPLITS = ("train", "heldout", "holdout")
+
+
 def lint(module: str = "") -> ModuleType:
     """The checker's package (``splitsync.check``), or one of its modules."""
-    return importlib.import_module(f"splitsync.check.{module}" if module else "splitsync.check")
+    name = f"splitsync.check.{module}" if module else "splitsync.check"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        raise SystemExit(f"checker not found: {name} ({err}); install splitsync "
+                         "(pip install -e .) or run with PYTHONPATH=src") from err
 
 
 def _rows(name: str) -> list[dict[str, str]]:
