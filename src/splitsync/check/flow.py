@@ -202,18 +202,23 @@ def _rank0_objects(facts: Facts, assigns: list[ast.AST], flags: frozenset[str]) 
     """Names set to ``None`` and to something else only under a rank-0 test (``writer =
     None``, ``if rank == 0: writer = SummaryWriter()``): ``if writer is not None:`` is a
     rank-0 test too (open_clip's ``remote_sync_process``)."""
-    kinds: dict[str, set[str]] = {}
+    def names(node: ast.AST) -> list[str]:
+        return [n for t in node.targets  # type: ignore[attr-defined]
+                if isinstance(t, ast.Name | ast.Attribute) and (n := last_name(t))]
+
+    empty = [n for node in assigns if _none(node.value)  # type: ignore[attr-defined]
+             for n in names(node)]
+    if not empty:
+        return frozenset()
+    kinds: dict[str, set[str]] = {n: {"none"} for n in empty}
     for node in assigns:
-        value = node.value  # type: ignore[attr-defined]
-        for target in node.targets:  # type: ignore[attr-defined]
-            name = last_name(target) if isinstance(target, ast.Name | ast.Attribute) else None
-            if name is None:
-                continue
-            if isinstance(value, ast.Constant) and value.value is None:
-                kind = "none"
-            else:
-                kind = "rank0" if _under_rank0(facts, node, flags) else "other"
-            kinds.setdefault(name, set()).add(kind)
+        if _none(node.value):  # type: ignore[attr-defined]
+            continue
+        hit = [n for n in names(node) if n in kinds]
+        if hit:
+            kind = "rank0" if _under_rank0(facts, node, flags) else "other"
+            for n in hit:
+                kinds[n].add(kind)
     return frozenset(n for n, k in kinds.items() if k == {"none", "rank0"})
 
 
