@@ -13,7 +13,7 @@ MEASURED: MappingProxyType[str, tuple[int, int, int, int]] = MappingProxyType({
     'SS101': (216, 5, 37, 5),
     'SS102': (0, 0, 0, 0),
     'SS103': (0, 0, 0, 0),
-    'SS104': (10, 0, 0, 0),
+    'SS104': (11, 0, 0, 0),
     'SS105': (1, 0, 0, 0),
     'SS106': (6, 0, 1, 0),
     'SS201': (14, 0, 3, 0),
