@@ -159,3 +159,44 @@ def test_ss103_accepts_assigned_moves_and_in_place_module_moves() -> None:
         for m in modules:
             m.to(device)
     """) == []
+
+
+MOCO = """
+    import torch
+    def main_worker(gpu, args, model):
+        args.gpu = gpu
+        if args.distributed:
+            if args.gpu is not None:
+                torch.cuda.set_device(args.gpu)
+                model.cuda(args.gpu)
+            else:
+                model.cuda()
+        elif args.gpu is not None:
+            torch.cuda.set_device(args.gpu)
+            model = model.cuda(args.gpu)
+            raise NotImplementedError("Only DistributedDataParallel is supported.")
+        else:
+            {cpu}
+        if args.gpu is not None:
+            torch.cuda.set_device(args.gpu)
+"""
+
+
+def test_ss101_a_gpu_choice_with_no_cpu_branch_is_no_guard() -> None:
+    # MoCo/SimSiam: `if args.gpu is not None:` chooses a GPU (the else branch is CUDA too) and
+    # every other path raises: no CPU path, though each `.cuda()` sits under a "gpu" test
+    found = run("SS101", MOCO.format(cpu='raise NotImplementedError("DDP only")'))
+    assert [f.line for f in found] == [7, 8, 10, 12, 13]
+    # a CPU branch makes the test beside it a guard (the distributed path stays CUDA-only),
+    # and a lone `if args.gpu is not None:` with no else is one too
+    assert [f.line for f in run("SS101", MOCO.format(cpu="model = model.cpu()"))] == [7, 8, 10]
+    assert run("SS101", """
+        import torch
+        def main_worker(gpu, args):
+            if not torch.cuda.is_available():
+                print("using CPU")
+            elif args.gpu is not None:
+                torch.cuda.set_device(args.gpu)
+            else:
+                torch.cuda.set_device(0)
+    """) == []

@@ -219,7 +219,8 @@ def test_checkpoint_under_local_rank_zero_is_one_writer_per_node() -> None:
         if rank == 0:
             torch.save({}, "c.pt")
     """)
-    assert [f.line for f in found] == [12, 17]
+    # at the guard a user changes: the caller's `if self.gpu_id == 0:`, not the save in save()
+    assert [f.line for f in found] == [14, 17]
 
 
 def test_checkpoint_on_every_rank_under_torchrun() -> None:
@@ -273,6 +274,7 @@ def test_print_right_before_leaving_is_not_flagged() -> None:
                 print("needs 2 GPUs")
                 sys.exit()
             print("training")
+        main()
     """)[0].line == 13
 
 
@@ -352,6 +354,7 @@ def test_print_behind_a_verbose_or_debug_switch_is_opted_into() -> None:
                 self.seen = i
             def __len__(self):
                 return 4
+        loader = torch.utils.data.DataLoader(Tokens())
     """)
     assert [f.line for f in found] == [17]
 
@@ -361,3 +364,25 @@ def test_batchnorm_under_ddp_is_advice_not_a_warning() -> None:
         net = DDP(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)))
     """)
     assert [f.severity for f in found] == ["info"]
+
+
+def test_ss104_device_ids_given_the_global_rank() -> None:
+    # DiT: `device = rank % torch.cuda.device_count()`, then `DDP(..., device_ids=[rank])`
+    source = """
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        def main():
+            dist.init_process_group("nccl")
+            rank = dist.get_rank()
+            device = rank % torch.cuda.device_count()
+            model = DDP(torch.nn.Linear(2, 2).to(device), device_ids=[rank])
+    """
+    found = check_source(textwrap.dedent(source), "train.py", select_rules(["SS104"], gated=False))
+    assert [f.line for f in found] == [9] and "device_ids=[device]" in found[0].fix
+    fixed = textwrap.dedent(source).replace("device_ids=[rank]", "device_ids=[device]")
+    assert check_source(fixed, "train.py", select_rules(["SS104"], gated=False)) == []
+    # the tutorial's spawned rank with no local index taken from it: not this mistake
+    alone = textwrap.dedent(source).replace("device = rank % torch.cuda.device_count()",
+                                            "device = rank")
+    assert check_source(alone, "train.py", select_rules(["SS104"], gated=False)) == []

@@ -20,6 +20,7 @@ def test_ss501_flags_print_on_every_rank() -> None:
     found = run("SS501", """
         def train():
             print("epoch done")
+        train()
     """)
     assert len(found) == 1 and found[0].line == 7
     assert "in train() runs on every rank" in found[0].message
@@ -74,6 +75,33 @@ def test_ss501_accepts_else_branch_early_exit_decorator_and_guarded_helper() -> 
         def e(rank):
             print(f"rank {rank}: my shard has 10 samples")  # names its rank: deliberate
     """) == []
+
+
+SAMPLER = """
+    from tqdm import tqdm
+    class Diffusion:
+        def loop(self, n):
+            for t in tqdm(range(n), desc="sampling"):
+                pass
+        def fast_loop(self, n):
+            print("fast sampling")
+        def sample(self, n):
+            fn = self.loop if n > 10 else self.fast_loop
+            return fn(n)
+    def train(model, rank):
+        if rank == 0:
+            model.sample(4)
+        {unguarded}
+    train(Diffusion(), dist.get_rank())
+"""
+
+
+def test_ss501_follows_a_method_chosen_into_a_variable() -> None:
+    # lucidrains' trainers sample under `if accelerator.is_main_process:` through
+    # `sample_fn = self.p_sample_loop if ... else self.ddim_sample`: one bar, not N
+    assert run("SS501", SAMPLER.format(unguarded="pass")) == []
+    found = run("SS501", SAMPLER.format(unguarded="model.sample(4)"))
+    assert sorted(f.line for f in found) == [9, 12]
 
 
 def test_ss501_silent_in_non_distributed_script_and_spawn_parent() -> None:
@@ -153,3 +181,41 @@ def test_ss501_accepts_imagenet_style_local_main_guard() -> None:
             if not args.multiprocessing_distributed or args.rank % ngpus_per_node == 0:
                 print("saving")
     """) == []
+
+
+def test_ss501_a_helper_process_rank_0_starts_is_no_launcher() -> None:
+    # open_clip's main() starts its remote-sync process under `if is_master(args):`: main is
+    # a rank's own code, not the parent that launches the ranks, so its prints are per rank
+    source = """
+        import multiprocessing
+        def main(args):
+            print("=> using a layer from bitsandbytes")
+            if dist.get_rank() == 0:
+                proc = multiprocessing.Process(target=print)
+                proc.start()
+        main(None)
+    """
+    assert [f.line for f in run("SS501", source)] == [8]
+    # the parent that starts the ranks prints once
+    assert run("SS501", source.replace("if dist.get_rank() == 0:", "if True:")) == []
+
+
+def test_a_value_made_on_rank_0_only_guards_like_a_rank_test() -> None:
+    # `writer = None; if rank == 0: writer = SummaryWriter()`, then `if writer is not None:`
+    source = """
+        def train(rank):
+            sync = None
+            if rank == 0:
+                sync = object()
+            if sync is not None:
+                logging.info("final sync")
+                print("final sync")
+            if sync is None:
+                pass
+            else:
+                print("synced")
+        train(dist.get_rank())
+    """
+    assert run("SS501", source) == [] and run("SS503", source) == []
+    # made on every rank: the same tests guard nothing
+    assert [f.line for f in run("SS501", source.replace("if rank == 0:", "if True:"))] == [12, 16]

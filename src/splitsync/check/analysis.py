@@ -114,7 +114,10 @@ def projects_of(edges: dict[Path, set[Path]], parts: dict[Path, Project]) -> dic
     for key in parts:
         together = frozenset().union(*(closures[a] for a in reach(key, importers)))
         if together not in merged:
-            merged[together] = merge(parts[k] for k in sorted(together))
+            # an imported module's `__main__` block never runs in the program
+            imported = {t for t in together if importers[t] & together}
+            merged[together] = merge((parts[k] for k in sorted(together)),
+                                     {parts[k].files[0] for k in imported})
         projects[key] = merged[together]
     return projects
 

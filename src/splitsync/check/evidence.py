@@ -12,21 +12,31 @@ import ast
 import re
 from collections.abc import Iterable
 from functools import lru_cache
+from pathlib import PurePath
 
 from splitsync.check.facts import Facts, dotted, last_name
 from splitsync.check.flow import is_rank_like, nonmain_test, rank0_test
 from splitsync.check.ranks import rank_in
 
-__all__ = ["world_size_one", "cuda_only_reason", "parameterless", "launcher_functions", "logging_rank_limited",
+__all__ = ["world_size_one", "cuda_only_reason", "test_or_benchmark", "parameterless", "launcher_functions", "logging_rank_limited",
            "logging_configured", "framework_of"]
 
 #: Imports that need an NVIDIA GPU whatever the script does (kernels, GPU-only engines).
 _CUDA_ONLY = ("triton", "flash_attn", "vllm", "transformer_engine", "apex.contrib",
               "xformers.ops", "torch.utils.cpp_extension", "cupy", "pynvml", "nvidia.dali")
+#: Names whose import shows GPU kernels compiled for the run: FlexAttention's block masks
+#: (the speedrun scripts compile block-sparse attention into Triton kernels for CUDA).
+_CUDA_KERNEL_NAMES = frozenset({"torch.nn.attention.flex_attention.BlockMask",
+                                "torch.nn.attention.flex_attention.create_block_mask"})
+#: Test and benchmark code measures or checks the GPU on purpose: a function or a file
+#: named so (`test_gradient_and_speed`, `compute_time_train`, `benchmark_indexing.py`).
+_MEASURES_GPU = re.compile(r"^bench|benchmark|^compute_time|^time_|^profile", re.I)
+_TEST_FILE = re.compile(r"^test_|_test$|benchmark", re.I)  # pytest's file names, benchmarks
+_TEST_FUNCTION = re.compile(r"^test_", re.I)
 _CUDA_EXTENSION = re.compile(r"(^|_)(cuda|cudnn|nccl)(_|$)|_cuda$", re.I)
 #: torch.nn classes that hold no parameters or buffers: `.cuda()` on them does nothing.
 _PARAMLESS = re.compile(r"(Loss|ReLU|GELU|SiLU|Sigmoid|Tanh|Softmax|LogSoftmax|Identity|"
-                        r"Dropout|Flatten|Criterion)$|^(build_)?(loss|criterion)", re.I)
+                        r"Dropout|Flatten|Criterion|Similarity|Distance)$|^(build_)?(loss|criterion)", re.I)
 _SPAWN_CALLS = frozenset({"spawn", "start_processes", "elastic_launch", "Popen", "check_call",
                           "launch_agent"})
 _LEVEL_CALLS = frozenset({"setLevel", "basicConfig", "set_verbosity", "disable"})
@@ -35,6 +45,8 @@ _LEVEL_CALLS = frozenset({"setLevel", "basicConfig", "set_verbosity", "disable"}
 def cuda_only_reason(facts: Facts) -> str | None:
     """The import that makes this file CUDA-only (``import triton``), if one does."""
     for full in facts.aliases.values():
+        if full in _CUDA_KERNEL_NAMES:
+            return "torch.nn.attention.flex_attention"
         for prefix in _CUDA_ONLY:
             if full == prefix or full.startswith(prefix + "."):
                 return prefix
@@ -42,6 +54,22 @@ def cuda_only_reason(facts: Facts) -> str | None:
         if head != "torch" and _CUDA_EXTENSION.search(head):
             return head  # a compiled CUDA extension (`import nccl_p2p_cuda`, `cudnn_gbn_lib`)
     return None
+
+
+def test_or_benchmark(facts: Facts, node: ast.AST) -> bool:
+    """Is ``node`` in test or benchmark code (a function named ``benchmark*``,
+    ``compute_time_*``, ``test_*`` in a module of tests, or a file named
+    ``test_*.py``, ``benchmark.py``), which runs on the GPU on purpose rather than training
+    on it?"""
+    if _TEST_FILE.search(PurePath(facts.path).stem):
+        return True
+    # `test_*` is a test in a module of tests (most of its functions are `test_*`), not
+    # pycls' `test_epoch` beside a training loop
+    top = [s.name for s in facts.tree.body if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)]
+    tests = len(top) >= 3 and 2 * sum(bool(_TEST_FUNCTION.search(n)) for n in top) >= len(top)
+    return any(isinstance(p, ast.FunctionDef | ast.AsyncFunctionDef) and bool(
+        _MEASURES_GPU.search(p.name) or (tests and _TEST_FUNCTION.search(p.name)))
+        for p in facts.ancestors(node))
 
 
 def parameterless(facts: Facts, expr: ast.AST) -> bool:
@@ -56,7 +84,8 @@ def parameterless(facts: Facts, expr: ast.AST) -> bool:
 @lru_cache(maxsize=8)  # asked once per print; Facts compare by identity
 def launcher_functions(facts: Facts) -> frozenset[str]:
     """Functions that start the ranks (``mp.spawn(...)``, ``p.start()`` on a Process,
-    ``subprocess.Popen``): their own lines run once, in the parent process."""
+    ``subprocess.Popen``): their own lines run once, in the parent process. A start under a
+    rank test is a rank's own helper process (open_clip's remote sync), not the launcher."""
     found: set[str] = set()
     processes = {dotted(t) for n in facts.of(ast.Assign) if isinstance(n, ast.Assign)
                  and isinstance(n.value, ast.Call) and last_name(n.value) == "Process"
@@ -67,8 +96,8 @@ def launcher_functions(facts: Facts) -> frozenset[str]:
             name == "start" and isinstance(call.func, ast.Attribute)
             and (dotted(call.func.value) in processes or "proc" in (
                 dotted(call.func.value) or "").lower() or dotted(call.func.value) == "p"))
-        if not starts:
-            continue
+        if not starts or _under_rank_test(facts, call):
+            continue  # started by one rank (a sync helper under `if is_master(args):`)
         scope = facts.scope(call)
         if isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
             found.add(scope.name)
@@ -86,17 +115,47 @@ def _under_rank_test(facts: Facts, node: ast.AST) -> bool:
 
 def _rank_level(facts: Facts) -> bool:
     """A level set per rank, or a handler only rank 0 gets (``NullHandler`` elsewhere)."""
-    for call, _ in facts.calls:
+    for call in facts.named_calls(*_LEVEL_CALLS, "NullHandler", "addHandler", "addFilter"):
         name = last_name(call)
         args = [*call.args, *(k.value for k in call.keywords)]
-        if name in _LEVEL_CALLS and (any(rank_in(facts, a) for a in args)
+        if name in _LEVEL_CALLS and (any(rank_in(facts, a) or _rank_choice(a) for a in args)
                                      or _under_rank_test(facts, call)):
-            return True
+            return True  # `basicConfig(level=INFO if accelerator.is_main_process else ERROR)`
+        if name == "addFilter" and (any(_rank_filter(facts, a) for a in args)
+                                    or _under_rank_test(facts, call)):
+            return True  # a filter that drops records off rank 0 (`rank0_only`)
         if name == "NullHandler" and _under_rank_test(facts, call):
             return True
         if name in {"addHandler", "basicConfig"} and _under_rank_test(facts, call):
             return True
     return False
+
+
+def _rank_choice(expr: ast.AST) -> bool:
+    """``INFO if is_main else ERROR``: a value chosen by a rank-0 test."""
+    return isinstance(expr, ast.IfExp) and (rank0_test(expr.test) or nonmain_test(expr.test))
+
+
+def _rank_filter(facts: Facts, expr: ast.AST, depth: int = 0) -> bool:
+    """A logging filter that reads the rank: ``addFilter(rank0_only)`` where ``rank0_only``
+    (a function or a ``logging.Filter`` subclass of this file) tests the rank, a lambda that
+    does, or a filter named for rank 0."""
+    if rank_in(facts, expr) or _rank_choice(expr):
+        return True
+    if isinstance(expr, ast.Name) and depth < 2:  # `filter = rank0_filter`, then addFilter(filter)
+        values = [n.value for n in facts.of(ast.Assign) if any(  # type: ignore[attr-defined]
+            isinstance(t, ast.Name) and t.id == expr.id for t in n.targets)]  # type: ignore[attr-defined]
+        if any(_rank_filter(facts, v, depth + 1) for v in values):
+            return True
+    target = expr.func if isinstance(expr, ast.Call) else expr
+    name = last_name(target) or ""
+    if re.search(r"rank_?(0|zero)|main_?process|master", name, re.I):
+        return True
+    defined = [n for n in facts.of(ast.FunctionDef, ast.ClassDef)
+               if n.name == name]  # type: ignore[attr-defined]
+    return any(rank_in(facts, n) or any(
+        isinstance(t, ast.If) and (rank0_test(t.test) or nonmain_test(t.test))
+        for t in facts.inside(n, ast.If)) for n in defined)
 
 
 def _rank_in_format(facts: Facts) -> bool:
@@ -125,20 +184,20 @@ def logging_configured(members: Iterable[Facts]) -> bool:
     names = {"basicConfig", "addHandler", "setLevel", "dictConfig", "fileConfig",
              "set_verbosity", "set_verbosity_info", "setup_logging", "init_logger",
              "setup_logger", "create_logger", "set_logging"}
-    return any(last_name(c) in names for f in members for c, _ in f.calls)
+    return any(not names.isdisjoint(f.call_names()) for f in members)
 
 
 def framework_of(facts: Facts) -> str | None:
     """``"Fabric"`` or ``"Accelerator"`` when the script runs under that framework."""
-    for call, full in facts.calls:
-        name = last_name(call)
-        if name in {"Fabric", "Accelerator"} and (full.startswith(("lightning", "accelerate"))
-                                                  or full == name):
+    for call in facts.named_calls("Fabric", "Accelerator"):
+        name, full = last_name(call), facts.resolve(call.func) or ""
+        if full.startswith(("lightning", "accelerate")) or full == name:
             return name
     return None
 
 
 _DISTRIBUTED_FLAG = re.compile(r"^(is_)?(distributed|ddp|multiprocessing_distributed|dist_on)$"
+                               r"|^(enable|use)_(fsdp|ddp|distributed)$"
                                r"|^is_initialized$|^is_dist", re.I)
 
 

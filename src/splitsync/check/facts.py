@@ -152,6 +152,27 @@ class Facts:
             known = memo["calls"] = (self.calls, torch, methods)
         return known[1], known[2]  # type: ignore[index]
 
+    def named_calls(self, *names: str) -> list[ast.Call]:
+        """Calls whose last name is one of ``names`` (``f(...)``, ``a.b.f(...)``), in source
+        order, from an index of every call by last name built once per tree."""
+        memo = self.tree_index.memo
+        known = memo.get("named")
+        if known is None or known[0] is not self.calls:  # type: ignore[index]
+            by_name: dict[str, list[int]] = {}
+            for at, (call, full) in enumerate(self.calls):
+                by_name.setdefault(full.rsplit(".", 1)[-1] if full else (
+                    last_name(call) or ""), []).append(at)
+            known = memo["named"] = (self.calls, by_name)
+        by_name = known[1]  # type: ignore[index]
+        if len(names) == 1:
+            return [self.calls[at][0] for at in by_name.get(names[0], ())]
+        return [self.calls[at][0] for at in sorted({at for n in names for at in by_name.get(n, ())})]
+
+    def call_names(self) -> frozenset[str]:
+        """The last names of every call of the file."""
+        self.named_calls("")
+        return frozenset(self.tree_index.memo["named"][1])  # type: ignore[index]
+
     def torch_calls(self, *names: str) -> list[ast.Call]:
         """Calls of torch functions or classes named ``names`` (any import spelling)."""
         by_name = self._calls_by()[0]

@@ -16,17 +16,12 @@ from splitsync.check.facts import SCOPES, Facts, last_name
 from splitsync.check.ranks import constant_in, ident, is_rank_like, mentions_rank
 
 __all__ = ["is_rank_like", "rank0_test", "nonmain_test", "guarded_by_rank0", "with_rank0_functions",
-           "availability_guarded", "loops_of", "conditional_between", "mentions_rank"]
+           "ends_in_exit", "loops_of", "conditional_between", "mentions_rank"]
 
 _MAIN_FLAG = re.compile(
     r"^(is_)?(main|master|chief|leader|primary)(_process|_proc|_rank|_worker|_node)?$"
     r"|rank_?0|rank_zero|global_zero|^is_local_(main|master)", re.IGNORECASE)
 _RANK0_DECORATOR = re.compile(r"rank_?zero|rank_?0|main_process|master_only|main_only", re.I)
-_AVAILABILITY = ("cuda", "is_available", "gpu", "accelerator", "device_count", "mps", "xpu",
-                 "nccl")
-#: Words of a test about the GPU itself (not `dist.is_available()`, which is about the
-#: distributed package): an early return on them leaves CUDA-only code behind.
-_DEVICE_WORDS = ("cuda", "gpu", "accelerator", "device_count", "mps", "xpu")
 _EXITS = frozenset({"exit", "_exit", "quit"})
 
 
@@ -37,6 +32,14 @@ def _is_zero(expr: ast.AST) -> bool:
 def _main_flag(expr: ast.AST) -> bool:
     return isinstance(expr, ast.Name | ast.Attribute | ast.Call) and bool(
         _MAIN_FLAG.search(ident(expr)))
+
+
+def _none(expr: ast.AST) -> bool:
+    return isinstance(expr, ast.Constant) and expr.value is None
+
+
+def _flag(expr: ast.AST, flags: frozenset[str]) -> bool:
+    return isinstance(expr, ast.Name | ast.Attribute) and last_name(expr) in flags
 
 
 def _compare(test: ast.Compare) -> tuple[ast.AST, ast.cmpop, ast.AST] | None:
@@ -51,11 +54,17 @@ def rank0_test(test: ast.AST, flags: frozenset[str] = frozenset()) -> bool:
     if isinstance(test, ast.BoolOp):
         return any(rank0_test(v, flags) for v in test.values)
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return is_rank_like(test.operand) or nonmain_test(test.operand, flags)
+        operand = test.operand
+        if (isinstance(operand, ast.Name | ast.Attribute) and last_name(operand) in flags) \
+                or _main_flag(operand):
+            return False  # `not is_rank0`: a flag of rank 0, negated (every rank but 0)
+        return is_rank_like(operand) or nonmain_test(operand, flags)
     if isinstance(test, ast.Name | ast.Attribute) and last_name(test) in flags:
         return True
     if isinstance(test, ast.Compare) and (parts := _compare(test)):
         left, op, right = parts
+        if isinstance(op, ast.IsNot) and _none(right) and _flag(left, flags):
+            return True  # `writer is not None`, writer made on rank 0 only
         if isinstance(op, ast.Eq | ast.Is | ast.LtE):
             return (is_rank_like(left) and _is_zero(right)) or (_is_zero(left) and is_rank_like(right))
         if isinstance(op, ast.Lt):
@@ -75,13 +84,17 @@ def nonmain_test(test: ast.AST, flags: frozenset[str] = frozenset()) -> bool:
         return rank0_test(test.operand, flags)
     if isinstance(test, ast.Compare) and (parts := _compare(test)):
         left, op, right = parts
+        if isinstance(op, ast.Is) and _none(right) and _flag(left, flags):
+            return True  # `writer is None`, writer made on rank 0 only
         if isinstance(op, ast.NotEq | ast.IsNot | ast.Gt):
             return is_rank_like(left) and _is_zero(right)
+        if isinstance(op, ast.NotIn) and isinstance(right, ast.List | ast.Tuple | ast.Set):
+            return is_rank_like(left) and any(_is_zero(e) for e in right.elts)  # not in [-1, 0]
         return False
     return is_rank_like(test) and not _main_flag(test)
 
 
-def _exits(block: list[ast.stmt]) -> bool:
+def ends_in_exit(block: list[ast.stmt]) -> bool:
     end = block[-1] if block else None
     if isinstance(end, ast.Return | ast.Continue | ast.Break | ast.Raise):
         return True
@@ -92,7 +105,7 @@ def _early_exit_before(block: list[ast.stmt], child: ast.AST, flags: frozenset[s
     for stmt in block:
         if stmt is child:
             return False
-        if isinstance(stmt, ast.If) and nonmain_test(stmt.test, flags) and _exits(stmt.body):
+        if isinstance(stmt, ast.If) and nonmain_test(stmt.test, flags) and ends_in_exit(stmt.body):
             return True
     return False
 
@@ -161,7 +174,15 @@ def _call_sites(facts: Facts) -> dict[str, tuple[list[ast.Call], int]]:
 
 def rank0_flags(facts: Facts) -> frozenset[str]:
     """Names assigned only from rank-0 tests: ``should_log = accelerator.is_main_process``,
-    ``self.can_checkpoint = self.is_local_main if local else self.is_main``."""
+    ``self.can_checkpoint = self.is_local_main if local else self.is_main`` (kept with the
+    tree: the call graph and the rules ask)."""
+    memo = facts.tree_index.memo
+    if "rank0_flags" not in memo:
+        memo["rank0_flags"] = _rank0_flags(facts)
+    return memo["rank0_flags"]  # type: ignore[return-value]
+
+
+def _rank0_flags(facts: Facts) -> frozenset[str]:
     flags: frozenset[str] = frozenset()
     assigns = facts.of(ast.Assign)
     for _ in range(2):  # a flag computed from a flag
@@ -174,7 +195,44 @@ def rank0_flags(facts: Facts) -> frozenset[str]:
         if found == flags:
             break
         flags = frozenset(found)
-    return flags
+    return flags | _rank0_objects(facts, assigns, flags)
+
+
+def _rank0_objects(facts: Facts, assigns: list[ast.AST], flags: frozenset[str]) -> frozenset[str]:
+    """Names set to ``None`` and to something else only under a rank-0 test (``writer =
+    None``, ``if rank == 0: writer = SummaryWriter()``): ``if writer is not None:`` is a
+    rank-0 test too (open_clip's ``remote_sync_process``)."""
+    def names(node: ast.AST) -> list[str]:
+        return [n for t in node.targets  # type: ignore[attr-defined]
+                if isinstance(t, ast.Name | ast.Attribute) and (n := last_name(t))]
+
+    empty = [n for node in assigns if _none(node.value)  # type: ignore[attr-defined]
+             for n in names(node)]
+    if not empty:
+        return frozenset()
+    kinds: dict[str, set[str]] = {n: {"none"} for n in empty}
+    for node in assigns:
+        if _none(node.value):  # type: ignore[attr-defined]
+            continue
+        hit = [n for n in names(node) if n in kinds]
+        if hit:
+            kind = "rank0" if _under_rank0(facts, node, flags) else "other"
+            for n in hit:
+                kinds[n].add(kind)
+    return frozenset(n for n, k in kinds.items() if k == {"none", "rank0"})
+
+
+def _under_rank0(facts: Facts, node: ast.AST, flags: frozenset[str]) -> bool:
+    """Is ``node`` in the body of a rank-0 test of its own function?"""
+    child = node
+    for parent in facts.ancestors(node):
+        if isinstance(parent, ast.If) and any(child is s for s in parent.body) \
+                and rank0_test(parent.test, flags):
+            return True
+        if isinstance(parent, SCOPES):
+            return False
+        child = parent
+    return False
 
 
 def with_rank0_functions(facts: Facts) -> Facts:
@@ -191,40 +249,6 @@ def with_rank0_functions(facts: Facts) -> Facts:
             break
         facts = replace(facts, rank0_functions=frozenset(found))
     return facts
-
-
-def _availability_exit_before(block: list[ast.stmt], child: ast.AST) -> bool:
-    """``if not torch.cuda.is_available(): return`` earlier in ``block``."""
-    for stmt in block:
-        if stmt is child:
-            return False
-        if isinstance(stmt, ast.If) and _exits(stmt.body) and any(
-                word in ast.unparse(stmt.test).lower() for word in _DEVICE_WORDS):
-            return True
-    return False
-
-
-def availability_guarded(facts: Facts, node: ast.AST) -> bool:
-    """Is ``node`` under a test for CUDA/GPU availability (or the device's type, or a
-    ``backend == "nccl"`` test), or after an early return when CUDA is missing?"""
-    child = node
-    for parent in facts.ancestors(node):
-        for name in ("body", "orelse"):
-            block = getattr(parent, name, None)
-            if isinstance(block, list) and any(child is s for s in block) \
-                    and _availability_exit_before(block, child):
-                return True
-        if isinstance(parent, ast.If | ast.IfExp | ast.While) and child is not parent.test:
-            text = ast.unparse(parent.test).lower()
-            if any(word in text for word in _AVAILABILITY):
-                return True
-        if isinstance(parent, ast.BoolOp) and child is not parent.values[0]:
-            if any(w in ast.unparse(parent.values[0]).lower() for w in _AVAILABILITY):
-                return True
-        if isinstance(parent, SCOPES):
-            return False
-        child = parent
-    return False
 
 
 def loops_of(facts: Facts, node: ast.AST) -> Iterator[ast.For | ast.While | ast.AsyncFor]:
@@ -246,10 +270,17 @@ def conditional_between(facts: Facts, node: ast.AST, loop: ast.AST) -> bool:
         if parent is loop:
             return False
         if isinstance(parent, ast.If | ast.IfExp) and child is not parent.test:
-            if not rank0_test(parent.test):
+            if not rank0_test(parent.test) or _also_interval(parent.test):
                 return True
         child = parent
     return False
+
+
+def _also_interval(test: ast.AST) -> bool:
+    """``master_process and step % log_every == 0``: a rank-0 test that also holds only every
+    few steps (any other condition joined with ``and``)."""
+    return isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and any(
+        not rank0_test(v) for v in test.values)
 
 
 def _guard_of(parent: ast.AST, child: ast.AST, flags: frozenset[str]) -> ast.AST | None:
@@ -271,7 +302,7 @@ def _guard_of(parent: ast.AST, child: ast.AST, flags: frozenset[str]) -> ast.AST
                 if stmt is child:
                     break
                 if isinstance(stmt, ast.If) and nonmain_test(stmt.test, flags) \
-                        and _exits(stmt.body):
+                        and ends_in_exit(stmt.body):
                     return stmt.test
     return None
 

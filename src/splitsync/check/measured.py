@@ -7,36 +7,44 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-#: rule -> (true, false, held-out true, held-out false) findings on the corpus.
+#: rule -> (true, false, held-out true, held-out false) findings on the corpus, counting
+#: the findings at the rule's own severity (not those it lowers to info itself).
 MEASURED: MappingProxyType[str, tuple[int, int, int, int]] = MappingProxyType({
-    'SS101': (172, 34, 44, 5),
+    'SS101': (216, 5, 37, 5),
     'SS102': (0, 0, 0, 0),
     'SS103': (0, 0, 0, 0),
-    'SS104': (10, 0, 0, 0),
-    'SS105': (1, 1, 0, 0),
-    'SS201': (12, 0, 3, 0),
+    'SS104': (11, 0, 0, 0),
+    'SS105': (1, 0, 0, 0),
+    'SS106': (6, 0, 1, 0),
+    'SS201': (14, 0, 3, 0),
     'SS202': (0, 0, 0, 0),
     'SS203': (0, 0, 0, 0),
-    'SS204': (29, 3, 5, 0),
-    'SS205': (1, 0, 0, 0),
+    'SS204': (32, 0, 5, 0),
+    'SS205': (5, 0, 1, 0),
     'SS206': (0, 0, 0, 0),
-    'SS301': (3, 1, 0, 0),
+    'SS207': (13, 0, 3, 0),
+    'SS208': (8, 0, 6, 0),
+    'SS209': (1, 0, 0, 0),
+    'SS301': (3, 0, 0, 0),
     'SS302': (2, 0, 2, 0),
     'SS303': (0, 0, 0, 0),
-    'SS401': (12, 0, 3, 0),
+    'SS304': (9, 1, 0, 0),
+    'SS401': (18, 0, 3, 0),
     'SS402': (0, 0, 0, 0),
-    'SS404': (2, 0, 0, 0),
-    'SS501': (56, 19, 5, 0),
-    'SS502': (4, 1, 1, 1),
-    'SS503': (61, 0, 29, 0),
-    'SS504': (8, 0, 1, 0),
-    'SS505': (18, 3, 11, 1),
-    'SS506': (0, 0, 0, 0),
-    'SS601': (23, 0, 18, 0),
-    'SS602': (2, 0, 0, 0),
+    'SS404': (3, 0, 0, 0),
+    'SS501': (88, 4, 6, 0),
+    'SS502': (4, 0, 1, 0),
+    'SS503': (73, 1, 29, 0),
+    'SS504': (12, 0, 1, 0),
+    'SS505': (21, 0, 11, 0),
+    'SS506': (3, 0, 0, 0),
+    'SS508': (6, 0, 1, 0),
+    'SS509': (4, 0, 1, 0),
+    'SS601': (37, 0, 18, 0),
+    'SS602': (4, 0, 0, 0),
     'SS603': (1, 0, 0, 0),
     'SS604': (1, 0, 0, 0),
     'SS610': (0, 0, 0, 0),
 })
 #: Scored files and repositories of the corpus.
-CORPUS = (207, 47)
+CORPUS = (234, 69)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -94,3 +94,24 @@ class Project:
     framework: str | None = None
     #: Some module splits the data between ranks (a DistributedSampler in the data helpers).
     sharded: bool = False
+    #: Names called on every rank by code that runs on import (and root functions), and per
+    #: function name the names it calls outside a rank-0 check (:mod:`splitsync.check.reach`).
+    entry: frozenset[str] = frozenset()
+    #: The names its `if __name__ == "__main__":` block calls (entries unless imported).
+    main_entry: frozenset[str] = frozenset()
+    edges: dict[str, frozenset[str]] = field(default_factory=dict, hash=False)
+    #: Functions code outside the project may call (module-level functions, a library's
+    #: public methods): entries when nothing in the project mentions them.
+    outside: frozenset[str] = frozenset()
+    #: A library module's public classes and methods: entries of a project without a script.
+    api: frozenset[str] = frozenset()
+    #: Some file of the project is a script (it runs; it is not only imported).
+    has_script: bool = False
+    #: Names the files mention that may refer to a function of the project.
+    referenced: frozenset[str] = frozenset()
+    #: ``stem:name`` of module-level functions that enter a collective (an MPI broadcast).
+    collectives: frozenset[str] = frozenset()
+    #: Some module sets up the process group on some paths only (``distributed = False``).
+    optional_group: bool = False
+    #: The function names the project reaches on every rank (None: not computed).
+    reach: frozenset[str] | None = None

@@ -11,14 +11,16 @@ from __future__ import annotations
 import ast
 import os
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from splitsync.check.evidence import framework_of, logging_configured, logging_rank_limited
 from splitsync.check.facts import Facts, last_name
 from splitsync.check.model import Project
 from splitsync.check.ranks import is_rank_like, rank_in
+from splitsync.check.reach import call_graph, reached, resolve
+from splitsync.check.rules.collectives import collective_functions, optional_group
 from splitsync.check.rules.data import sharded
 
 __all__ = ["Disk", "local_imports", "project_of", "file_project", "merge", "with_project", "overrides_print", "same_seed",
@@ -204,8 +206,9 @@ def _global_seed(facts: Facts, call: ast.Call) -> bool:
 
 def same_seed(facts: Facts) -> bool:
     """Is a seed set that every rank shares (not ``seed + rank``)?"""
-    derived = _rank_derived(facts)
-    for call, _ in facts.calls:
+    seeds = [n for n in facts.call_names() if "seed" in n.lower()]  # few: read only those
+    derived = _rank_derived(facts) if seeds else set()
+    for call in facts.named_calls(*seeds) if seeds else ():
         if not is_seed_call(call) or not (call.args or call.keywords) \
                 or not _global_seed(facts, call):
             continue
@@ -223,29 +226,56 @@ def _wraps(facts: Facts) -> bool:
 
 def file_project(f: Facts) -> Project:
     """What one file contributes to its project (read once per file, then merged)."""
+    entry, main_entry, edges, (outside, api), referenced = call_graph(f)
+    framework = framework_of(f)
     return Project(
         files=(f.path,),
         print_override=overrides_print(f),
-        called=frozenset(name for c, _ in f.calls if (name := last_name(c))),
+        called=f.call_names() - {""},
         mentioned=f.loaded_names,
         wrapped=_wraps(f),
-        distributed=f.is_distributed or framework_of(f) is not None,
+        # a module that wraps a model in DDP or creates the process group runs in a
+        # distributed program even when it is not the script (minGPT-ddp's Trainer)
+        distributed=f.is_distributed or framework is not None or _wraps(f)
+        or bool(f.torch_calls("init_process_group")),
         same_seed=same_seed(f),
         log_rank_limited=logging_rank_limited([f]),
         log_configured=logging_configured([f]),
-        framework=framework_of(f),
+        framework=framework,
         sharded=sharded(f),
+        entry=entry,
+        main_entry=main_entry,
+        edges=edges,
+        outside=outside,
+        api=api,
+        has_script=f.is_script,
+        referenced=referenced,
+        collectives=collective_functions(f),
+        optional_group=optional_group(f),
     )
 
 
-def merge(parts: Iterable[Project]) -> Project:
-    """The :class:`Project` of files read together, from each file's own part."""
+def merge(parts: Iterable[Project], imported: Collection[str] = ()) -> Project:
+    """The :class:`Project` of files read together, from each file's own part
+    (``imported``: the files another of them imports, whose ``__main__`` blocks never run)."""
     parts = list(parts)
+    stems = {PurePath(f).stem for p in parts for f in p.files}
+    entry = frozenset().union(*(p.entry for p in parts),
+                              *(p.main_entry for p in parts if p.files[0] not in imported))
+    mentioned = frozenset().union(*(p.mentioned for p in parts))
+    referenced = frozenset(resolve(frozenset().union(*(p.referenced for p in parts)), stems))
+    outside = frozenset().union(*(p.outside for p in parts))
+    if not any(p.has_script for p in parts):  # a library: its API is called from outside
+        outside |= frozenset().union(*(p.api for p in parts))
+    edges: dict[str, frozenset[str]] = {}
+    for part in parts:  # `mod:f` names are resolved against `stems` as they are reached
+        for name, called in part.edges.items():
+            edges[name] = edges[name] | called if name in edges else called
     return Project(
         files=tuple(p for part in parts for p in part.files),
         print_override=any(p.print_override for p in parts),
         called=frozenset().union(*(p.called for p in parts)),
-        mentioned=frozenset().union(*(p.mentioned for p in parts)),
+        mentioned=mentioned,
         wrapped=any(p.wrapped for p in parts),
         distributed=any(p.distributed for p in parts),
         same_seed=any(p.same_seed for p in parts),
@@ -253,6 +283,14 @@ def merge(parts: Iterable[Project]) -> Project:
         log_configured=any(p.log_configured for p in parts),
         framework=next((p.framework for p in parts if p.framework), None),
         sharded=any(p.sharded for p in parts),
+        entry=entry,
+        edges=edges,
+        outside=outside,
+        has_script=any(p.has_script for p in parts),
+        referenced=referenced,
+        collectives=frozenset().union(*(p.collectives for p in parts)),
+        optional_group=any(p.optional_group for p in parts),
+        reach=reached(entry, edges, outside, referenced, stems),
     )
 
 

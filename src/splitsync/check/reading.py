@@ -10,9 +10,10 @@ from __future__ import annotations
 import ast
 import io
 import re
+import sys
 import tokenize
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from splitsync.check.facts import Facts, build_facts
@@ -96,8 +97,18 @@ def parse(source: str, path: str, index: TreeIndex | None = None) -> Facts | Fin
                        path, 1, 1, 1)
     except (SyntaxError, ValueError) as err:
         line = getattr(err, "lineno", None) or 1
+        message = str(getattr(err, "msg", err))
+        if sys.version_info < (3, 12) and message.startswith("f-string"):
+            # PEP 701 (Python 3.12) allows quotes and backslashes inside f-strings: the file
+            # may be valid Python that this interpreter's grammar cannot read
+            return Finding("SS000", META_CODES["SS000"], "info",
+                           f"cannot parse {path} with Python {sys.version_info[0]}."
+                           f"{sys.version_info[1]}'s grammar ({message}); it may use the "
+                           "f-string syntax of Python 3.12. No rule was checked.",
+                           "run `splitsync check` with Python 3.12 or newer to check this file.",
+                           path, line, getattr(err, "offset", None) or 1, line)
         return Finding("SS000", META_CODES["SS000"], "error",
-                       f"cannot parse {path}: {getattr(err, 'msg', err)}; no rule was checked.",
+                       f"cannot parse {path}: {message}; no rule was checked.",
                        "fix the syntax error (Python would refuse to run the script too).",
                        path, line, getattr(err, "offset", None) or 1, line)
     return build_facts(tree, path, source)
@@ -139,7 +150,24 @@ def run_rules(facts: Facts, rules: tuple[Rule, ...]) -> list[Finding]:
                 "SS001", META_CODES["SS001"], "warning",
                 f"`# splitsync: ignore[{code}]` names no rule, so it silences nothing.",
                 "use a code from `splitsync check --list-rules`.", path, line, col, line)
-    return sorted(found.values(), key=lambda f: (f.line, f.column, f.code))
+    return _merged(sorted(found.values(), key=lambda f: (f.line, f.column, f.code)))
+
+
+def _merged(findings: list[Finding]) -> list[Finding]:
+    """One finding per rule and line: three calls on one line (``a.cuda(), b.cuda(),
+    c.cuda()``) are one thing to fix, reported once at the first, with the count."""
+    out: list[Finding] = []
+    extra: dict[tuple[str, int], int] = {}
+    for f in findings:
+        key = (f.code, f.line)
+        if key in extra:
+            extra[key] += 1
+            continue
+        extra[key] = 0
+        out.append(f)
+    return [f if not extra[(f.code, f.line)] else replace(
+        f, message=f"{f.message} (This line has {extra[(f.code, f.line)]} more such "
+        f"call{'s' if extra[(f.code, f.line)] > 1 else ''}.)") for f in out]
 
 
 def read_source(path: Path) -> str | Finding:

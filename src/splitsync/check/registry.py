@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from splitsync.check.measured import MEASURED
+from splitsync.check.gating import MIN_PRECISION, gate, measured_text
 from splitsync.check.model import SEVERITIES, Rule
 from splitsync.check.rules import (
     data,
     devices,
+    drift,
     indices,
     loop,
     metrics,
@@ -23,9 +24,6 @@ from splitsync.check.rules import (
 __all__ = ["all_rules", "get_rule", "select_rules", "gate", "measured_text", "META_CODES",
            "META_HELP", "MIN_PRECISION"]
 
-#: Below this precision on the labelled corpus a rule reports at most `info`.
-MIN_PRECISION = 0.95
-
 #: Codes the runner itself reports: a file that does not parse, a bad suppression comment,
 #: a rule that crashed on a file.
 META_CODES = {"SS000": "syntax-error", "SS001": "bad-suppression", "SS002": "rule-failed"}
@@ -37,33 +35,6 @@ META_HELP = {
 }
 
 
-def gate(code: str, declared: str) -> tuple[str, str]:
-    """The severity a rule may use given its measured precision, and why.
-
-    ``declared`` is a ceiling: below 95% precision on the corpus a rule is at most ``info``;
-    ``error`` needs proof, i.e. findings on the corpus and none of them false.
-    """
-    true, false, _, _ = MEASURED.get(code, (0, 0, 0, 0))
-    if true + false and true / (true + false) < MIN_PRECISION:
-        return "info", f"measured precision {true / (true + false):.0%} is below 95%"
-    if declared == "error" and (false or not true):
-        why = (f"{false} false positive(s) on the corpus" if false
-               else "no finding on the corpus yet proves it")
-        return "warning", f"error needs proof: {why}"
-    return declared, ""
-
-
-def measured_text(code: str) -> str:
-    """One line on the rule's measured precision, for ``--explain`` and ``--list-rules``."""
-    true, false, held_true, held_false = MEASURED.get(code, (0, 0, 0, 0))
-    if not true + false:
-        return "not measured: no finding on the labelled corpus of public training code."
-    held = held_true + held_false
-    part = (f"; held-out part {held_true}/{held} = {held_true / held:.0%}" if held else "")
-    return (f"measured on the labelled corpus of public training code: {true} of {true + false} "
-            f"findings right = {true / (true + false):.0%}{part}.")
-
-
 def _gated(rule: Rule) -> Rule:
     severity, _ = gate(rule.code, rule.severity)
     if SEVERITIES.index(severity) <= SEVERITIES.index(rule.severity):
@@ -73,8 +44,9 @@ def _gated(rule: Rule) -> Rule:
 
 def all_rules(gated: bool = True) -> tuple[Rule, ...]:
     """All rules, sorted by code; ``gated`` caps each severity by its measured precision."""
-    rules = (*devices.RULES, *indices.RULES, *moves.RULES, *parallel.RULES, *data.RULES,
-             *seeds.RULES, *output.RULES, *metrics.RULES, *loop.RULES, *tokens.RULES)
+    rules = (*devices.RULES, *indices.RULES, *moves.RULES, *parallel.RULES, *drift.RULES,
+             *data.RULES, *seeds.RULES, *output.RULES, *metrics.RULES, *loop.RULES,
+             *tokens.RULES)
     if gated:
         rules = tuple(_gated(r) for r in rules)
     return tuple(sorted(rules, key=lambda r: r.code))

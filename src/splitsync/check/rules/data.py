@@ -11,6 +11,7 @@ from splitsync.check.facts import SETUP_HELPER, Facts, dotted, last_name
 from splitsync.check.flow import is_rank_like, loops_of
 from splitsync.check.model import Hit, Rule
 from splitsync.check.ranks import rank_in
+from splitsync.check.rules import padding
 
 __all__ = ["RULES", "sharded", "seeded_per_rank"]
 
@@ -36,15 +37,17 @@ def _is_false(expr: ast.AST | None) -> bool:
 
 def _sharded(facts: Facts) -> bool:
     """Is the data split between ranks anywhere in the script?"""
-    if any(last_name(c) in _SHARDERS for c, _ in facts.calls) or facts.run_calls("loader"):
+    if not _SHARDERS.isdisjoint(facts.call_names()) or facts.run_calls("loader"):
         return True
     for node in facts.of(ast.Slice):  # manual shards: data[rank::world_size], Subset(..rank..)
         if rank_in(facts, node.lower) or rank_in(facts, node.step):  # type: ignore[attr-defined]
             return True
-    if any(last_name(c) == "Subset" and rank_in(facts, c) for c, _ in facts.calls):
+    if any(rank_in(facts, c) for c in facts.named_calls("Subset")):
         return True
     for call, full in facts.calls:  # a dataset told its rank shards itself: MyData(rank=rank)
-        name = last_name(call) or ""
+        if not call.args and not call.keywords:
+            continue  # nothing handed to it: it cannot be told the rank
+        name = full.rsplit(".", 1)[-1] if full else (last_name(call) or "")
         if name[:1].isupper() and any(any(w in (k.arg or "") for w in _SHARD_ARGS)
                                       for k in call.keywords):
             return True
@@ -57,7 +60,20 @@ def _sharded(facts: Facts) -> bool:
                 k.arg in {"rank", "world_size", "num_replicas", "num_shards", "shard_id"}
                 for k in call.keywords):
             return True  # `make_imagenet1k(..., world_size=ws, rank=rank)`
+    # a loader class or data generator of the project that reads the rank itself
+    # (modded-nanogpt's `DistributedDataLoader.__init__`: `self.rank = int(os.environ["RANK"])`)
+    for node in facts.of(ast.ClassDef, ast.FunctionDef):
+        if _DATA_WORDS.search(node.name) and _reads_rank(facts, node):  # type: ignore[attr-defined]
+            return True
     return _seeded_per_rank(facts)
+
+
+def _reads_rank(facts: Facts, node: ast.AST) -> bool:
+    """Does ``node`` read the process's rank itself (``os.environ["RANK"]``,
+    ``dist.get_rank()``), rather than take it as a parameter?"""
+    return any(is_rank_like(n) for n in facts.inside(node, ast.Subscript)) or any(
+        "rank" in (last_name(c) or "").lower() or is_rank_like(c)
+        for c in facts.inside(node, ast.Call) if last_name(c) not in {"int", "str"})
 
 
 def sharded(facts: Facts) -> bool:
@@ -292,7 +308,7 @@ def _epochs_arg(facts: Facts, loop: ast.For | ast.While | ast.AsyncFor) -> str:
 
 
 RULES = (
-    Rule("SS301", "unsharded-data", "error",
+    Rule("SS301", "unsharded-data", "warning",
          "data-parallel script without a DistributedSampler (every rank trains on the same data)",
          "Data parallelism means splitting the data and syncing the gradients. Without a "
          "DistributedSampler (or run.loader) each rank reads every sample, so the gradient "
@@ -321,3 +337,5 @@ RULES = (
          "generator seeded alike on every rank in code the checker cannot read; datasets whose "
          "split is irrelevant (throw-away synthetic data).", random_split_unseeded),
 )
+
+RULES = (*RULES, *padding.RULES)  # SS304: evaluation over padded shards

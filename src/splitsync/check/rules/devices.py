@@ -6,9 +6,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from splitsync.check.evidence import cuda_only_reason, parameterless
+from splitsync.check.availability import availability_guarded
+from splitsync.check.evidence import cuda_only_reason, parameterless, test_or_benchmark
 from splitsync.check.facts import Facts, dotted, last_name
-from splitsync.check.flow import availability_guarded
 from splitsync.check.model import Hit, Rule
 
 __all__ = ["RULES", "FACTORIES", "cuda_literal", "overridable_default"]
@@ -102,10 +102,36 @@ def _overridden_default(facts: Facts, node: ast.AST) -> bool:
     return False
 
 
+_FRAMEWORKS = frozenset({"Fabric", "Trainer"})
+
+
+def _framework_accelerator(facts: Facts) -> Iterator[Hit]:
+    """``L.Fabric(accelerator="cuda")``: the framework is told to use CUDA whatever the machine."""
+    for call in facts.named_calls(*_FRAMEWORKS):
+        full = facts.resolve(call.func) or ""
+        if not full.startswith(("lightning", "pytorch_lightning", "lightning_fabric")):
+            continue
+        value = next((k.value for k in call.keywords if k.arg == "accelerator"), None)
+        if isinstance(value, ast.Constant) and str(value.value).lower() in {"cuda", "gpu"} \
+                and not availability_guarded(facts, call):
+            yield Hit(value, f"`{facts.text(call, 120)}` pins the accelerator to "
+                      f"{value.value!r}: on a machine without CUDA GPUs the script fails at "
+                      "start-up, although Fabric picks the device itself.",
+                      "leave `accelerator=\"auto\"` (the default): Fabric then uses the GPUs "
+                      "when there are some and the CPU otherwise.")
+
+
 def hard_coded_cuda(facts: Facts) -> Iterator[Hit]:
-    """SS101: ``.cuda()``, ``"cuda"`` literals and unconditional CUDA calls."""
+    """SS101: ``.cuda()``, ``"cuda"`` literals and unconditional CUDA calls (not in test or
+    benchmark code, which measures the GPU on purpose)."""
     if cuda_only_reason(facts):
         return  # the file imports CUDA-only kernels (triton, flash_attn ...): no CPU path to keep
+    for hit in (*_framework_accelerator(facts), *_hard_coded_cuda(facts)):
+        if not test_or_benchmark(facts, hit.node):
+            yield hit
+
+
+def _hard_coded_cuda(facts: Facts) -> Iterator[Hit]:
     for default, call in _cli_default(facts):
         yield Hit(default, f"`{facts.text(call, 120)}` defaults to CUDA: an overridable default, "
                   "so a machine without GPUs needs the flag changed on every run.",

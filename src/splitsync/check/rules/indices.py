@@ -1,14 +1,17 @@
-"""CUDA named without saying so: ``.to(local_rank)`` (an integer is ``cuda:<n>``) and a
-``map_location`` mapping onto CUDA devices (SS104)."""
+"""CUDA named without saying so: ``.to(local_rank)`` (an integer is ``cuda:<n>``), a
+``map_location`` mapping onto CUDA devices, and DDP's ``device_ids`` given the global rank
+(SS104)."""
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
 
-from splitsync.check.facts import Facts, last_name
-from splitsync.check.flow import availability_guarded, is_rank_like
+from splitsync.check.availability import availability_guarded
+from splitsync.check.facts import Facts, dotted, last_name
+from splitsync.check.flow import is_rank_like
 from splitsync.check.model import Hit, Rule
+from splitsync.check.rules import placement
 from splitsync.check.rules.devices import cuda_literal
 
 __all__ = ["RULES"]
@@ -54,14 +57,39 @@ def cuda_by_index(facts: Facts) -> Iterator[Hit]:
                   "`map_location`: on a machine without CUDA loading raises.",
                   "load to the CPU, `map_location=\"cpu\"`, then move the model with "
                   "`.to(device)`; or pass the device the run uses, `map_location=device`.")
+    yield from _global_device_ids(facts)
+
+
+def _global_device_ids(facts: Facts) -> Iterator[Hit]:
+    """``DDP(model, device_ids=[rank])`` where the function takes its GPU as ``device = rank %
+    torch.cuda.device_count()``: ``rank`` is the global rank, no GPU index (DiT's train.py)."""
+    for call in facts.torch_calls("DistributedDataParallel"):
+        ids = next((k.value for k in call.keywords if k.arg == "device_ids"), None)
+        if not isinstance(ids, ast.List) or len(ids.elts) != 1:
+            continue
+        rank = dotted(ids.elts[0])
+        local = next((n for n in facts.walk_scope(facts.scope(call)) if isinstance(n, ast.Assign)
+                      and isinstance(n.value, ast.BinOp) and isinstance(n.value.op, ast.Mod)
+                      and rank is not None and dotted(n.value.left) == rank), None)
+        if local is None:
+            continue
+        index = facts.text(local.targets[0], 40)
+        yield Hit(ids, f"`device_ids=[{rank}]` names GPU `{rank}`, but this function takes its "
+                  f"GPU as `{facts.text(local, 80)}` (line {local.lineno}): `{rank}` is the "
+                  "global rank, so on a second machine DDP asks for a GPU number that does not "
+                  "exist there.",
+                  f"pass the GPU the model is on: `device_ids=[{index}]`.")
 
 
 RULES = (
     Rule("SS104", "cuda-by-index", "warning",
-         "CUDA named by a bare rank (.to(local_rank)) or a CUDA map_location mapping",
+         "CUDA named by a bare rank (.to(local_rank), device_ids=[global rank]) or a CUDA "
+         "map_location mapping",
          "`x.to(rank)` with an integer means `cuda:<rank>`, and `map_location={\"cuda:0\": "
          "f\"cuda:{rank}\"}` maps onto CUDA devices: both fail on CPU-only, MPS and XPU "
          "machines even when the script chose its device portably elsewhere. Known false "
          "positives: a variable named like a rank that actually holds a torch.device.",
          cuda_by_index),
 )
+
+RULES = (*RULES, *placement.RULES)  # SS106: every rank on one GPU

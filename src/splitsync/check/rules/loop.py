@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from splitsync.check.facts import Facts, dotted
 from splitsync.check.flow import conditional_between, loops_of
 from splitsync.check.model import Hit, Rule
+from splitsync.check.rules.devices import FACTORIES
 
 __all__ = ["RULES"]
 
@@ -22,6 +23,24 @@ _BATCHNORMS = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LazyBatchNorm1d", "
 
 def _backwards(facts: Facts) -> list[ast.Call]:
     return facts.method_calls("backward")
+
+
+def _on_host(facts: Facts, receiver: ast.AST, loop: ast.AST) -> bool:
+    """Is ``receiver`` a CPU value: the result of ``.cpu()``/``.item()`` (the wait already
+    happened there), or a name the loop's function binds only to a torch factory made
+    without a device (``t = torch.zeros(1)``)?"""
+    if isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Attribute) \
+            and receiver.func.attr in _SYNCS:
+        return True  # `x.cpu().numpy()`: the wait is `.cpu()`'s, reported there
+    if not isinstance(receiver, ast.Name):
+        return False
+    values = [n.value for n in facts.walk_scope(facts.scope(loop)) if isinstance(n, ast.Assign)
+              and any(isinstance(t, ast.Name) and t.id == receiver.id for t in n.targets)]
+    return bool(values) and all(
+        isinstance(v, ast.Call) and facts.is_torch(v, *FACTORIES)
+        and isinstance(v.func, ast.Attribute) and not any(
+            k.arg == "device" and not (isinstance(k.value, ast.Constant) and k.value.value == "cpu")
+            for k in v.keywords) for v in values)
 
 
 def sync_per_step(facts: Facts) -> Iterator[Hit]:
@@ -40,6 +59,8 @@ def sync_per_step(facts: Facts) -> Iterator[Hit]:
             seen.add(id(node))
             if facts.scope(node) is not facts.scope(loop) or conditional_between(facts, node, loop):
                 continue
+            if _on_host(facts, node.func.value, loop):
+                continue  # already on the CPU: nothing to wait for
             what = facts.text(node)
             yield Hit(node, f"`{what}` runs on every training step (the loop at line "
                       f"{loop.lineno}): it copies to the host and waits for the device to "
@@ -101,17 +122,34 @@ def _helper_accumulation(facts: Facts, model: str) -> Iterator[Hit]:
                   "`splitsync.init(accumulate=N)` with `run.backward` and `run.step`.")
 
 
-def _under_sync_context(facts: Facts, node: ast.AST, self_deciding: bool = False) -> bool:
+def _context_values(facts: Facts, expr: ast.AST) -> list[ast.AST]:
+    """What a ``with`` item enters: the expression, or what a name was bound to in its
+    function (``ctx = model.no_sync() if accumulating else nullcontext()``, then ``with
+    ctx:``)."""
+    if not isinstance(expr, ast.Name):
+        return [expr]
+    found = [n.value for n in facts.walk_scope(facts.scope(expr)) if isinstance(n, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id == expr.id for t in n.targets)]
+    return found or [expr]
+
+
+def _under_sync_context(facts: Facts, node: ast.AST, self_deciding: bool = False,
+                        depth: int = 0) -> bool:
     """Inside ``with model.no_sync():`` (or a context named for the sync: ``ddp_sync(...)``,
     ``sync_context``)? ``self_deciding``: only a context that itself picks the last micro-step
     (``nullcontext() if last else model.no_sync()``, ``ddp_sync(ddp, sync=last)``)."""
     for parent in facts.ancestors(node):
         if isinstance(parent, ast.With | ast.AsyncWith) and any(
-                "sync" in ast.unparse(item.context_expr).lower() and (
-                    not self_deciding or isinstance(item.context_expr, ast.IfExp)
-                    or (isinstance(item.context_expr, ast.Call) and item.context_expr.args[1:]))
-                for item in parent.items):
+                "sync" in ast.unparse(expr).lower() and (
+                    not self_deciding or isinstance(expr, ast.IfExp)
+                    or (isinstance(expr, ast.Call) and expr.args[1:]))
+                for item in parent.items for expr in _context_values(facts, item.context_expr)):
             return True
+        if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef) and depth < 2:
+            # a helper whose every call enters the context (`with model.no_sync(): step()`)
+            sites = [c for c in facts.named_calls(parent.name)]
+            return bool(sites) and all(_under_sync_context(facts, c, self_deciding, depth + 1)
+                                       for c in sites)
         if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef | ast.Module):
             return False
     return False

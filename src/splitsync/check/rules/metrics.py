@@ -27,8 +27,12 @@ __all__ = ["RULES", "unreduced_eval_metric"]
 
 _EVAL_NAME = re.compile(r"val|eval|test|score|metric|accura", re.I)
 _TRAIN_NAME = re.compile(r"train", re.I)
-#: A call whose name says it communicates between ranks (or a metrics library that does).
-_REDUCING = re.compile(r"reduce|gather|sync|all_?avg|all_?mean|broadcast", re.I)
+#: A call whose name says it communicates between ranks (or a metrics library that does);
+#: not a context that skips a sync (`no_sync`, Fabric's `no_backward_sync`).
+_REDUCING = re.compile(r"reduce|gather|(?<!no_)(?<!backward_)sync|all_?avg|all_?mean|broadcast",
+                       re.I)
+#: Framework calls that shard the loaders they return (Fabric, Accelerate).
+_FRAMEWORK_LOADERS = frozenset({"setup_dataloaders", "prepare"})
 #: ``compute()`` of a metrics library syncs across ranks; ``cuda.synchronize()`` does not.
 _REDUCING_EXACT = frozenset({"compute"})
 _NOT_REDUCING = frozenset({"synchronize"})
@@ -101,7 +105,17 @@ def _returned(fn: ast.FunctionDef | ast.AsyncFunctionDef, loaders: set[str],
 
 def _sharded_loaders(facts: Facts) -> set[str]:
     """Names (or attributes) bound to a loader that a distributed sampler shards, also
-    through a helper that builds and returns it (``train, val = prepare_dataset(...)``)."""
+    through a helper that builds and returns it (``train, val = prepare_dataset(...)``).
+    Kept with the tree: SS304 and SS506 both ask."""
+    memo = facts.tree_index.memo
+    if "sharded_loaders" not in memo:
+        memo["sharded_loaders"] = _find_sharded_loaders(facts)
+    return memo["sharded_loaders"]  # type: ignore[return-value]
+
+
+def _find_sharded_loaders(facts: Facts) -> set[str]:
+    if not facts.named_calls(*_SAMPLERS, "DataLoader", "loader", *_FRAMEWORK_LOADERS):
+        return set()  # no sampler, loader or framework call: no sharded loader to find
     helpers = _sampler_helpers(facts)
     samplers: set[str] = set()
     loaders: set[str] = set()
@@ -124,6 +138,14 @@ def _sharded_loaders(facts: Facts) -> set[str]:
                     loaders.update(_target_names(node))
                 elif name in makers:
                     loaders.update(_unpacked(node, makers[name]))
+                elif name in _FRAMEWORK_LOADERS and isinstance(value.func, ast.Attribute):
+                    # `train, val = fabric.setup_dataloaders(train, val)`: sharded per rank
+                    loaders.update(n for n in _target_names(node)
+                                   if name == "setup_dataloaders" or "loader" in n.lower())
+                    targets = node.targets[0] if isinstance(node, ast.Assign) else node.target
+                    if isinstance(targets, ast.Tuple):
+                        loaders.update(t.id for t in targets.elts if isinstance(t, ast.Name) and (
+                            name == "setup_dataloaders" or "loader" in t.id.lower()))
         makers = {name: flags for name, fn in facts.functions.items()
                   if (flags := _returned(fn, loaders, facts))}
     return loaders
@@ -202,12 +224,25 @@ def _accumulated(loop: ast.For | ast.AsyncFor) -> set[str]:
                 node.func.attr in ("update", "append", "extend", "add_") and isinstance(
                     node.func.value, ast.Name):
             found.add(node.func.value.id)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(
+                node.targets[0], ast.Subscript) and isinstance(node.targets[0].value, ast.Name):
+            found.add(node.targets[0].value.id)  # `losses[k] = loss.item()`
     loop_vars = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
     return found - loop_vars
 
 
 def _reports(fn: ast.AST, loop: ast.AST, names: set[str]) -> ast.AST | None:
-    """The first statement after the loop that prints, logs or returns an accumulated value."""
+    """The first statement after the loop that prints, logs or returns an accumulated value
+    (or one computed from it after the loop: ``out = losses.mean(); return out``)."""
+    accumulated, names = set(names), set(names)
+    derived: dict[str, ast.Assign] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and node.lineno > loop.end_lineno and any(  # type: ignore[operator]
+                isinstance(n, ast.Name) and n.id in names for n in ast.walk(node.value)):
+            for t in node.targets:
+                if isinstance(t, ast.Name) and t.id not in names:
+                    names.add(t.id)
+                    derived[t.id] = node
     for node in ast.walk(fn):
         if not isinstance(node, ast.Call | ast.Return) or node.lineno <= loop.end_lineno:  # type: ignore[operator]
             continue
@@ -215,8 +250,11 @@ def _reports(fn: ast.AST, loop: ast.AST, names: set[str]) -> ast.AST | None:
             continue
         if isinstance(node, ast.Return) and node.value is None:
             continue
-        if any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node)):
+        used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        if used & accumulated:
             return node
+        if used & names:  # `return out` of `out = losses.mean()`: where the mean is taken
+            return derived[min(used & names, key=lambda n: derived[n].lineno)]
     return None
 
 
@@ -263,7 +301,7 @@ def _result_reduced(facts: Facts, fn: ast.FunctionDef | ast.AsyncFunctionDef) ->
 
 def unreduced_eval_metric(facts: Facts) -> Iterator[Hit]:
     """SS506: an evaluation metric from one rank's shard, reported without a reduction."""
-    if not facts.in_distributed_run or facts.project.framework is not None:
+    if not facts.in_distributed_run:
         return
     loaders = _sharded_loaders(facts)
     if not loaders:
@@ -288,7 +326,8 @@ def unreduced_eval_metric(facts: Facts) -> Iterator[Hit]:
         else:
             what = f"reports `{facts.text(report)}`"
         yield Hit(report, f"{fn.name}() {what}, summed over "
-                  f"`{name}`, which a DistributedSampler splits between the ranks: each rank "
+                  f"`{name}`, which is sharded between the ranks (a DistributedSampler, or a "
+                  "framework's prepared loader): each rank "
                   "sees 1/world_size of the data, and nothing reduces the result across "
                   "ranks, so the figure is one rank's shard (it changes with the number of "
                   "processes, and ranks disagree on it).",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from splitsync.check.evidence import test_or_benchmark
 from splitsync.check.facts import Facts, dotted, last_name
 from splitsync.check.model import Hit, Rule
 from splitsync.check.rules.devices import FACTORIES
@@ -140,8 +141,8 @@ def context_as_statement(facts: Facts) -> Iterator[Hit]:
         if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
             continue
         name = _context_call(facts, node.value, wrapped)
-        if name is None:
-            continue
+        if name is None or test_or_benchmark(facts, node):
+            continue  # test code (a type-stub test) is checked, not run
         call = facts.text(node.value, 120)
         setter = ("`torch.accelerator.set_device_index(...)`" if "accelerator" in name
                   else "`torch.cuda.set_device(...)`" if "device" in name else None)

@@ -7,10 +7,12 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from splitsync.check.evidence import cuda_only_reason
+from splitsync.check.availability import availability_guarded
+from splitsync.check.evidence import cuda_only_reason, test_or_benchmark
 from splitsync.check.facts import SETUP_HELPER, Facts, dotted, last_name
-from splitsync.check.flow import availability_guarded, is_rank_like
+from splitsync.check.flow import is_rank_like
 from splitsync.check.model import Hit, Rule
+from splitsync.check.rules import collectives
 from splitsync.check.rules.devices import overridable_default
 
 __all__ = ["RULES"]
@@ -39,8 +41,14 @@ def data_parallel(facts: Facts) -> Iterator[Hit]:
                   "`model = run.model(model)` launched by `splitsync run -n N train.py`.")
 
 
+_STATE_OBJECTS = frozenset({"PartialState", "AcceleratorState", "Accelerator"})
+
+
 def _initialisers(facts: Facts) -> list[ast.Call]:
     found = facts.torch_calls("init_process_group") + facts.init_calls()
+    # Accelerate's state objects create the process group when they are built
+    found += [c for c in facts.named_calls(*_STATE_OBJECTS)
+              if (facts.resolve(c.func) or "").startswith(("accelerate", last_name(c) or "-"))]
     found += [c for c, full in facts.calls if SETUP_HELPER.search(full.rsplit(".", 1)[-1])
               and full.rsplit(".", 1)[-1] != "init_process_group"]
     # `from utils import setup` may well create the group: give imported set-up helpers the
@@ -164,6 +172,8 @@ def nccl_hard_coded(facts: Facts) -> Iterator[Hit]:
     if cuda_only_reason(facts):
         return  # the file imports CUDA-only kernels: it needs NVIDIA GPUs whatever the backend
     for call in facts.torch_calls("init_process_group"):
+        if test_or_benchmark(facts, call):
+            continue  # a GPU benchmark or test needs NCCL on purpose
         arg = call.args[0] if call.args else next(
             (k.value for k in call.keywords if k.arg == "backend"), None)
         how = "first positional argument `backend`" if call.args else "`backend=`"
@@ -227,7 +237,7 @@ RULES = (
 )
 
 
-_AVAILABLE = ("cuda", "gpu", "is_available", "mps", "accelerator", "device_count", "xpu")
+_AVAILABLE = ("cuda", "gpu", "is_available", "mps", "accel", "device_count", "xpu")
 _WRAPPERS = frozenset({"DistributedDataParallel", "FullyShardedDataParallel", "fully_shard",
                        "prepare", "prepare_model"})
 
@@ -254,13 +264,12 @@ def _ddp_needs_cuda(facts: Facts) -> bool:
             if tests and any(any(is_rank_like(n) or "distributed" in (last_name(n) or "")
                                  for n in ast.walk(t)) for t in tests):
                 return True
-    return any(isinstance(n, ast.Assert) and "device_count" in ast.unparse(n.test)
-               for n in facts.nodes)
+    return any("device_count" in ast.unparse(n.test) for n in facts.of(ast.Assert))  # type: ignore[attr-defined]
 
 
 def unwrapped_path(facts: Facts) -> Iterator[Hit]:
     """SS205: a distributed script with a branch (the CPU path) where the model is not wrapped."""
-    if not facts.is_distributed or _ddp_needs_cuda(facts):
+    if not facts.in_distributed_run or _ddp_needs_cuda(facts):
         return
     inits = _initialisers(facts)
     reported: set[int] = set()
@@ -279,7 +288,10 @@ def unwrapped_path(facts: Facts) -> Iterator[Hit]:
                             any(i is n for s in here for n in ast.walk(s)) for i in inits)):
                     reported.add(id(parent))
                     path = "true" if other is parent.body else "false"
-                    yield Hit(wrap, f"`{facts.text(wrap)}` wraps the model only on one branch of "
+                    # reported where the user adds the wrap: the branch that lacks it
+                    yield Hit(other[0] if other else wrap,
+                              f"`{facts.text(wrap)}` (line {wrap.lineno}) wraps the model only "
+                              "on one branch of "
                               f"`if {facts.text(parent.test, 80)}:` (line {parent.lineno}); when "
                               f"that test is {path} (the CPU path) the process group is still "
                               "set up but the model is never wrapped, so each rank trains its "
@@ -348,3 +360,5 @@ RULES = (*RULES, Rule(
     "None, and DDP raises a ValueError otherwise. The finding is made on the branch of a "
     "device test that runs without CUDA. Known false positives: a branch the checker reads "
     "as CPU-only that moves the model to a GPU anyway.", device_ids_on_cpu))
+
+RULES = (*RULES, *collectives.RULES)  # SS207-SS208: collectives some ranks never reach
