@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
@@ -36,9 +37,10 @@ from splitsync.strategies.count import CountSync
 from splitsync.train.empty import backward_zero
 
 if TYPE_CHECKING:
+    from splitsync.run.data import Loaders
     from splitsync.run.step import StepPlan
 
-__all__ = ["Counting", "as_count", "unit_for", "MIXED"]
+__all__ = ["Counting", "as_count", "unit_for", "observed_count", "MIXED"]
 
 MIXED = ("run.backward: this accumulation window mixes micro-batches with and without "
          "count=. The step divides by the items of the whole window, so give count= on every "
@@ -265,3 +267,23 @@ class Counting:
 
     def _rescales(self) -> bool:
         return not self.unit_window and (self.world == 1 or self.plain_models)
+
+
+def observed_count(plan: StepPlan, loaders: Loaders, calls: tuple[Callable[..., Any], ...],
+                   around: Callable[..., Any] | None) -> Callable[[torch.Tensor, Any], None]:
+    """``run.backward(loss, count=n)`` with the observers that watch it: ``calls`` before
+    (recorders), ``around`` the backward (a watch of its all-reduce)."""
+    counted = partial(plan.counting.backward, plan)  # type: ignore[union-attr]
+    if not calls and around is None:  # the counting's own backward: one frame
+        return counted
+
+    def backward(loss: torch.Tensor, count: Any) -> None:
+        n = as_count(count)
+        for call in calls:
+            call(loss, loaders.active, n)
+        if around is None:
+            counted(loss, n)
+        else:
+            around(counted, loss, n)
+
+    return backward

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from splitsync.observe import Observer, overriding
-from splitsync.run.step import StepPlan, prepare_module
+from splitsync.run.forward import install_forward, prepare_module
+from splitsync.run.step import StepPlan
 from splitsync.strategies import (
     Strategy,
     WrapContext,
@@ -94,7 +95,7 @@ class Models:
         wrapped = strat.wrap(module, ctx, options)
         if compile:
             wrapped = strat.compile(wrapped, {} if compile is True else dict(compile))
-        wrapped = self.plan.install_forward(wrapped, autocast, strat)
+        wrapped = install_forward(self.plan, wrapped, autocast, strat)
         for obs in self._on_wrapped:
             wrapped = obs.on_wrapped(wrapped)
         self._strategies[wrapped] = strat

@@ -1,8 +1,8 @@
 """The :class:`Run` handle the user's script talks to (made by ``splitsync.init``).
 
 A Run is who this process is plus parts it delegates to: models (``run/models.py``), loaders
-(``run/data.py``), the training step (``run/step.py``), collectives (``run/collectives.py``),
-checkpoints (``ckpt.session.Checkpointer``) and ``run.log`` (``run/logging.py``). Its verbs
+(``run/data.py``), the training step (``run/training.py`` over ``run/step.py``), collectives
+(``run/collectives.py``), checkpoints (``ckpt.session.Checkpointer``) and ``run.log`` (``run/logging.py``). Its verbs
 come in families, each a mixin beside its part: training (``run/training.py``), collectives
 (``run/collectives.py``) and checkpoints (``run/checkpoints.py``); this module keeps the
 rest (models, data, output, observers, teardown). Tools watch it through observers
@@ -44,8 +44,8 @@ from splitsync.run.ema import Emas
 from splitsync.run.logging import Logging, run_settings
 from splitsync.run.models import Models
 from splitsync.run.preempt import Preemption, preemption_for
-from splitsync.run.step import StepPlan, Training
-from splitsync.run.training import TrainingVerbs
+from splitsync.run.step import StepPlan
+from splitsync.run.training import Training, TrainingVerbs
 from splitsync.strategies import Strategy, unwrap
 from splitsync.train.precision import Precision
 
