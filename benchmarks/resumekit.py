@@ -51,13 +51,15 @@ class Config:
     kill_at: int = 1  # the first run stops after this one (>= save_at)
     new_world: int | None = None  # resume at another world size
     strategy: str = "auto"
+    count: bool = False  # run.backward(loss, count=n): a weighted mean, some batches weigh 0
 
     def describe(self) -> str:
         kind = f"stream/{self.shards} shards" if self.stream else "map"
         where = f" -> {self.new_world} ranks" if self.new_world else ""
         return (f"n={self.n} {kind} world={self.world}{where} batch={self.batch} "
                 f"shuffle={self.shuffle} drop_last={self.drop_last} "
-                f"accumulate={self.accumulate} save@{self.save_at} kill@{self.kill_at}")
+                f"accumulate={self.accumulate} save@{self.save_at} kill@{self.kill_at}"
+                f"{' count=' if self.count else ''}")
 
 
 class Indexed(Dataset):
@@ -106,6 +108,16 @@ def _net() -> nn.Module:
     return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.25), nn.Linear(16, 1))
 
 
+def _weighted(out: torch.Tensor, y: torch.Tensor, idx: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A token-style loss: sample ``i`` holds ``i % 4`` items (none for every fourth), the
+    loss is the mean over the batch's items (0 for a batch without any) and their count."""
+    items = (idx % 4).to(out.dtype)
+    total = items.sum()
+    per = (out - y).pow(2).squeeze(1)
+    return (per * items).sum() / total.clamp(min=1), total
+
+
 def micro_batches(cfg: Config, world: int | None = None) -> int | None:
     """Micro-batches per rank per epoch of map-style data (None for streams)."""
     if cfg.stream:
@@ -133,8 +145,12 @@ def train(cfg: Config, root: str, *, save_at: int | None = None,
         batches: list[tuple[int, int, list[int], list[int]]] = []  # micro, epoch, ids, padding
         for epoch in run.epochs(cfg.epochs, start=state.epoch):
             for x, y, idx in loader:
-                loss = F.mse_loss(model(x), y)
-                run.backward(loss)
+                if cfg.count:
+                    loss, items = _weighted(model(x), y, idx)
+                    run.backward(loss, count=items)
+                else:
+                    loss = F.mse_loss(model(x), y)
+                    run.backward(loss)
                 run.step(opt)
                 micro += 1
                 losses[micro] = loss.item()

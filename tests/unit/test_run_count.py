@@ -193,6 +193,86 @@ def test_a_resumed_run_trains_bit_for_bit_like_the_straight_one(tmp_path: Path) 
     assert torch.equal(_flat(model), _flat(straight))
 
 
+def _counted(run: ss.Run, parts: list[list[int]], first: int = 0,
+             model: nn.Module | None = None, opt: Any = None) -> tuple[nn.Module, Any]:
+    """One counted micro-batch of sequences of these lengths per entry, then run.step."""
+    model = model if model is not None else run.model(_net())
+    opt = opt if opt is not None else torch.optim.AdamW(model.parameters(), lr=0.05)
+    for i, lengths in enumerate(parts, start=first):
+        run.backward(_loss(model, *_batch(lengths, i)), count=sum(lengths))
+        run.step(opt)
+    return model, opt
+
+
+def test_a_save_inside_a_counted_window_keeps_its_items_and_unit(tmp_path: Path) -> None:
+    # 4 windows of 2: the unit is 1/8 after the first, 1/16 after the second; the save falls
+    # after the third's first micro-step (12 items), the resumed run goes on from there
+    parts = [[6, 1], [0, 3], [5, 6], [4, 4], [6, 6], [1, 0], [2, 0], [0, 0]]
+    with ss.init(seed=0, accumulate=2) as run:
+        straight, _ = _counted(run, parts)
+    with ss.init(seed=0, accumulate=2) as run:
+        _counted(run, parts[:5])
+        run.save(tmp_path)
+    with ss.init(seed=0, accumulate=2) as run:
+        model = run.model(_net())
+        opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+        run.resume(tmp_path, model=model, optimizer=opt)
+        counting = run._training.plan.counting  # armed by the resume
+        assert (counting.unit, counting.local) == (unit_for(19, 1), 12.0) == (1 / 16, 12.0)
+        assert not run.sync_gradients
+        _counted(run, parts[5:], first=5, model=model, opt=opt)
+    assert torch.equal(_flat(model), _flat(straight))
+
+
+def test_a_resumed_counted_window_refuses_a_backward_without_count(tmp_path: Path) -> None:
+    with ss.init(seed=0, accumulate=2) as run:
+        model = run.model(_net())
+        run.backward(_loss(model, *_batch([3, 4], 0)), count=7)
+        run.save(tmp_path, step=0)
+    with ss.init(seed=0, accumulate=2) as run:
+        model = run.model(_net())
+        run.resume(tmp_path, model=model)
+        with pytest.raises(ValueError, match="mixes micro-batches with and without count="):
+            run.backward(_loss(model, *_batch([3, 4], 1)))
+
+
+class Sequences(torch.utils.data.Dataset):
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, mask = _batch([self.lengths[i]], i)
+        return tokens[0], mask[0]
+
+
+def test_an_uncounted_last_window_after_counted_ones_is_its_micro_batches_mean() -> None:
+    # 3 micro-batches, accumulate 2: a counted window, then the run's last, of one
+    # uncounted micro-batch, which steps on the mean of its loss (not half of it)
+    lengths = [4, 2, 5, 1, 3, 6]
+    with ss.init(seed=0, accumulate=2) as run:
+        model = run.model(_net())
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        loader = run.loader(Sequences(lengths), batch_size=2, shuffle=False)
+        for _ in run.epochs(1):
+            for i, (tokens, mask) in enumerate(loader):
+                if i < 2:
+                    run.backward(_loss(model, tokens, mask), count=int(mask.sum()))
+                else:
+                    run.backward(_loss(model, tokens, mask))
+                assert run.step(opt).stepped == (i > 0)
+    ref, data = _net(), Sequences(lengths)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    for part in (range(0, 4), range(4, 6)):  # the global batch of each step, in one
+        tokens, mask = (torch.stack(t) for t in zip(*(data[i] for i in part), strict=True))
+        _loss(ref, tokens, mask).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    assert (_flat(model) - _flat(ref)).abs().max().item() <= 1e-12
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.floats(min_value=1e-3, max_value=1e9), st.integers(min_value=1, max_value=64))
 def test_the_unit_is_a_power_of_two_near_one_item_per_rank(total: float, world: int) -> None:

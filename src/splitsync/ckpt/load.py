@@ -230,10 +230,12 @@ def find_checkpoint(storage: Storage, rank: int, world: int,
 
 
 def reopen_window(window: Window | None, models: Mapping[str, nn.Module],
-                  entry: Mapping[str, int] | None, grads: Mapping[str, Any], *,
-                  world_size: int, saved_world: int, where: str) -> None:
+                  entry: Mapping[str, Any] | None, grads: Mapping[str, Any], *,
+                  world_size: int, saved_world: int, where: str,
+                  own: Mapping[str, Any] | None = None) -> None:
     """Continue the window a checkpoint was saved in (none: a new window begins). Its
-    gradients are this rank's own, so only the same world size and ``accumulate`` take it."""
+    gradients and ``own`` state are this rank's, so only the same world size and
+    ``accumulate`` take it."""
     if window is None:
         return
     if not entry:
@@ -248,7 +250,7 @@ def reopen_window(window: Window | None, models: Mapping[str, nn.Module],
             f"it with accumulate={every} at {saved_world} processes, or resume an older "
             "checkpoint (save at window boundaries, where run.sync_gradients is True, to "
             "change either).")
-    window.reopen(done)
+    window.reopen(done, entry.get("state", {}), own or {})
     for n, m in models.items():
         for_model(m).restore_window_grads(m, grads.get(n, {}))
 

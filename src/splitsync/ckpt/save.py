@@ -282,26 +282,38 @@ def collect(reg: Registered, *, offload: bool) -> dict[str, Any]:
 
 
 class Window(Protocol):
-    """The run's accumulation window as a checkpoint sees it (``run.step``'s StepPlan)."""
+    """The run's accumulation window as a checkpoint sees it (``run.step``'s Training)."""
 
     every: int
 
     @property
     def window(self) -> int: ...  # micro-steps done in the open window (0: none)
 
-    def reopen(self, done: int) -> None: ...
+    def open_state(self) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+        """What the open window holds besides its micro-steps and gradients: what is the
+        same on every rank (the manifest keeps it) and this rank's own (its rank file)."""
+        ...
+
+    def reopen(self, done: int, shared: Mapping[str, Any] | None = None,
+               own: Mapping[str, Any] | None = None) -> None: ...
 
 
 def window_state(window: Window | None, models: Mapping[str, nn.Module]
-                 ) -> tuple[dict[str, int] | None, dict[str, dict[str, torch.Tensor]]]:
-    """A window open at a save: its manifest entry (micro-steps done, ``every``) and this
-    rank's gradients accumulated in it (host copies: the next micro-step changes the live
-    ones), by model and parameter name. ``(None, {})`` when none is open."""
+                 ) -> tuple[dict[str, Any] | None, dict[str, dict[str, torch.Tensor]],
+                            dict[str, Any]]:
+    """A window open at a save: its manifest entry (micro-steps done, ``every``, the state
+    every rank shares), this rank's gradients accumulated in it (host copies: the next
+    micro-step changes the live ones), by model and parameter name, and this rank's own
+    state of it. ``(None, {}, {})`` when none is open."""
     if window is None or not window.window:
-        return None, {}
+        return None, {}, {}
     grads = {n: {k: g.detach().to("cpu", copy=True)
                  for k, g in for_model(m).window_grads(m).items()} for n, m in models.items()}
-    return {"done": window.window, "every": window.every}, grads
+    shared, own = window.open_state()
+    entry: dict[str, Any] = {"done": window.window, "every": window.every}
+    if shared:
+        entry["state"] = dict(shared)
+    return entry, grads, dict(own)
 
 
 def _nbytes(obj: Any) -> int:
@@ -331,10 +343,11 @@ def build_job(reg: Registered, storage: Storage, loaders: Sequence[DeviceLoader]
     work = storage.work_name(step)
     collective_ok(reg.rank, lambda: storage.prepare(step), "prepare", only_rank0=True,
                   call=call or direct, world_size=reg.world_size)
-    open_window, grads = window_state(window, reg.models)
+    open_window, grads, own = window_state(window, reg.models)
     parts: dict[str, Any] = {
         rank_file(reg.rank): {"rng": capture_rng(reg.generators),
-                              "generators": [g for _, g in positions], "window": grads},
+                              "generators": [g for _, g in positions], "window": grads,
+                              "window_own": own},
         **collect(reg, offload=blocking)}
     if reg.rank == 0:
         parts.setdefault(STATE_FILE, {}).update(

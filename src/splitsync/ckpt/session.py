@@ -228,10 +228,10 @@ class Checkpointer:
                          for i, pos in enumerate(body["loaders"])]
         for i, loader in enumerate(self.loaders):
             self._continue(loader, i)
-        reopen_window(self.window, reg.models, body.get("window"),  # the window saved in
-                      {} if per_rank is None else per_rank.get("window", {}),
+        mine = per_rank or {}  # this rank's part of the window saved in (gradients, count)
+        reopen_window(self.window, reg.models, body.get("window"), mine.get("window", {}),
                       world_size=self.world_size, saved_world=int(body["world_size"]),
-                      where=storage.where(name))
+                      where=storage.where(name), own=mine.get("window_own", {}))
         self.step = int(body["step"])
         where = storage.where(name)
         return ResumeState(step=self.step, epoch=int(body["epoch"]), extra=extra,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
@@ -201,11 +201,30 @@ class Counting:
                 total = self.total if self.total is not None else self._read_pending()
                 if total:
                     self.unit = unit_for(total, self.world)
+        self._reset(counted)
+
+    def _reset(self, counted: bool) -> None:
         self.counted, self.empty = counted, False
         self.local, self.total, self.pending, self.skip = 0.0, None, None, None
         self.closed = self.settled = False
         if self.done:
             self.done = set()
+
+    def kept(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The open window as a checkpoint keeps it: that it is counted and its unit (the
+        same on every rank), and this rank's items so far (``{}, {}``: not counted)."""
+        if not self.counted:
+            return {}, {}
+        return {"counted": True, "unit": self.unit}, {"items": self.local}
+
+    def reopen(self, shared: Mapping[str, Any], own: Mapping[str, Any]) -> None:
+        """Continue a window a checkpoint saved (:meth:`kept`; empty: no counted window)."""
+        self._reset(bool(shared.get("counted", False)))
+        if self.counted:
+            # the power of two its first micro-steps were multiplied by: their gradients
+            # and the ones still to come are divided by the same
+            self.unit = float(shared["unit"])
+            self.local = float(own.get("items", 0.0))
 
     def after_last(self) -> None:
         """After the window's last backward: the reductions divide by its items."""

@@ -26,7 +26,7 @@ instead; its functions are chosen only once ``count=`` is first used.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 from weakref import WeakKeyDictionary, WeakSet
@@ -114,13 +114,22 @@ class StepPlan:
         """Micro-steps done in the open accumulation window (0: none is open)."""
         return self.micro % self.every
 
-    def reopen(self, done: int) -> None:
+    def open_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What the open window holds besides its micro-steps and gradients (a counted
+        window: ``Counting.kept``), the same on every rank and this rank's own."""
+        return ({}, {}) if self.counting is None else self.counting.kept()
+
+    def reopen(self, done: int, shared: Mapping[str, Any] | None = None,
+               own: Mapping[str, Any] | None = None) -> None:
         """Continue a window a checkpoint saved with ``done`` micro-steps in it (the saved
-        gradients are put back by the checkpoint's loader)."""
+        gradients are put back by the checkpoint's loader). A counted one needs the plan
+        armed first (``Training.reopen`` does it)."""
         if not 0 <= done < self.every:
             raise ValueError(f"an accumulation window of {done} micro-step(s) does not fit "
                              f"accumulate={self.every}")
         self.micro = done
+        if self.counting is not None:
+            self.counting.reopen(shared or {}, own or {})
 
     # --- backward ----------------------------------------------------------------------
     def update_scale(self) -> Any:
@@ -167,14 +176,14 @@ class StepPlan:
     def _step_general(self, optimizer: torch.optim.Optimizer,
                       clip: float | None = None) -> StepResult:
         held = self.micro % self.every
+        counting = self.counting
         if held:
             if not self.ends():
                 self.stepped = False
                 return NOT_STEPPED  # inside an accumulation window: keep gradients, do not step
-            if self.counting is None:  # counted windows divide by their items anyway
+            if counting is None or not counting.counted:  # counted: divided by its items
                 _close_window(optimizer, self.every, held)
             self.micro += self.every - held  # a later backward opens a new window
-        counting = self.counting
         if counting is not None and not counting.settle(optimizer):
             optimizer.zero_grad(set_to_none=True)  # no item on any rank: nothing to learn
             self.stepped = False

@@ -11,7 +11,7 @@ the function chosen when the run started (or its observers changed).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
@@ -143,9 +143,32 @@ class Training:
         return self.step(optimizer, clip)
 
     def _first_count(self, loss: torch.Tensor, count: Any) -> None:
+        self._arm()
+        self.backward_count(loss, count)
+
+    def _arm(self) -> None:
         self.plan.arm(self.world_size, self._sum)
         self.set_observers(self._observers)  # the plan's functions changed: choose again
-        self.backward_count(loss, count)
+
+    # --- the open window, as a checkpoint keeps it (ckpt.save.Window) --------------------
+    @property
+    def every(self) -> int:
+        return self.plan.every
+
+    @property
+    def window(self) -> int:
+        return self.plan.window
+
+    def open_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.plan.open_state()
+
+    def reopen(self, done: int, shared: Mapping[str, Any] | None = None,
+               own: Mapping[str, Any] | None = None) -> None:
+        """Continue a saved window; a counted one arms count= (its next backward must
+        have it too, as in the run that saved it)."""
+        if shared and shared.get("counted") and self.plan.counting is None:
+            self._arm()
+        self.plan.reopen(done, shared, own)
 
     def set_observers(self, observers: Sequence[Observer]) -> None:
         """Choose backward/step for these observers (the plain ones when none listens)."""
