@@ -89,7 +89,7 @@ class DDP(Strategy):
         # rescales instead. The hook writes into the buckets the gradients are views of. The
         # count rides in a bucket of the gradients' dtype: exact in float32 up to 2**24 items,
         # in bfloat16 ("bf16-true") only up to 256, so there the step rescales too.
-        if (not isinstance(model, DistributedDataParallel) or getattr(model, "_comm_hooks", ())
+        if (not isinstance(model, TorchDDP) or getattr(model, "_comm_hooks", ())
                 or not model.gradient_as_bucket_view or any(
                     p.dtype not in (torch.float32, torch.float64)
                     for p in model.parameters() if p.requires_grad)):
