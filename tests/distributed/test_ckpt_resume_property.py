@@ -81,3 +81,17 @@ def test_an_fsdp_save_inside_a_window_resumes_bit_equal(tmp_path: Path) -> None:
                    kill_at=save + 2) for save in (7, 8)]  # 1 and 2 micro-steps into windows
     for cfg, problems in zip(cfgs, check_all(cfgs, tmp_path), strict=True):
         assert problems == [], cfg.describe()
+
+
+def test_a_save_inside_a_window_at_3_ranks_resumes_bit_equal(tmp_path: Path) -> None:
+    """Found by resume_search.py: at 3 ranks a save inside a window resumed 1-3e-8 away. The
+    resumed wrapper rebuilt its buckets at its first forward, with the window's restored
+    gradients already there, which made them bucket views: DDP then divided them by 3 in
+    place where the uninterrupted run multiplied by 1/3 while copying (another last bit)."""
+    cfgs = [Config(n=38, world=3, batch=10, drop_last=True, accumulate=3, save_at=1,
+                   kill_at=2),  # the run's last window, 1 of its 2 micro-steps saved
+            Config(n=61, world=3, batch=2, accumulate=3, save_at=7, kill_at=8),
+            Config(n=37, world=3, batch=3, drop_last=True, accumulate=2, stream=True,
+                   shards=3, save_at=3, kill_at=4)]
+    for cfg, problems in zip(cfgs, check_all(cfgs, tmp_path), strict=True):
+        assert problems == [], cfg.describe()
