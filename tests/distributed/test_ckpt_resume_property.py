@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from resumekit import Config, check, check_all, with_cuts
+from resumekit import Config, check, check_all, saves, with_cuts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -41,7 +41,7 @@ def configs(draw: st.DrawFn, other_world: bool = False) -> Config:
 
 
 @SETTINGS
-@given(cfg=configs())
+@given(cfg=configs().filter(saves))
 @example(cfg=with_cuts(Config(n=257, world=2, batch=4), 0.4, 3)).via("reported")
 @example(cfg=with_cuts(Config(n=250, world=3, batch=4), 0.6, 2)).via("reported")
 @example(cfg=with_cuts(Config(n=253, world=3, batch=5, shuffle=False), 0.3, 1)).via("reported")
@@ -53,7 +53,7 @@ def test_kill_and_resume_is_bit_equal(cfg: Config, tmp_path_factory: pytest.Temp
 
 
 @settings(SETTINGS, max_examples=1)
-@given(cfg=configs(other_world=True))
+@given(cfg=configs(other_world=True).filter(saves))
 @example(cfg=with_cuts(Config(n=29, world=2, batch=4, new_world=3), 0.3, 1)).via("padding")
 def test_resume_at_another_world_size_trains_every_sample_once(
         cfg: Config, tmp_path_factory: pytest.TempPathFactory) -> None:
