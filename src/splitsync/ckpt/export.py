@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ from splitsync.ckpt.state import is_sharded, model_state
 from splitsync.distributed import comm
 from splitsync.strategies import for_model
 
-__all__ = ["export_safetensors", "export_one", "tied_names", "tied_duplicates"]
+__all__ = ["export_safetensors", "tied_names", "tied_duplicates"]
 
 
 def tied_duplicates(names: Mapping[str, Any], prefer_dropped: Iterable[str] = ()) -> set[str]:
@@ -77,14 +77,3 @@ def export_safetensors(model: nn.Module, path: str | os.PathLike[str],
             os.replace(part, out)
     comm.barrier()
     return out
-
-
-def export_one(models: Sequence[nn.Module], model: nn.Module | None, path: Any,
-               rank: int) -> Path | str:
-    """``run.export(path, model=None)``: ``model``, else the run's one model."""
-    if model is None:
-        if len(models) != 1:
-            raise TypeError("run.export(path) exports the run's one model; it has "
-                            f"{len(models)}, so pass model=...")
-        model = models[0]
-    return export_safetensors(model, path, rank)

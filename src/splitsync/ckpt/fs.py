@@ -10,18 +10,15 @@ exists only once its manifest does; ``latest`` is written after the manifest, an
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from splitsync.ckpt import store
-from splitsync.ckpt.store import LATEST, MANIFEST, STEP_RE
-from splitsync.errors import CheckpointError, CheckpointWarning
+from splitsync.ckpt.store import LATEST, MANIFEST
+from splitsync.errors import CheckpointError
 
-__all__ = ["Storage", "LocalStorage", "ObjectStorage", "is_url", "open_storage", "open_dir",
-           "locate", "newer_steps", "set_aside_newer"]
+__all__ = ["Storage", "LocalStorage", "ObjectStorage", "is_url", "open_storage", "open_dir"]
 
 # Object stores upload in parts of this size (s3fs multipart); large parts, few requests.
 _BLOCK = 64 << 20
@@ -272,53 +269,3 @@ class ObjectStorage:
             self.fs.rm(self._p(name, MANIFEST))
         return "; its manifest was removed and the next save deletes it"
 
-
-# --- which checkpoint run.resume(dir, step=N) means ------------------------------------
-def locate(where: Any, step: int | None) -> tuple[Any, int | None]:
-    """The checkpoint directory and the step ``run.resume(where, step=...)`` asks for. A
-    committed step folder (``ckpt/step-000050``, as ``splitsync ckpt`` takes) stands for
-    its parent and that step, so saves go next to it, never inside it; a folder that is one
-    checkpoint under another name, or a save's work folder, is refused naming the parent."""
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-        raise TypeError(f"run.resume(..., step={step!r}): give the number of a saved step.")
-    text = str(where).rstrip("/")
-    url = "://" in text
-    name = text.rsplit("/", 1)[-1]
-    parent: Any = text.rsplit("/", 1)[0] if url else Path(where).parent
-    folder = None if url else Path(where)
-    if re.match(r"^\.[a-z-]+-step-\d+$", name):
-        raise CheckpointError(f"{text!r} is not a committed checkpoint (a save's work folder "
-                              f"or one set aside); pass the checkpoint directory {str(parent)!r}"
-                              " (with step=N for one of its steps).")
-    holds = folder is not None and (folder / MANIFEST).is_file()
-    m = STEP_RE.match(name)
-    roots = folder is not None and folder.is_dir() and any(
-        STEP_RE.match(p.name) for p in folder.iterdir())
-    if m and not roots:  # a step folder (or one that would be): its parent and its step
-        if step is not None and step != int(m.group(1)):
-            raise CheckpointError(f"run.resume({text!r}, step={step}): the folder is step "
-                                  f"{int(m.group(1))}; pass {str(parent)!r} with step={step}.")
-        return parent, int(m.group(1))
-    if holds:
-        raise CheckpointError(
-            f"{text!r} holds one checkpoint ({MANIFEST}), not step-* checkpoints: saves would "
-            f"go inside it. Pass the directory that holds its step-NNNNNN folder (e.g. "
-            f"{str(parent)!r}) with step=N, or copy it into one as step-NNNNNN/.")
-    return where, step
-
-
-def newer_steps(storage: Storage, step: int | None) -> list[str]:
-    """Committed checkpoints newer than ``step`` (none when no step was asked for)."""
-    if step is None:
-        return []
-    return [name for s, name in storage.steps() if s > step]
-
-
-def set_aside_newer(storage: Storage, names: list[str]) -> None:
-    """Set aside checkpoints newer than the step a run went back to (``.rolled-back-step-*``;
-    in object storage their manifests go): kept, they would be the newest, so keep-last-k
-    would prune the new ones and the next resume would load the abandoned future."""
-    for name in names:
-        how = storage.set_aside(name, ".rolled-back-")
-        warnings.warn(f"checkpoint {storage.where(name)} is newer than the step this run "
-                      f"resumed from: set aside{how}", CheckpointWarning, stacklevel=4)

@@ -10,10 +10,11 @@ with ``weights_only=True``."""
 from __future__ import annotations
 
 import os
+import re
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,7 @@ from splitsync.ckpt.state import (
     load_optimizer_state,
     state_shapes,
 )
-from splitsync.ckpt.store import parse_manifest, step_dirname
+from splitsync.ckpt.store import MANIFEST, STEP_RE, parse_manifest, step_dirname
 from splitsync.distributed import comm
 from splitsync.errors import CheckpointError, CheckpointWarning
 from splitsync.strategies import for_model
@@ -40,22 +41,7 @@ if TYPE_CHECKING:
     from splitsync.ckpt.save import Window
     from splitsync.ckpt.state import Registered
 
-__all__ = ["load_objects", "CheckpointWarning", "Listing", "check_size", "list_candidates", "read_part", "verify_files", "find_checkpoint", "held_state", "Freeing", "free_later", "load_full", "load_models", "unregistered", "reopen_window", "ResumeState"]
-
-
-@dataclass(frozen=True)
-class ResumeState:
-    """Where to continue: ``step`` optimizer steps done, ``epoch`` to start, the saved extras."""
-
-    step: int = 0
-    epoch: int = 0
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    path: Path | str | None = None  # the checkpoint loaded (a URL in object storage)
-    world_size: int | None = None  # of the run that wrote it
-
-    @property
-    def resumed(self) -> bool:
-        return self.path is not None
+__all__ = ["load_objects", "CheckpointWarning", "Listing", "check_size", "list_candidates", "read_part", "verify_files", "find_checkpoint", "held_state", "Freeing", "free_later", "load_full", "load_models", "unregistered", "reopen_window", "locate", "newer_steps"]
 
 @dataclass(frozen=True)
 class Listing:
@@ -265,6 +251,44 @@ def reopen_window(window: Window | None, models: Mapping[str, nn.Module],
     window.reopen(done)
     for n, m in models.items():
         for_model(m).restore_window_grads(m, grads.get(n, {}))
+
+
+def locate(where: Any, step: int | None) -> tuple[Any, int | None]:
+    """The checkpoint directory and the step ``run.resume(where, step=...)`` asks for. A
+    committed step folder (``ckpt/step-000050``, as ``splitsync ckpt`` takes) stands for
+    its parent and that step, so saves go next to it, never inside it; a folder that is one
+    checkpoint under another name, or a save's work folder, is refused naming the parent."""
+    text = str(where).rstrip("/")
+    url = "://" in text
+    name = text.rsplit("/", 1)[-1]
+    parent: Any = text.rsplit("/", 1)[0] if url else Path(where).parent
+    folder = None if url else Path(where)
+    if re.match(r"^\.[a-z-]+-step-\d+$", name):
+        raise CheckpointError(f"{text!r} is not a committed checkpoint (a save's work folder "
+                              f"or one set aside); pass the checkpoint directory {str(parent)!r}"
+                              " (with step=N for one of its steps).")
+    holds = folder is not None and (folder / MANIFEST).is_file()
+    m = STEP_RE.match(name)
+    roots = folder is not None and folder.is_dir() and any(
+        STEP_RE.match(p.name) for p in folder.iterdir())
+    if m and not roots:  # a step folder (or one that would be): its parent and its step
+        if step is not None and step != int(m.group(1)):
+            raise CheckpointError(f"run.resume({text!r}, step={step}): the folder is step "
+                                  f"{int(m.group(1))}; pass {str(parent)!r} with step={step}.")
+        return parent, int(m.group(1))
+    if holds:
+        raise CheckpointError(
+            f"{text!r} holds one checkpoint ({MANIFEST}), not step-* checkpoints: saves would "
+            f"go inside it. Pass the directory that holds its step-NNNNNN folder (e.g. "
+            f"{str(parent)!r}) with step=N, or copy it into one as step-NNNNNN/.")
+    return where, step
+
+
+def newer_steps(storage: Storage, step: int | None) -> list[str]:
+    """Committed checkpoints newer than ``step`` (none when no step was asked for)."""
+    if step is None:
+        return []
+    return [name for s, name in storage.steps() if s > step]
 
 
 def held_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:

@@ -14,21 +14,23 @@ save in flight pays nothing per step.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from splitsync.ckpt.fs import Storage, locate, newer_steps, open_dir, set_aside_newer
+from splitsync.ckpt.fs import Storage, open_dir
 from splitsync.ckpt.load import (
     Freeing,
-    ResumeState,
     find_checkpoint,
     load_models,
     load_objects,
+    locate,
+    newer_steps,
     reopen_window,
     unregistered,
 )
@@ -53,6 +55,21 @@ from splitsync.errors import CheckpointError, CheckpointWarning
 from splitsync.observe import Observer, chain_around, overriding, redirect
 
 __all__ = ["ResumeState", "Checkpointer", "CheckpointWarning", "STATE_FILE", "rank_file"]
+
+
+@dataclass(frozen=True)
+class ResumeState:
+    """Where to continue: ``step`` optimizer steps done, ``epoch`` to start, the saved extras."""
+
+    step: int = 0
+    epoch: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    path: Path | str | None = None  # the checkpoint loaded (a URL in object storage)
+    world_size: int | None = None  # of the run that wrote it
+
+    @property
+    def resumed(self) -> bool:
+        return self.path is not None
 
 
 class Checkpointer:
@@ -136,6 +153,9 @@ class Checkpointer:
         ``dir`` (``step``: that step, or an error listing the steps there), or start fresh.
         A step folder ``dir/step-000050`` resumes that step of ``dir``."""
         self.settle(wait=True)  # the save in flight commits (or raises) first
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)
+                                 or step < 0):
+            raise TypeError(f"run.resume(..., step={step!r}): give the number of a saved step.")
         where, step = locate(self._path(dir), step)
         # no objects: what the run wrapped, looked up again at each save
         registered = self._register(objects or self.wrapped(), keep)
@@ -217,15 +237,21 @@ class Checkpointer:
                          for i, pos in enumerate(body["loaders"])]
         for i, loader in enumerate(self.loaders):
             self._continue(loader, i)
-        where = storage.where(name)
-        # the accumulation window saved, with this rank's gradients (none: a window begins)
-        reopen_window(self.window, reg.models, body.get("window"),
-                      {} if per_rank is None else per_rank.get("window", {}),
-                      world_size=self.world_size, saved_world=int(body["world_size"]), where=where)
+        self._reopen_window(reg, body, per_rank, storage.where(name))
         self.step = int(body["step"])
+        where = storage.where(name)
         return ResumeState(step=self.step, epoch=int(body["epoch"]), extra=extra,
                            path=Path(where) if storage.local else where,
                            world_size=int(body["world_size"]))
+
+    def _reopen_window(self, reg: Registered, body: Mapping[str, Any],
+                       per_rank: Mapping[str, Any] | None, where: str) -> None:
+        """The accumulation window the checkpoint was saved in, with this rank's gradients
+        (none: the next micro-step begins a window)."""
+        grads = {} if per_rank is None else per_rank.get("window", {})
+        reopen_window(self.window, reg.models, body.get("window"), grads,
+                      world_size=self.world_size, saved_world=int(body["world_size"]),
+                      where=where)
 
     def attach_loader(self, loader: ResumableLoader) -> None:
         """A loader made after ``run.resume`` continues where the checkpoint left it."""
@@ -340,10 +366,16 @@ class Checkpointer:
         return reg, open_dir(root), extra
     def _set_aside_ahead(self) -> None:
         """After ``run.resume(dir, step=N)`` went back past newer checkpoints, the first save
-        sets them aside (:func:`~splitsync.ckpt.fs.set_aside_newer`)."""
+        sets them aside (``.rolled-back-step-*``; in object storage their manifests go):
+        kept, they would be the newest, so keep-last-k would prune the new ones and the next
+        resume would load the abandoned future."""
         ahead, self._ahead = self._ahead, []
-        if ahead and self.storage is not None:
-            set_aside_newer(self.storage, ahead)
+        if not ahead or self.storage is None:
+            return
+        for name in ahead:
+            how = self.storage.set_aside(name, ".rolled-back-")
+            warnings.warn(f"checkpoint {self.storage.where(name)} is newer than the step this "
+                          f"run resumed from: set aside{how}", CheckpointWarning, stacklevel=3)
 
     def settle(self, *, wait: bool, raise_errors: bool = True) -> None:
         """Finish with the background save in flight, if it is done (or ``wait``): its
@@ -372,10 +404,15 @@ class Checkpointer:
 
     # --- export and teardown -------------------------------------------------------------
     def export(self, path: str | os.PathLike[str], model: nn.Module | None = None) -> Path | str:
-        from splitsync.ckpt.export import export_one
+        from splitsync.ckpt.export import export_safetensors
 
-        models = list(self.models.values()) if model is None else []
-        return export_one(models, model, self._path(path), self.rank)
+        if model is None:
+            models = list(self.models.values())
+            if len(models) != 1:
+                raise TypeError("run.export(path) exports the run's one model; it has "
+                                f"{len(models)}, so pass model=...")
+            model = models[0]
+        return export_safetensors(model, self._path(path), self.rank)
 
     def close(self, clean: bool = True) -> None:
         """Wait for the save in flight (raising its failure when ``clean``), stop counting

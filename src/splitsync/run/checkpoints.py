@@ -21,7 +21,7 @@ from splitsync.ckpt.state import split_state
 from splitsync.distributed.logs import get_logger
 from splitsync.run.ema import Emas
 from splitsync.run.models import Models
-from splitsync.run.training import Training
+from splitsync.run.step import Training
 
 if TYPE_CHECKING:
     from splitsync.ckpt import SaveHandle

@@ -44,8 +44,8 @@ from splitsync.run.ema import Emas
 from splitsync.run.logging import Logging, run_settings
 from splitsync.run.models import Models
 from splitsync.run.preempt import Preemption, preemption_for
-from splitsync.run.step import StepPlan
-from splitsync.run.training import Training, TrainingVerbs
+from splitsync.run.step import StepPlan, Training
+from splitsync.run.training import TrainingVerbs
 from splitsync.strategies import Strategy, unwrap
 from splitsync.train.precision import Precision
 

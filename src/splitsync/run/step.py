@@ -1,6 +1,5 @@
-"""The mechanics of ``run.backward`` and ``run.step``: loss scaling, gradient accumulation and
-clipping, chosen once in a :class:`StepPlan` (the observers around them, ``run.join`` and the
-verbs themselves: ``run/training.py``).
+"""``run.backward`` and ``run.step`` in one room: loss scaling, gradient accumulation,
+clipping, the observers around them, and uneven inputs (``run.join``).
 
 Everything is decided once (when the run starts, when a model is prepared, when the run's
 observers change), never per call: precision "32" without accumulation and without
@@ -27,7 +26,8 @@ instead; its functions are chosen only once ``count=`` is first used.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from functools import partial
@@ -36,14 +36,19 @@ from weakref import WeakKeyDictionary, WeakSet
 
 import torch
 from torch import nn
+from torch.distributed.algorithms.join import Join, Joinable
 
-from splitsync.run.counting import Counting
+from splitsync.observe import Observer, backward_calls, chain_around, overriding, step_end_calls
+from splitsync.run.counting import Counting, as_count
+from splitsync.run.data import Loaders
 from splitsync.run.result import NOT_STEPPED, STEPPED, StepResult
 from splitsync.strategies import Strategy, SyncSetter, for_model
 from splitsync.train.clip import clip_optimizer
 from splitsync.train.precision import Precision, forward_with
 
-__all__ = ["StepPlan", "StepResult", "prepare_module"]
+__all__ = ["StepPlan", "StepResult", "Training", "prepare_module", "join"]
+
+
 
 
 def _plain_backward(loss: torch.Tensor) -> None:
@@ -285,3 +290,181 @@ def prepare_module(module: nn.Module, precision: Precision) -> nn.Module:
     if precision.param_dtype is not None:
         module = module.to(precision.param_dtype)
     return module
+
+_BACKWARD_OP = "backward (gradient all-reduce)"
+
+
+class Training:
+    """backward/step and friends, over one StepPlan."""
+
+    def __init__(self, plan: StepPlan, loaders: Loaders, world_size: int,
+                 check_optimizer: Callable[[Any], None] | None = None,
+                 count_sum: Callable[[float], float] = float) -> None:
+        self.plan = plan
+        self.loaders = loaders
+        self.world_size = world_size
+        self.backward: Callable[[torch.Tensor], None] = plan.backward
+        # run.backward(loss, count=n): arms the plan's counted windows on first use
+        self.backward_count: Callable[[torch.Tensor, Any], None] = self._first_count
+        self._sum = count_sum  # the count all-reduce, where a reduction cannot carry it
+        self._observers: tuple[Observer, ...] = ()
+        self.step: Callable[..., StepResult] = plan.step
+        # optimizer -> its step function, filled at its first run.step (after the check);
+        # Run.step looks the optimizer up here, so a checked one costs one dict lookup
+        self.steps: dict[Any, Callable[..., StepResult]] = {}
+        self._check = check_optimizer
+
+    def first_step(self, optimizer: torch.optim.Optimizer,
+                   clip: float | None = None) -> StepResult:
+        """The first run.step of ``optimizer``: check it once, then step."""
+        if not isinstance(optimizer, torch.optim.Optimizer):  # e.g. run.step(1.0, opt)
+            raise TypeError(f"run.step(optimizer, clip=None) takes the optimizer first, got a "
+                            f"{type(optimizer).__name__}; write run.step(opt) or "
+                            "run.step(opt, clip=1.0).")
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))):
+            raise TypeError(f"run.step(optimizer, clip=...) takes a maximum gradient norm "
+                            f"(a number) as clip, got a {type(clip).__name__}.")
+        if self._check is not None:
+            self._check(optimizer)  # raises for an optimizer run.model made stale
+        self.steps[optimizer] = self.step
+        return self.step(optimizer, clip)
+
+    def _first_count(self, loss: torch.Tensor, count: Any) -> None:
+        self.plan.arm(self.world_size, self._sum)
+        self.set_observers(self._observers)  # the plan's functions changed: choose again
+        self.backward_count(loss, count)
+
+    def set_observers(self, observers: Sequence[Observer]) -> None:
+        """Choose backward/step for these observers (the plain ones when none listens)."""
+        self._observers = tuple(observers)
+        before = overriding(observers, "on_backward")
+        around = chain_around(observers) if self.world_size > 1 else None
+        self.backward = self._observed_backward(before, around)
+        if self.plan.counting is not None:
+            self.backward_count = self._observed_count(backward_calls(observers), around)
+        self.step = self._observed_step(overriding(observers, "on_step_begin"),
+                                        step_end_calls(observers))
+        self.steps = dict.fromkeys(self.steps, self.step)
+
+    def _observed_backward(self, before: tuple[Observer, ...],
+                           around: Callable[..., Any] | None) -> Callable[[torch.Tensor], None]:
+        plan, loaders = self.plan, self.loaders
+        if not before and around is None:
+            return plan.backward
+        if not before:  # only watched (guards): a C-level partial, no Python frame of ours
+            return partial(around, _BACKWARD_OP, plan.backward)  # type: ignore[arg-type]
+
+        def backward(loss: torch.Tensor) -> None:
+            for obs in before:
+                obs.on_backward(loss, loaders.active)
+            if around is None:
+                plan.backward(loss)
+            else:
+                around(_BACKWARD_OP, plan.backward, loss)
+
+        return backward
+
+    def _observed_count(self, calls: tuple[Callable[..., Any], ...],
+                        around: Callable[..., Any] | None) -> Callable[[torch.Tensor, Any], None]:
+        plan, loaders = self.plan, self.loaders
+        counted = partial(plan.counting.backward, plan)  # type: ignore[union-attr]
+        if not calls and around is None:  # the counting's own backward: one frame
+            return counted
+
+        def backward(loss: torch.Tensor, count: Any) -> None:
+            n = as_count(count)
+            for call in calls:
+                call(loss, loaders.active, n)
+            if around is None:
+                counted(loss, n)
+            else:
+                around(_BACKWARD_OP, counted, loss, n)
+
+        return backward
+
+    def _observed_step(self, begin: tuple[Observer, ...],
+                       end: tuple[Callable[..., Any], ...]) -> Callable[..., StepResult]:
+        plan = self.plan
+        if not begin and not end:
+            return plan.step
+        if not begin and len(end) == 1:  # one watcher after the step (the usual case):
+            after = end[0]  # the least Python around the plain step
+
+            def step_then(optimizer: torch.optim.Optimizer,
+                          clip: float | None = None) -> StepResult:
+                result = plan.step(optimizer, clip)
+                after(optimizer, result.norm, result.stepped)  # may end the script (SystemExit)
+                return result
+
+            return step_then
+
+        # observers see a counted window's gradients divided by its items
+        settle = plan.settle if begin and plan.counting is not None else None
+
+        def step(optimizer: torch.optim.Optimizer, clip: float | None = None) -> StepResult:
+            if settle is not None:
+                settle(optimizer)
+            for obs in begin:
+                obs.on_step_begin(optimizer)
+            result = plan.step(optimizer, clip)
+            for call in end:
+                call(optimizer, result.norm, result.stepped)  # may end the script (SystemExit)
+            return result
+
+        return step
+
+    def epochs_ended(self) -> None:
+        """``run.epochs`` ran out with a window still open (its last batch was not known to
+        be the run's last: a stream read with ``at_end="uneven"``): said, never dropped
+        silently."""
+        held = self.plan.window
+        if held:
+            warnings.warn(
+                f"run.epochs() ended with {held} micro-batch(es) of an accumulation window "
+                f"of {self.plan.every} not stepped, so their samples were not trained: "
+                "their loader could not tell its last batch in advance (a stream with "
+                "at_end='uneven'). Read the stream with at_end='stop' (the default), whose "
+                "last batch is known, or make the micro-batches a multiple of accumulate.",
+                RuntimeWarning, stacklevel=3)
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        return self.plan.precision.autocast()
+
+    def accumulate(self, model: nn.Module) -> AbstractContextManager[None]:
+        return self.plan.accumulate(model)
+
+    def no_sync(self, model: nn.Module, enabled: bool = True) -> AbstractContextManager[None]:
+        return self.plan.no_sync(model, enabled)
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.plan.window == 0 or self.plan.ends()
+
+    @property
+    def scaler(self) -> Any:
+        return self.plan.scaler
+
+    @staticmethod
+    def join(*models: nn.Module, enable: bool = True,
+             throw_on_early_termination: bool = False) -> AbstractContextManager[Any]:
+        return join(*models, enable=enable, throw_on_early_termination=throw_on_early_termination)
+
+def join(*objects: nn.Module | Joinable, enable: bool = True,
+         throw_on_early_termination: bool = False) -> AbstractContextManager[Any]:
+    """``torch.distributed.algorithms.Join`` over the models' joinables (DDP) and Joinables.
+
+    Each model's strategy says what to join: a single-process model needs nothing (a no-op
+    context); FSDP has no join support in PyTorch and raises with the fix (give every rank
+    the same number of batches, ``run.loader(..., drop_last=True)``).
+    """
+    joinables: list[Any] = []
+    for obj in objects:
+        if isinstance(obj, Joinable):
+            joinables.append(obj)
+        elif isinstance(obj, nn.Module):
+            joinables.extend(for_model(obj).joinables(obj))
+        else:
+            raise TypeError(f"run.join() takes models (or Joinables), got {type(obj).__name__}.")
+    if not joinables or not enable:
+        return nullcontext()
+    return Join(joinables, enable=enable, throw_on_early_termination=throw_on_early_termination)
