@@ -29,10 +29,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from resumekit import Config, as_dict, check, check_all, with_cuts  # noqa: E402
+from resumekit import Config, as_dict, check, check_all, saves, with_cuts  # noqa: E402
 
 
 def draw(rng: random.Random, other: float) -> Config:
+    """A configuration whose first run saves (one that never does tests nothing)."""
+    while not saves(cfg := _draw(rng, other)):
+        pass
+    return cfg
+
+
+def _draw(rng: random.Random, other: float) -> Config:
     world = rng.randint(1, 4)
     n = rng.randint(3, 400)
     while world > 1 and n % world == 0:

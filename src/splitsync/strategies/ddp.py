@@ -8,10 +8,16 @@ bucket decides the order in which gloo's (and NCCL's) ring algorithms add the ra
 values, and at 3 or more ranks floating-point addition in another order gives other bits
 (at 2 ranks it is a + b either way). So a run resumed at step k, whose new wrapper takes
 step k+1 with the initial layout, ended 3e-8 away from the run that took step k+1 with the
-rebuilt one. :func:`fix_bucket_layout` rebuilds the buckets at the wrapper's first forward,
-from an order known beforehand (the reverse of the definition order, which is close to the
-order backward produces gradients in, so all-reduces still overlap backward): every step of
-every wrapper, fresh or resumed, uses the same layout.
+rebuilt one. :func:`fix_bucket_layout` rebuilds the buckets when the wrapper is made, from
+an order known beforehand (the reverse of the definition order, which is close to the order
+backward produces gradients in, so all-reduces still overlap backward): every step of every
+wrapper, fresh or resumed, uses the same layout.
+
+When it is rebuilt matters too. A rebuild makes every gradient then present a view of its
+bucket, and DDP divides a gradient that is a view in place (``grad /= world``) but one that
+is not while copying it (``grad * (1 / world)``), which differ in the last bit at 3 ranks.
+Rebuilt at the first forward, the buckets of a run resumed inside an accumulation window
+would take in the window's restored gradients, which the uninterrupted run's never held.
 """
 
 from __future__ import annotations
@@ -120,17 +126,24 @@ class DistributedDataParallel(TorchDDP):
 
 
 def fix_bucket_layout(model: TorchDDP) -> None:
-    """Have ``model`` rebuild its buckets at its first forward, in the reducer's parameter
-    order, instead of after its first backward in the order gradients arrived: then the
-    first step of a resumed run's new wrapper sums as every later step does. (With
+    """Rebuild ``model``'s buckets now (collective), in the reducer's parameter order,
+    instead of after its first backward in the order gradients arrived: then the first step
+    of a resumed run's new wrapper sums as every later step does. Now, before any gradient
+    exists, and not at the first forward: a window's gradients restored by ``run.resume``
+    stay out of the buckets, as the uninterrupted run's were (module doc). (With
     ``find_unused_parameters=True`` DDP never rebuilds, so nothing changes there.)"""
-    push = getattr(model.reducer, "_push_all_rebuilt_params", None)
-    if push is None:  # a torch without it: say so rather than lose exactness silently
-        warnings.warn("this PyTorch's DDP reducer has no _push_all_rebuilt_params: a run "
-                      "resumed at 3 or more ranks may differ from an uninterrupted one in "
-                      "the last bits of its gradients", RuntimeWarning, stacklevel=3)
+    reducer = model.reducer
+    push = getattr(reducer, "_push_all_rebuilt_params", None)
+    rebuild = getattr(reducer, "_rebuild_buckets", None)
+    if push is None or rebuild is None:  # say so rather than lose exactness silently
+        warnings.warn("this PyTorch's DDP reducer has no _push_all_rebuilt_params or "
+                      "_rebuild_buckets: a run resumed at 3 or more ranks may differ from an "
+                      "uninterrupted one in the last bits of its gradients", RuntimeWarning,
+                      stacklevel=3)
         return
-    push()  # DDP's _pre_forward then calls _rebuild_buckets() before the first backward
+    push()
+    if rebuild():  # what DDP's _pre_forward would do at the first forward; once only
+        model._has_rebuilt_buckets = True
 
 
 STRATEGY = DDP()
