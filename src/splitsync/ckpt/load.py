@@ -14,7 +14,7 @@ import re
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +41,22 @@ if TYPE_CHECKING:
     from splitsync.ckpt.save import Window
     from splitsync.ckpt.state import Registered
 
-__all__ = ["load_objects", "CheckpointWarning", "Listing", "check_size", "list_candidates", "read_part", "verify_files", "find_checkpoint", "held_state", "Freeing", "free_later", "load_full", "load_models", "unregistered", "reopen_window", "locate"]
+__all__ = ["ResumeState", "load_objects", "CheckpointWarning", "Listing", "check_size", "list_candidates", "read_part", "verify_files", "find_checkpoint", "held_state", "Freeing", "free_later", "load_full", "load_models", "unregistered", "reopen_window", "locate"]
+
+@dataclass(frozen=True)
+class ResumeState:
+    """Where to continue: ``step`` optimizer steps done, ``epoch`` to start, the saved extras."""
+
+    step: int = 0
+    epoch: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    path: Path | str | None = None  # the checkpoint loaded (a URL in object storage)
+    world_size: int | None = None  # of the run that wrote it
+
+    @property
+    def resumed(self) -> bool:
+        return self.path is not None
+
 
 @dataclass(frozen=True)
 class Listing:
@@ -154,8 +169,7 @@ def _read_rank_parts(storage: Storage, name: str, body: Mapping[str, Any], rank:
 
 def _everywhere(attempt: Callable[..., dict[str, Any]],
                 *args: Any) -> tuple[dict[str, Any], list[str]]:
-    """Collective: ``attempt(*args)`` on this rank, and why it failed on any rank (empty:
-    nowhere)."""
+    """Collective: ``attempt(*args)`` here; why it failed on any rank ("": nowhere)."""
     err, out = None, {}
     try:
         out = attempt(*args)

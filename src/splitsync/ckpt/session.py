@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from torch import nn
 from splitsync.ckpt.fs import Storage, newer_steps, open_dir, set_aside_newer
 from splitsync.ckpt.load import (
     Freeing,
+    ResumeState,
     find_checkpoint,
     load_models,
     load_objects,
@@ -49,21 +50,6 @@ from splitsync.errors import CheckpointError, CheckpointWarning
 from splitsync.observe import Observer, chain_around, overriding, redirect
 
 __all__ = ["ResumeState", "Checkpointer", "CheckpointWarning", "STATE_FILE", "rank_file"]
-
-
-@dataclass(frozen=True)
-class ResumeState:
-    """Where to continue: ``step`` optimizer steps done, ``epoch`` to start, the saved extras."""
-
-    step: int = 0
-    epoch: int = 0
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    path: Path | str | None = None  # the checkpoint loaded (a URL in object storage)
-    world_size: int | None = None  # of the run that wrote it
-
-    @property
-    def resumed(self) -> bool:
-        return self.path is not None
 
 
 class Checkpointer:
@@ -95,7 +81,8 @@ class Checkpointer:
         self.keep = 3
         self.loaded: tuple[Storage, str, dict[str, Any]] | None = None  # the last one read
         self.step = 0  # optimizer steps the run took (see count); a checkpoint loaded sets it
-        self._hook: Any = None  # post-hook counting the first optimizer's steps
+        self._hook: Any = None  # post-hook counting the steps of the optimizer below
+        self._counted: Any = None
         self._counting = True
         self._pending: list[tuple[Mapping[str, int], torch.Tensor | None]] = []
         self._ahead: list[str] = []  # rank 0: checkpoints newer than a step resumed on purpose
@@ -150,6 +137,10 @@ class Checkpointer:
         where, step = locate(self._path(dir), step)
         # no objects: what the run wrapped, looked up again at each save
         registered = self._register(objects or self.wrapped(), keep)
+        first = next(iter(registered.optims.values()))[0] if registered.optims else None
+        if objects and first is not None and self._hook is not None and first is not self._counted:
+            self._hook.remove()  # a registration never resets the count of the optimizer it
+            self._hook, self.step = None, 0  # counts; another optimizer starts its own
         storage = open_dir(where)
         self.where, self.storage = where, storage
         self.registered = registered if objects else None
@@ -254,10 +245,9 @@ class Checkpointer:
 
     def count(self, optimizer: torch.optim.Optimizer) -> None:
         """Count the run's optimizer steps on ``optimizer`` unless one is counted already
-        (``run.step`` calls this with each new optimizer, ``run.resume`` with the first it
-        registers): a later registration never moves or resets the count."""
+        (``run.step`` gives each new optimizer, ``run.resume`` the first it registers)."""
         if self._hook is None:
-            self._hook = optimizer.register_step_post_hook(self._on_step)
+            self._hook, self._counted = optimizer.register_step_post_hook(self._on_step), optimizer
 
     def _on_step(self, *_: Any) -> None:
         if self._counting:
