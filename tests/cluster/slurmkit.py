@@ -32,11 +32,12 @@ _SBIN = ("/usr/sbin", "/sbin", "/usr/local/sbin")
 # A job's states once it has ended (scontrol's JobState).
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
          "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
-# SIGTERM to SIGKILL on scancel, a time limit or a requeue (SLURM's default is 30 s). 10 s
-# keeps a test that waits it out short; tests that depend on it read Slurm.kill_wait.
+# SIGTERM to SIGKILL on scancel, a time limit or a requeue: SLURM's default, 30 s, which a
+# stop's save and teardown on a loaded machine need (10 s was too short once); tests that
+# depend on it read Slurm.kill_wait.
 # A requeued job may start again cred_expire + 1 s after the requeue (SLURM's default 120 s),
 # once the scheduler looks (every 5 s here, 30-60 s by default): 30 s keeps it short.
-KILL_WAIT = 10
+KILL_WAIT = 30
 
 
 def _which(name: str) -> str | None:

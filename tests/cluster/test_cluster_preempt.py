@@ -86,7 +86,8 @@ def _same(out: Path, clean: dict[str, torch.Tensor]) -> bool:
 def test_scancel_of_srun_leaves_the_last_step_and_a_new_srun_ends_bit_equal(
         slurm: Slurm, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     clean = _clean(slurm, tmp_path_factory.mktemp("clean-srun"))
-    # SIGTERM to every task, SIGKILL Slurm.kill_wait (10 s) later
+    # SIGTERM to every task, SIGKILL Slurm.kill_wait (30 s, SLURM's default) later: a
+    # loaded machine's teardown after the stop's save may take more than 10 s
     rc, lines = _srun(slurm, tmp_path, "--step-seconds", "0.3", until="step 5")
     text = "".join(lines)
     assert rc != 0, text  # the job was cancelled
