@@ -68,34 +68,52 @@ def _tables(half: int, keys: torch.Tensor) -> torch.Tensor:
 
 def whole_orders(n: int, seed: int, first: int, count: int) -> torch.Tensor:
     """``Permutation(n, seed, e)[i]`` for e in ``first..first+count-1`` and every i in
-    [0, n): a (count, n) int64 tensor (rows may be views). For small domains only
-    (``2 * h <= WHOLE_BITS``): memory is ``count * 4^h`` values."""
+    [0, n): a (count, n) int64 tensor. For small domains only (``2 * h <= WHOLE_BITS``):
+    memory is ``count * 4^h`` values."""
     half = half_bits(n)
     if 2 * half > WHOLE_BITS:
         raise ValueError(f"n={n}: whole orders are for n <= {1 << WHOLE_BITS}")
-    m = 1 << half
+    m, size = 1 << half, 1 << (2 * half)
     keys = torch.tensor([_round_keys(seed, e) for e in range(first, first + count)],
                         dtype=torch.int64)
-    tables = _tables(half, keys)  # (count, rounds, m)
-    # Round 1 over the domain's (left, right) grid at once, x = left * m + right:
+    # int32 throughout (values < 2^16 times count <= 16): half the memory traffic of int64,
+    # and index_select takes int32 indices. All rows go through one flat table per round:
+    # every half carries its row's offset, row * m, so it indexes the row's own table entries.
+    tables = _tables(half, keys).to(torch.int32)  # (count, rounds, m)
+    flat = tables.transpose(0, 1).reshape(_ROUNDS, count * m)
+    r = torch.arange(m, dtype=torch.int32)
+    row_m = torch.arange(count, dtype=torch.int32).mul_(m).view(count, 1, 1)
+    # Round 1 over each row's (left, right) grid at once, x = left * m + right:
     # left <- right, right <- left ^ T1[right].
-    r = torch.arange(m, dtype=torch.int64)
-    left = r.repeat(count, m)
-    right = (r.view(1, m, 1) ^ tables[:, 0].unsqueeze(1)).view(count, m * m)
-    for k in range(1, _ROUNDS):
-        left, right = right, left ^ torch.gather(tables[:, k], 1, right)
-    x = (left << half) | right  # one round trip of every value of the domain
-    # Cycle-walking by pointer doubling: x[v] is where v's walk has got to. Through
-    # ``jump`` (identity inside [0, n), x outside) every walk not yet inside moves on by
-    # as many steps as it has taken, so a walk of length L ends after log2(L) passes.
-    # Only walks from [0, n) must end (they do: their cycles hold their start); cycles
-    # wholly outside never do and are not waited for.
-    jump = torch.empty_like(x)
-    jump[:, :n] = torch.arange(n, dtype=torch.int64)
-    while n and int(x[:, :n].max()) >= n:
-        jump[:, n:] = x[:, n:]
-        x = torch.gather(jump, 1, x)
-    return x[:, :n]
+    left = (row_m + r.view(1, 1, m)).expand(count, m, m).reshape(-1)
+    right = (r.view(1, m, 1) ^ tables[:, 0].unsqueeze(1)).add_(row_m).reshape(-1)
+    for k in range(1, _ROUNDS):  # XOR with an h-bit table value keeps the row's offset
+        left, right = right, left ^ flat[k].index_select(0, right)
+    # One round trip of every value: left << h is row * 4^h + L * m, a flat index.
+    jump = ((left << half) | (right & (m - 1))).view(count, size)
+    return _walk(jump, n, size).to(torch.int64)
+
+
+def _walk(jump: torch.Tensor, n: int, size: int) -> torch.Tensor:
+    """Cycle-walking of every row's round trips ``jump`` (flat indices, row * size + value)
+    by pointer doubling: each value's first arrival in [0, n), for the starts in [0, n).
+
+    Values inside [0, n) stop there (their ``jump`` becomes themselves); each pass moves
+    every walk still outside on by as many steps as it has taken, so a walk of length L
+    ends after log2(L) passes. Only walks from [0, n) must end (they do: their cycles hold
+    their start); cycles wholly outside never do and are not waited for."""
+    count = jump.shape[0]
+    base = torch.arange(count, dtype=jump.dtype).mul_(size).view(count, 1)
+    starts = jump[:, :n].flatten().clone()  # the first trip from each start, kept
+    jump[:, :n] = torch.arange(n, dtype=jump.dtype) + base
+    flat, outside = jump.view(-1), jump[:, n:]
+    for _ in range(3):  # walks of up to 8 steps, before any check (most end by then)
+        outside.copy_(flat.index_select(0, outside.reshape(-1)).view(outside.shape))
+    while True:
+        got = flat.index_select(0, starts).view(count, n).sub_(base)
+        if not n or int(got.max()) < n:
+            return got
+        outside.copy_(flat.index_select(0, outside.reshape(-1)).view(outside.shape))
 
 
 class EpochOrders:
