@@ -84,8 +84,16 @@ def main(a: argparse.Namespace) -> None:
         state = run.resume(out / "ckpt", model=model, optimizer=opt)
         g, me = (0 if a.plain else run.replica_group), os.getpid()
         log = open(out / f"steps-g{g}-r{run.rank}.jsonl", "a", buffering=1)  # noqa: SIM115
+        refused = False
+        if not a.plain:  # count= and preemption are left out under fault tolerance
+            try:
+                run.backward(torch.zeros((), requires_grad=True), count=1)
+            except NotImplementedError:
+                refused = True
         log.write(json.dumps({"ev": "start", "pid": me, "step": state.step,
-                              "restart": run.env.restart_count, "t": time.time()}) + "\n")
+                              "restart": run.env.restart_count, "t": time.time(),
+                              "count_refused": refused,
+                              "preempt_armed": run._preemption is not None}) + "\n")
         incarnation = run.env.restart_count
         taken = state.step  # steps of the run so far (plain)
         mine = 0  # steps this incarnation committed

@@ -33,6 +33,9 @@ def _run(tmp_path: Path, nproc: int, samples: int, kill: int, strategy: str = "d
     note = f"{strategy}: kill mid-step after step {kill}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     assert proc.returncode == 0, note
     s = summary(out)
+    starts = [json.loads(line) for f in out.glob("steps-g*-r*.jsonl")
+              for line in f.read_text().splitlines() if '"start"' in line]
+    assert starts and all(r["count_refused"] and not r["preempt_armed"] for r in starts), starts
     assert s["pids"][(0, 0)] == [s["done"][(0, 0)]["pid"]], note  # one survivor, never restarted
     # the kill spoiled one step of the survivors: discarded, then trained again
     assert s["survivor_attempted"] - s["survivor_committed"] == 1, note
