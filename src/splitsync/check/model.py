@@ -5,10 +5,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from splitsync.check.facts import Facts
+from typing import Any
 
 __all__ = ["SEVERITIES", "Hit", "Rule", "Finding", "Project"]
 
@@ -36,7 +33,8 @@ class Rule:
     severity: str
     summary: str
     explain: str
-    check: Callable[[Facts], Iterator[Hit]]
+    # called with a file's Facts (check/facts.py, which builds on this module: not imported)
+    check: Callable[[Any], Iterator[Hit]]
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:

@@ -5,7 +5,7 @@ A stream (see :func:`is_stream`) gets a
 :class:`~splitsync.data.loader.DeviceLoader`; a ``DataLoader`` passed in gives its own
 options to either. Both follow one protocol, :class:`ResumableLoader`, which is all the
 checkpoint code knows of loaders. Loaders call the run back only through their
-:class:`LoaderHooks`, which call observers directly: the walk from ``run.loader`` to the
+:class:`~splitsync.data.loader.LoaderHooks`, which call observers directly: the walk from ``run.loader`` to the
 first batch goes down the layers and never back into the run.
 """
 
@@ -20,7 +20,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from splitsync.data.custom import SamplerShards
-from splitsync.data.loader import DeviceLoader, ShardSampler, loader_kwargs_from
+from splitsync.data.loader import (
+    DeviceLoader,
+    LoaderHooks,
+    ShardSampler,
+    direct,
+    loader_kwargs_from,
+)
 from splitsync.data.stream.loader import StreamLoader
 from splitsync.data.stream.readers import StreamReaders
 from splitsync.data.stream.sources import HFSource, IterSource, Shards, Source, from_webdataset
@@ -32,29 +38,6 @@ __all__ = ["LoaderHooks", "ResumableLoader", "make_loader", "is_stream", "as_sou
 DEFAULT_BUFFER = 1024
 SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".jsonl", ".txt", ".json")
 _STREAM_REFUSED = ("sampler", "batch_sampler", "persistent_workers")
-
-
-def direct(op: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """A collective run as it is (no observer watches collectives)."""
-    return fn(*args)
-
-
-class LoaderHooks:
-    """What the loaders of one run call back into, updated when the run's observers change:
-    the observers to tell of a new pass, those that adjust loader arguments, how to run a
-    collective (through the observers' ``around_collective``), and the loader being iterated.
-    The loaders call observers directly, so no call goes back up into the run."""
-
-    # A plain class, not a frozen dataclass: the run replaces its fields when observers
-    # change, and every loader already made sees the change through the one object.
-    def __init__(self) -> None:
-        self.on_iter: tuple[Any, ...] = ()  # observers overriding on_loader_iter
-        self.on_batch: tuple[Any, ...] = ()  # observers overriding on_batch (ids computed
-        # only while there are some)
-        self.on_stream_batch: tuple[Any, ...] = ()  # those overriding on_stream_batch
-        self.adjust: tuple[Any, ...] = ()  # observers overriding loader_kwargs
-        self.collective: Callable[..., Any] = direct
-        self.active: Any = None  # the loader whose pass is under way
 
 
 @runtime_checkable

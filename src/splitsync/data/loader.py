@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sized
+from collections.abc import Callable, Iterator, Mapping, Sized
 from itertools import chain, islice
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils.data import (
@@ -21,10 +21,31 @@ from splitsync.data.order import ORDERS, PassOrder
 from splitsync.data.permute import EpochOrders
 from splitsync.distributed.device import move_to
 
-if TYPE_CHECKING:
-    from splitsync.data.build import LoaderHooks
+__all__ = ["ShardSampler", "DeviceLoader", "loader_kwargs_from", "ORDERS", "PassOrder",
+           "LoaderHooks", "direct"]
 
-__all__ = ["ShardSampler", "DeviceLoader", "loader_kwargs_from", "ORDERS", "PassOrder"]
+
+def direct(op: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """A collective run as it is (no observer watches collectives)."""
+    return fn(*args)
+
+
+class LoaderHooks:
+    """What the loaders of one run call back into, updated when the run's observers change:
+    the observers to tell of a new pass, those that adjust loader arguments, how to run a
+    collective (through the observers' ``around_collective``), and the loader being iterated.
+    The loaders call observers directly, so no call goes back up into the run."""
+
+    # A plain class, not a frozen dataclass: the run replaces its fields when observers
+    # change, and every loader already made sees the change through the one object.
+    def __init__(self) -> None:
+        self.on_iter: tuple[Any, ...] = ()  # observers overriding on_loader_iter
+        self.on_batch: tuple[Any, ...] = ()  # observers overriding on_batch (ids computed
+        # only while there are some)
+        self.on_stream_batch: tuple[Any, ...] = ()  # those overriding on_stream_batch
+        self.adjust: tuple[Any, ...] = ()  # observers overriding loader_kwargs
+        self.collective: Callable[..., Any] = direct
+        self.active: Any = None  # the loader whose pass is under way
 
 
 class ShardSampler(DistributedSampler):

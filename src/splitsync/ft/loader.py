@@ -24,7 +24,7 @@ from splitsync.ft.cursor import GroupBatches
 from splitsync.ft.session import FTSession
 
 if TYPE_CHECKING:
-    from splitsync.data.build import LoaderHooks
+    from splitsync.data.loader import LoaderHooks
 
 __all__ = ["FTLoader", "Handed"]
 

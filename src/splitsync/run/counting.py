@@ -25,7 +25,7 @@ import math
 import numbers
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from weakref import WeakKeyDictionary
 
 import torch
@@ -38,9 +38,24 @@ from splitsync.train.empty import backward_zero
 
 if TYPE_CHECKING:
     from splitsync.run.data import Loaders
-    from splitsync.run.step import StepPlan
 
-__all__ = ["Counting", "as_count", "unit_for", "observed_count", "MIXED"]
+__all__ = ["Counting", "as_count", "unit_for", "observed_count", "MIXED", "StepPlan"]
+
+
+class StepPlan(Protocol):
+    """What the counted backward and step read of ``run/step.py``'s StepPlan (named, not
+    imported: the plan imports this module)."""
+
+    micro: int
+    every: int
+    scaler: Any
+    stepped: bool
+    counting: Counting | None
+
+    def ends(self) -> bool: ...
+    def update_scale(self) -> Any: ...
+    def _step_plain(self, optimizer: torch.optim.Optimizer, clip: float | None = None
+                    ) -> StepResult: ...
 
 MIXED = ("run.backward: this accumulation window mixes micro-batches with and without "
          "count=. The step divides by the items of the whole window, so give count= on every "

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from splitsync.data.build import LoaderHooks, ResumableLoader, direct
+from splitsync.data.build import ResumableLoader
+from splitsync.data.loader import LoaderHooks, direct
 from splitsync.observe import Observer, chain_around, overriding
 
 __all__ = ["Loaders"]

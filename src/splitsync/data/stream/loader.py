@@ -26,7 +26,7 @@ from splitsync.distributed.device import move_to
 from splitsync.distributed.logs import get_logger
 
 if TYPE_CHECKING:
-    from splitsync.data.build import LoaderHooks
+    from splitsync.data.loader import LoaderHooks
 
 __all__ = ["StreamLoader", "AT_END", "SHARD_SHIFT", "sample_id", "batch_ids"]
 
