@@ -112,7 +112,7 @@ def _first_saves(root: str, rank: int, mode: str, res: dict[str, list[float]]) -
             res[key].append(time.perf_counter() - t)
             h.wait()
             _train_step(run, model, opt)
-        stager = run._checkpoints.checkpointer._stager  # noqa: SLF001 - measured, not used
+        stager = run._checkpoints._stager  # noqa: SLF001 - measured, not used
         res["staging_B"].append(float(stager.nbytes if stager is not None else 0))
         run.barrier()
         if rank == 0:

@@ -26,7 +26,7 @@ def _log_rank(rank: int, world_size: int, run_dir: str) -> tuple[list[dict], str
     with ss.init(seed=0, run_dir=run_dir) as run, contextlib.redirect_stdout(buf):
         # Numbers, a 0-d tensor, a one-element tensor, an int that differs by rank, a bool.
         records.append(run.log(epoch=1, loss=torch.tensor(1.0 + 2 * rank),
-                               acc=[0.5, 0.7][rank], count=torch.tensor([10 * (rank + 1)]),
+                               acc=[0.5, 0.7][rank], items=torch.tensor([10 * (rank + 1)]),
                                step=3 + rank, ok=True))
         records.append(run.log(epoch=2, loss=float(rank), lr=0.1))  # a new column
         for i in range(3):  # the same mix in a loop, as in a training step
@@ -50,7 +50,7 @@ def test_log_averages_over_ranks_and_writes_once(tmp_path: Path) -> None:
     first = rec0[0]
     assert first["loss"] == pytest.approx(2.0)     # (1 + 3) / 2
     assert first["acc"] == pytest.approx(0.6)
-    assert first["count"] == pytest.approx(15.0)   # tensors average as floats
+    assert first["items"] == pytest.approx(15.0)   # tensors average as floats
     assert first["step"] == 3.5                     # ints that differ become their mean
     assert first["epoch"] == 1 and isinstance(first["epoch"], int)  # same int stays an int
     assert first["ok"] == 1.0
@@ -60,7 +60,7 @@ def test_log_averages_over_ranks_and_writes_once(tmp_path: Path) -> None:
     assert out1 == ""
     lines = out0.splitlines()
     assert len(lines) == 5
-    assert lines[0].startswith("epoch 1 | loss 2 | acc 0.6 | count 15 | step 3.5")
+    assert lines[0].startswith("epoch 1 | loss 2 | acc 0.6 | items 15 | step 3.5")
 
     # Written once: five records, not ten.
     assert files0 == ["metrics.csv", "metrics.jsonl"] or "tensorboard" in files0
@@ -73,7 +73,7 @@ def test_log_averages_over_ranks_and_writes_once(tmp_path: Path) -> None:
         rows = list(csv.DictReader(f))
     assert len(rows) == 5
     # The header grew when "lr" appeared; earlier rows keep an empty cell for it.
-    assert list(rows[0]) == ["epoch", "loss", "acc", "count", "step", "ok", "lr"]
+    assert list(rows[0]) == ["epoch", "loss", "acc", "items", "step", "ok", "lr"]
     assert rows[0]["lr"] == "" and float(rows[1]["lr"]) == pytest.approx(0.1)
     assert float(rows[0]["loss"]) == pytest.approx(2.0)
 
