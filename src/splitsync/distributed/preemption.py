@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = [
     "PREEMPTED_EXIT_CODE", "DEFAULT_PREEMPT_SIGNALS", "DEFAULT_PREEMPT_GRACE", "NOTES_VAR",
@@ -106,24 +106,24 @@ class Request:
         return Request(int(rank), name, float(when))
 
 
-class Board:
+class Board(Protocol):
     """Where the ranks of one run agree on a stop step (one per run and rank)."""
 
     def request(self, req: Request) -> Request:
         """Ask every rank to stop; returns the request that counts (the first one)."""
-        raise NotImplementedError
+        ...
 
     def requested(self) -> Request | None:
         """The request, if any rank has made one (called by the watching thread)."""
-        raise NotImplementedError
+        ...
 
     def post(self, rank: int, steps: int) -> None:
         """This rank's completed optimizer steps, posted once."""
-        raise NotImplementedError
+        ...
 
     def stop_step(self) -> int | None:
         """The agreed stop step once every rank has posted, else None."""
-        raise NotImplementedError
+        ...
 
 
 class LocalBoard(Board):
