@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +21,7 @@ from splitsync.distributed.device import choose_device, default_backend
 from splitsync.distributed.env import batch_note, detect_env
 from splitsync.distributed.group import destroy_group, init_group
 from splitsync.distributed.logs import attach_rank_handler, get_logger
+from splitsync.distributed.mesh import build_mesh, mesh_shape
 from splitsync.distributed.preemption import DEFAULT_PREEMPT_GRACE, DEFAULT_PREEMPT_SIGNALS
 from splitsync.distributed.seeding import draw_seed, seed_everything
 from splitsync.distributed.threads import cpu_counts, launcher_threads
@@ -44,7 +45,8 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
          ft_heartbeat_ms: int = 100, ft_timeout: float = 30.0,
          ft_lighthouse: str | None = None,
          preempt_signals: Sequence[str | int] | None = DEFAULT_PREEMPT_SIGNALS,
-         preempt_grace: float = DEFAULT_PREEMPT_GRACE, **strategy_options: Any) -> Run:
+         preempt_grace: float = DEFAULT_PREEMPT_GRACE,
+         mesh: Mapping[str, int] | None = None, **strategy_options: Any) -> Run:
     """Detect the launcher, pick the device, form the process group and seed every RNG.
 
     ``loggers`` picks the trackers ``run.log`` writes to ("jsonl", "csv", "tensorboard",
@@ -69,6 +71,12 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
     ``ft_heartbeat_ms``: how often the group tells the Lighthouse it is alive;
     ``ft_timeout``: seconds a cross-group all-reduce, commit or recovery may take;
     ``ft_lighthouse``: the Lighthouse's address (default: ``TORCHFT_LIGHTHOUSE``).
+
+    ``mesh={"dp_replicate": 1, "dp_shard": -1, "tp": 2}``: one N-D ``DeviceMesh``
+    (``run.mesh``) with data-parallel replicate and shard sizes and a tensor-parallel size
+    (-1: the rest of the world size); ``run.model(m, tp_plan=...)`` splits the model over
+    ``tp`` and shards it over the data-parallel dimensions, and loaders deal batches over
+    the data-parallel replicas only (docs/tensor-parallel.md).
 
     Any other keyword is a strategy option (DDP's ``find_unused_parameters``, ...): one
     that the strategy does not take is refused here, naming the nearest valid keyword.
@@ -102,6 +110,20 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
                 "store is the group's): launch with `splitsync run --replica-groups R -n N "
                 "script.py`, or with `splitsync run -n N` per group (docs/fault-tolerance.md).")
     accumulate = accumulate_for(accumulate, env.world_size)
+    shape = None
+    if mesh is None and strategy == "tp":
+        raise ValueError("strategy='tp' lays the model out on init(mesh=...): pass mesh="
+                         "{'dp_shard': -1, 'tp': 2} (the sizes of your job) instead.")
+    if mesh is not None:
+        shape = mesh_shape(mesh, env.world_size)  # an impossible shape fails before the network
+        if ft is not None:
+            raise ValueError("init(mesh=...) and fault_tolerance='torchft' do not combine yet: "
+                             "a replica group is one data-parallel replica; drop one of them.")
+        if strategy not in ("auto", "tp"):
+            raise ValueError(f"init(mesh=...) lays the model out itself (tensor-parallel over "
+                             f"tp, FSDP2 over dp_replicate x dp_shard): drop strategy="
+                             f"{strategy!r}, or drop mesh= to use it.")
+        strategy = "tp"
     config = RunConfig(seed=seed, strategy=strategy, precision=precision,
                        device=None if device is None else str(device), backend=backend,
                        accumulate=accumulate, timeout=timeout, debug=debug, guards=guards,
@@ -110,7 +132,7 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
                        strategy_options=strategy_options, loggers=loggers,  # type: ignore[arg-type]
                        straggler_threshold=straggler_threshold, fault_tolerance=ft,
                        preempt_signals=preempt_signals,  # type: ignore[arg-type]
-                       preempt_grace=preempt_grace)
+                       preempt_grace=preempt_grace, mesh=shape)
     config = attached.configure(config, os.environ)  # a tool may impose strategy, accumulate
     strategy = config.strategy
     if strategy_options:  # a misspelt keyword fails here, at every world size
@@ -128,6 +150,9 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         # with guards on, collectives wait a little less so the explained error fits in
         owns = init_group(env, chosen_backend, dev, attached.collective_timeout(config, env.world_size))
     try:
+        device_mesh = None
+        if shape is not None and env.world_size > 1:
+            device_mesh = build_mesh(shape, dev.type)  # a collective: every rank, now
         if deterministic:
             torch.use_deterministic_algorithms(True)
         final_seed = seed if seed is not None else comm.broadcast_object(draw_seed())
@@ -148,7 +173,7 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
                          precision=policy, observers=observers, ft=ft)
     else:
         run = Run(config, env, dev, chosen_backend, final_seed, owns, handler,
-                  precision=policy, observers=observers)
+                  precision=policy, observers=observers, device_mesh=device_mesh)
     # A run never closed (``run = ss.init()`` without ``with`` or ``run.close()``) closes
     # itself at interpreter exit, before torch's own exit work and the teardown of its
     # threads and stores; ``run.close()`` takes this back.

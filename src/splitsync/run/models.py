@@ -49,11 +49,14 @@ class Models:
 
     def __init__(self, device: torch.device, world_size: int, rank: int, plan: StepPlan,
                  default_strategy: str, strategy_options: Mapping[str, Any],
-                 local_world_size: int | None = None) -> None:
+                 local_world_size: int | None = None, *, mesh: Any = None,
+                 mesh_shape: Any = None) -> None:
         self.device = device
         self.world_size = world_size
         self.rank = rank
         self.local_world_size = local_world_size
+        self.mesh = mesh  # init(mesh=...)'s DeviceMesh, and its sizes (also at one process)
+        self.mesh_shape = mesh_shape
         self.plan = plan
         self.default_strategy = default_strategy
         self.strategy_options = dict(strategy_options)
@@ -72,6 +75,12 @@ class Models:
              activation_checkpointing: Any = None) -> nn.Module:
         """See ``Run.model``."""
         requested = strategy or self.default_strategy
+        if self.mesh_shape is not None and requested not in ("auto", "tp"):
+            raise ValueError(f"run.model(strategy={requested!r}) under init(mesh=...): the mesh "
+                             "lays the model out (tensor-parallel over tp, FSDP2 over the "
+                             "data-parallel dims); drop strategy=.")
+        if self.mesh_shape is not None:
+            requested = "tp"
         name = resolve(requested, self.world_size)
         # checked against the strategy asked for, so a typo fails at every world size
         check_options(requested, name, options, where="run.model()", parameters=MODEL_KEYWORDS)
@@ -90,7 +99,7 @@ class Models:
         apply_activation_checkpointing(module, activation_checkpointing,
                                        lambda: strat.blocks(module, options))
         ctx = WrapContext(self.device, self.world_size, self.rank, self.plan.precision,
-                          self.local_world_size)
+                          self.local_world_size, self.mesh, self.mesh_shape)
         template, error = _template(strat, module)  # FSDP2 modules cannot be copied later
         wrapped = strat.wrap(module, ctx, options)
         if compile:

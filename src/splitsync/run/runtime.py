@@ -32,6 +32,7 @@ from splitsync.distributed.device import move_to
 from splitsync.distributed.env import DistEnv
 from splitsync.distributed.group import destroy_group
 from splitsync.distributed.logs import get_logger
+from splitsync.distributed.mesh import MeshShape
 from splitsync.distributed.seeding import Generators
 from splitsync.errors import Preempted
 from splitsync.observe import Observer, appended, overriding
@@ -57,7 +58,8 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
 
     def __init__(self, config: RunConfig, env: DistEnv, device: torch.device, backend: str,
                  seed: int, owns_group: bool, handler: logging.Handler | None, *,
-                 precision: Precision, observers: Sequence[Observer] = ()) -> None:
+                 precision: Precision, observers: Sequence[Observer] = (),
+                 device_mesh: Any = None) -> None:
         self.config = config
         self.env = env
         self.device = device
@@ -67,6 +69,13 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         self.local_rank = env.local_rank
         self.world_size = env.world_size
         self.is_main = env.rank == 0
+        #: the N-D DeviceMesh of init(mesh=...) (None without one, or in one process)
+        self.mesh = device_mesh
+        shape = config.mesh if config.mesh is not None else MeshShape(1, env.world_size, 1)
+        self.dp_rank = shape.dp_rank(env.rank)  # the data-parallel replica this rank is in
+        self.dp_size = shape.dp_size  # replicas that read different batches
+        self.tp_rank = shape.tp_rank(env.rank)  # this rank's place in its TP group
+        self.tp_size = shape.tp
         self.log_handler = handler
         self._owns_group = owns_group
         self._closed = False
@@ -74,10 +83,13 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         self._plan = StepPlan(precision, config.accumulate)
         self._data = Loaders()
         self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
-                              config.strategy_options, env.local_world_size)
+                              config.strategy_options, env.local_world_size,
+                              mesh=device_mesh, mesh_shape=config.mesh)
         self._collectives = Collectives(device, self._data)
-        self._training = Training(self._plan, self._data, self.world_size,
-                                  self._new_optimizer, partial(self._collectives.reduce, op="sum"))
+        # count= sums items over the data-parallel replicas: the ranks of a TP group count
+        # the same batch, so the sum over all ranks is divided by their number
+        self._training = Training(self._plan, self._data, self.dp_size, self._new_optimizer,
+                                  partial(_per_replica, self._collectives.reduce, self.tp_size))
         self._plan.ends = self._data.run_ends  # the run's last batch closes its last window
         self._data.on_end = self._training.epochs_ended
         self._generators = Generators(seed, self.rank)
@@ -192,8 +204,9 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         indexable a :class:`~splitsync.data.loader.DeviceLoader`; both keep a position
         (``position()``, ``restore()``) that ``run.save``/``run.resume`` carry."""
         loader = make_loader(data, batch_size, shuffle=shuffle, drop_last=drop_last,
-                             num_workers=num_workers, collate_fn=collate_fn, rank=self.rank,
-                             world_size=self.world_size, seed=self.seed, device=self.device,
+                             num_workers=num_workers, collate_fn=collate_fn,
+                             rank=self.dp_rank, world_size=self.dp_size,  # a TP group alike
+                             seed=self.seed, device=self.device,
                              hooks=self._data.hooks, **extra)
         self._data.all.append(loader)
         self._checkpoints.attach_loader(loader)  # made after run.resume: continue from it
@@ -315,3 +328,10 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
     def __repr__(self) -> str:
         return (f"Run(rank={self.rank}, world_size={self.world_size}, device={self.device}, "
                 f"backend={self.backend!r})")
+
+
+def _per_replica(reduce: Any, tp_size: int, value: float) -> float:
+    """The sum of ``value`` over the data-parallel replicas (each TP group's ranks hold the
+    same one): the sum over all ranks, divided by the TP size."""
+    total = reduce(value, op="sum")
+    return total / tp_size if tp_size > 1 else total

@@ -27,6 +27,7 @@ __all__ = ["Strategy", "SyncSetter", "WrapContext", "STRATEGY_NAMES", "resolve",
 _MODULES: Mapping[str, str] = {
     "single": "splitsync.strategies.single",
     "ddp": "splitsync.strategies.ddp",
+    "tp": "splitsync.strategies.tp",
     "hsdp": "splitsync.strategies.hsdp",
     "fsdp": "splitsync.strategies.fsdp",
     "dp": "splitsync.strategies.dp",
