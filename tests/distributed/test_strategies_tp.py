@@ -10,6 +10,8 @@ missed all-reduce), which shows at 1e-3 and above.
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +20,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 import splitsync as ss
-from splitsync.testing import spawn
+from splitsync.testing import clean_env, spawn
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -201,13 +203,59 @@ def tp_ranks(rank: int, world: int, root: str) -> dict[str, Any]:
             out[f"{name}.loaded"] = full(model)
             out[f"{name}.params"], out[f"{name}.seen"] = train(run, model, opt, iter(loader),
                                                                STEPS - 2, masked=True)
+    with ss.init(seed=0, mesh={"dp_shard": 2, "tp": 2}) as run:
+        out["hf"] = hf_steps(run, llama(), GLOBAL // run.dp_size)
+    dist.destroy_process_group()
+    if rank == 0:  # the same checkpoint, resumed by one process
+        env = clean_env()
+        os.environ.clear()
+        os.environ.update(env)
+        with ss.init(seed=0, mesh={"tp": 1}, accumulate=2) as run:
+            out["one.who"] = (run.mesh, run.dp_rank, run.dp_size, run.tp_rank, run.tp_size)
+            model = run.model(tiny(), tp_plan=plan())
+            opt = torch.optim.SGD(model.parameters(), lr=LR)
+            loader = run.loader(Tokens(), GLOBAL // 2)
+            run.resume(root, model=model, optimizer=opt)
+            out["one.loaded"] = full(model)
+            out["one.params"], out["one.seen"] = train(run, model, opt, iter(loader),
+                                                       STEPS - 2, masked=True)
+    return out
+
+
+def llama() -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=2 * DIM,
+                         num_hidden_layers=2, num_attention_heads=HEADS,
+                         num_key_value_heads=HEADS, max_position_embeddings=SEQ)
+    return LlamaForCausalLM(config).double()
+
+
+def hf_steps(run: ss.Run | None, model: nn.Module, batch: int) -> list[torch.Tensor]:
+    """Two SGD steps of a Hugging Face causal LM on the first samples; the weights after."""
+    if run is not None:
+        model = run.model(model, tp_plan="auto")
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    start = 0 if run is None else run.dp_rank * batch
+    data, out = Tokens(), []
+    for s in range(2):
+        tokens = torch.stack([data[s * GLOBAL + start + i][0] for i in range(batch)])
+        loss = model(input_ids=tokens[:, :-1], labels=tokens[:, :-1]).loss
+        run.backward(loss) if run is not None else loss.backward()
+        run.step(opt) if run is not None else (opt.step(), opt.zero_grad())
+        out.append(full(model))
     return out
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    root = str(tmp_path_factory.mktemp("tp") / "ckpt")
-    return spawn(tp_ranks, 4, root, timeout=500)
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tp") / "ckpt"
+
+
+@pytest.fixture(scope="module")
+def ranks(root: Path) -> list[dict[str, Any]]:
+    return spawn(tp_ranks, 4, str(root), timeout=500)
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -287,3 +335,35 @@ def test_the_clip_binds_in_every_step() -> None:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf)
         assert norm > 2 * CLIP
         model.zero_grad()
+
+
+def test_one_process_resumes_the_tp_checkpoint(ranks: list[dict[str, Any]]) -> None:
+    want, _ = reference(STEPS, masked=True)
+    one = ranks[0]
+    assert one["one.who"] == (None, 0, 1, 0, 1)
+    assert torch.equal(one["one.loaded"], one["count.params"][1])
+    for s, got in enumerate(one["one.params"], start=2):
+        assert close(got, want[s]) < 1e-9, s
+    before = [i for r in (ranks[0], ranks[2]) for step in r["count.seen"][:2] for i in step]
+    after = [i for step in one["one.seen"] for i in step]
+    assert sorted(before + after) == list(range(STEPS * GLOBAL))
+
+
+def test_a_hugging_face_causal_lm_runs_with_the_auto_plan(ranks: list[dict[str, Any]]) -> None:
+    want = hf_steps(None, llama(), GLOBAL)
+    for r in ranks:
+        for s in range(2):
+            assert close(r["hf"][s], want[s]) < 1e-9, s
+
+
+def test_ckpt_convert_writes_one_file_from_a_tp_checkpoint(ranks: list[dict[str, Any]],
+                                                          root: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from splitsync.cli import main as cli
+
+    out = tmp_path / "tiny.safetensors"
+    assert cli(["ckpt", "convert", str(root), str(out)]) == 0
+    model = tiny()
+    model.load_state_dict(load_file(str(out)))
+    assert torch.equal(full(model), ranks[0]["count.params"][1])  # the step-2 save
