@@ -21,7 +21,7 @@ from splitsync.distributed.device import choose_device, default_backend
 from splitsync.distributed.env import batch_note, detect_env
 from splitsync.distributed.group import destroy_group, init_group
 from splitsync.distributed.logs import attach_rank_handler, get_logger
-from splitsync.distributed.mesh import build_mesh, mesh_shape
+from splitsync.distributed.mesh import build_mesh, mesh_shape, tp_spans_nodes
 from splitsync.distributed.preemption import DEFAULT_PREEMPT_GRACE, DEFAULT_PREEMPT_SIGNALS
 from splitsync.distributed.seeding import draw_seed, seed_everything
 from splitsync.distributed.threads import cpu_counts, launcher_threads
@@ -158,6 +158,11 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         final_seed = seed if seed is not None else comm.broadcast_object(draw_seed())
         seed_everything(final_seed)
         handler = attach_rank_handler(env.rank, env.world_size)
+        if shape is not None and env.rank == 0 and tp_spans_nodes(shape, env.local_world_size):
+            get_logger().warning(
+                f"init(mesh=...): tp={shape.tp} does not divide the {env.local_world_size} "
+                "processes of a node, so tensor-parallel groups span nodes and every layer's "
+                "all-reduce crosses the network; make tp a divisor of the processes per node.")
         for note in (threads and threads.note, batch_note(os.environ, env)):
             if note and env.rank == 0:
                 get_logger().info(note)

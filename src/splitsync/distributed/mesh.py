@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MESH_NAMES", "MeshShape", "mesh_shape", "build_mesh"]
+__all__ = ["MESH_NAMES", "MeshShape", "mesh_shape", "build_mesh", "tp_spans_nodes"]
 
 #: The mesh's dimension names, outermost first (what scripts write in init(mesh=...)).
 MESH_NAMES: tuple[str, ...] = ("dp_replicate", "dp_shard", "tp")
@@ -106,6 +106,12 @@ def mesh_shape(mesh: Mapping[str, Any], world_size: int) -> MeshShape:
             "the sizes must multiply to the world size (give one of them as -1 for the "
             "rest).")
     return MeshShape(sizes["dp_replicate"], sizes["dp_shard"], sizes["tp"])
+
+
+def tp_spans_nodes(shape: MeshShape, local_world_size: int) -> bool:
+    """Whether a tensor-parallel group would span nodes (``tp`` does not divide the processes
+    of one node): its all-reduces, one per layer, would cross the slow links."""
+    return shape.tp > 1 and local_world_size % shape.tp != 0
 
 
 def build_mesh(shape: MeshShape, device_type: str) -> Any:

@@ -81,6 +81,10 @@ class Models:
                              "data-parallel dims); drop strategy=.")
         if self.mesh_shape is not None:
             requested = "tp"
+        elif "tp_plan" in options:
+            raise ValueError("run.model(m, tp_plan=...) splits the model over the mesh's tp "
+                             "dimension: pass init(mesh={'dp_shard': -1, 'tp': 2}) (your "
+                             "sizes) to splitsync.init.")
         name = resolve(requested, self.world_size)
         # checked against the strategy asked for, so a typo fails at every world size
         check_options(requested, name, options, where="run.model()", parameters=MODEL_KEYWORDS)
