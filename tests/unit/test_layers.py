@@ -19,15 +19,16 @@ ROOT = Path(splitsync.__file__).resolve().parent
 # the layer of its longest matching prefix, and may import its own layer and lower ones only.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("splitsync.errors", "splitsync.tree", "splitsync.version",
-              "splitsync.distributed")),
+              "splitsync.distributed", "splitsync.preemption")),
     ("check", ("splitsync.check",)),  # the linter: a product of its own (see below)
     ("mechanics", ("splitsync.observe", "splitsync.train", "splitsync.strategies",
                    "splitsync.data", "splitsync.output", "splitsync.ckpt")),
     ("run", ("splitsync.run", "splitsync.ft")),  # ft: the Run of a fault-tolerant job
     ("observers", ("splitsync.observers",)),  # what init attaches to a run
     ("launch", ("splitsync.launch", "splitsync.testing")),
-    ("tools", ("splitsync.tools",)),  # offline programs: verify's runner, plan, audit, envreport
     ("api", ("splitsync", "splitsync.api")),  # "splitsync" alone: the package itself
+    # a feature family's programs (verify, plan, audit, goodput, envreport), over the public API
+    ("tools", ("splitsync.tools",)),
     ("apps", ("splitsync.bench",)),
     ("commands", ("splitsync.commands", "splitsync.cli", "splitsync.__main__")),
 )
