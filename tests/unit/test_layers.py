@@ -250,3 +250,30 @@ def test_rooms_stay_small() -> None:
     assert not long_classes, long_classes
     online = sorted(p.name for p in (ROOT / "ckpt").glob("*.py"))
     assert len(online) <= MAX_CKPT_MODULES, online
+
+
+# The wrapper classes of torch's data-parallel strategies: only strategies/ may test for them
+WRAPPER_TYPES = ("DistributedDataParallel", "FSDPModule", "FullyShardedDataParallel",
+                 "DataParallel", "ReplicateModule")
+
+
+def _wrapper_checks(tree: ast.Module) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id in ("isinstance", "issubclass") and len(node.args) == 2:
+            named = {n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", "")
+                     for n in ast.walk(node.args[1])}
+            found += [f"line {node.lineno}: {w}" for w in WRAPPER_TYPES if w in named]
+    return found
+
+
+def test_only_strategies_check_a_wrapper_type() -> None:
+    """What differs by strategy lives in strategies/: no other module asks whether a model is
+    wrapped by DDP or FSDP (it asks its strategy, ``strategies.for_model``)."""
+    bad = [f"{mod} {hit}" for mod, path in MODULES.items()
+           if not mod.startswith("splitsync.strategies")
+           for hit in _wrapper_checks(ast.parse(path.read_text()))]
+    assert not bad, bad
+    sample = ast.parse("isinstance(m, (nn.Linear, FSDPModule))\nisinstance(m, nn.Linear)")
+    assert _wrapper_checks(sample) == ["line 1: FSDPModule"]  # the check sees tuples of types
