@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-HELP = "Inspect, convert (to safetensors / Hugging Face) and verify checkpoints offline."
 DESCRIPTION = """\
 Work with the checkpoints run.save writes, in one process, without a process group or a GPU.
 DIR is the directory given to run.save / run.resume (holding step-NNNNNN/ folders) or one
