@@ -161,6 +161,12 @@ def _wrap(module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn
                          "pass run.model(m, tp_plan={...}) (or tp_plan=\"auto\" for a Hugging "
                          "Face model), or make the mesh tp=1.")
     if shape.dp_size == 1:
+        unused = sorted(k for k in ("offload", "blocks", "reshard_after_forward") if k in rest)
+        if unused:
+            raise ValueError(f"run.model({', '.join(f'{k}=' for k in unused)}...): these "
+                             "are FSDP2's options over the data-parallel dims, and this mesh "
+                             f"has one replica ({shape.as_dict()}): nothing is sharded. Drop "
+                             "them, or give the mesh dp_shard > 1.")
         return module
     return shard(module, ctx, rest, dp_mesh(ctx.mesh, shape), "tp")
 
@@ -182,6 +188,13 @@ class TP(FSDP):
 
     def wrap(self, module: nn.Module, ctx: WrapContext, options: Mapping[str, Any]) -> nn.Module:
         return _wrap(module, ctx, options)
+
+    def compile(self, model: nn.Module, options: Mapping[str, Any]) -> nn.Module:
+        if is_tp(model):
+            raise ValueError("run.model(compile=...) with a tensor-parallel plan is not "
+                             "supported yet: compile the blocks yourself after run.model, or "
+                             "drop compile= (or make the mesh tp=1).")
+        return super().compile(model, options)
 
     def sync_setter(self, model: nn.Module) -> SyncSetter | None:
         if not _is_fsdp(model):
