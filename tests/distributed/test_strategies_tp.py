@@ -206,6 +206,16 @@ def tp_ranks(rank: int, world: int, root: str) -> dict[str, Any]:
                                                                STEPS - 2, masked=True)
     with ss.init(seed=0, mesh={"dp_shard": 2, "tp": 2}) as run:
         out["hf"] = hf_steps(run, llama(), GLOBAL // run.dp_size)
+    # the sample ledger: 2 steps at (dp 2, tp 2), saved, the rest of the epoch at (dp 4, tp 1)
+    # (2 samples per replica in both: the audit vouches for a resumed order at one batch size)
+    for mesh, steps in (({"dp_shard": 2, "tp": 2}, 2), ({"dp_shard": 4}, (N - 2 * 4) // 8)):
+        with ss.init(seed=0, mesh=mesh, ledger=True, run_dir=root + "-ledger") as run:
+            model = run.model(tiny(), tp_plan=plan())
+            opt = torch.optim.SGD(model.parameters(), lr=LR)
+            loader = run.loader(Tokens(), 2)
+            run.resume(root + "-ledger/ckpt", model=model, optimizer=opt)
+            train(run, model, opt, iter(loader), steps)
+            run.save(root + "-ledger/ckpt")
     with ss.init(seed=0, mesh={"dp_shard": 2, "tp": 2}, precision="bf16-mixed") as run:
         model = run.model(tiny().float(), tp_plan=plan())
         opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -396,3 +406,12 @@ def test_what_a_tp_model_refuses(ranks: list[dict[str, Any]]) -> None:
     compile_, offload = ranks[0]["refused"]
     assert "compile=" in compile_ and "not supported yet" in compile_
     assert "offload=" in offload and "one replica" in offload
+
+
+def test_the_ledger_counts_samples_per_replica(ranks: list[dict[str, Any]], root: Path) -> None:
+    from splitsync.tools.audit.audit import audit
+
+    report = audit(str(root) + "-ledger")
+    assert report.ok, report.findings
+    assert [(e.epoch, e.samples, e.once, e.more, e.never, e.status) for e in report.epochs] == [
+        (0, N, N, 0, 0, "exactly once")]
