@@ -204,6 +204,16 @@ def tp_ranks(rank: int, world: int, root: str) -> dict[str, Any]:
             out[f"{name}.loaded"] = full(model)
             out[f"{name}.params"], out[f"{name}.seen"] = train(run, model, opt, iter(loader),
                                                                STEPS - 2, masked=True)
+    return out
+
+
+def more_ranks(rank: int, world: int, root: str) -> dict[str, Any]:
+    """The extended phases: a Hugging Face model, bf16-mixed, refusals, the ledger, and one
+    process resuming the checkpoint the first spawn wrote."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    out: dict[str, Any] = {}
     with ss.init(seed=0, mesh={"dp_shard": 2, "tp": 2}) as run:
         out["hf"] = hf_steps(run, llama(), GLOBAL // run.dp_size)
     # the sample ledger: 2 steps at (dp 2, tp 2), saved, the rest of the epoch at (dp 4, tp 1)
@@ -279,6 +289,11 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def ranks(root: Path) -> list[dict[str, Any]]:
     return spawn(tp_ranks, 4, str(root), timeout=500)
+
+
+@pytest.fixture(scope="module")
+def more(ranks: list[dict[str, Any]], root: Path) -> list[dict[str, Any]]:
+    return spawn(more_ranks, 4, str(root), timeout=500)
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -360,21 +375,24 @@ def test_the_clip_binds_in_every_step() -> None:
         model.zero_grad()
 
 
-def test_one_process_resumes_the_tp_checkpoint(ranks: list[dict[str, Any]]) -> None:
+@pytest.mark.extended
+def test_one_process_resumes_the_tp_checkpoint(ranks: list[dict[str, Any]],
+                                              more: list[dict[str, Any]]) -> None:
     want, _ = reference(STEPS, masked=True)
-    one = ranks[0]
+    one = {**ranks[0], **more[0]}
     assert one["one.who"] == (None, 0, 1, 0, 1)
     assert torch.equal(one["one.loaded"], one["count.params"][1])
     for s, got in enumerate(one["one.params"], start=2):
         assert close(got, want[s]) < 1e-9, s
     before = [i for r in (ranks[0], ranks[2]) for step in r["count.seen"][:2] for i in step]
-    after = [i for step in one["one.seen"] for i in step]
+    after = [i for step in one["one.seen"] for i in step]  # (one["one.*"]: from more)
     assert sorted(before + after) == list(range(STEPS * GLOBAL))
 
 
-def test_a_hugging_face_causal_lm_runs_with_the_auto_plan(ranks: list[dict[str, Any]]) -> None:
+@pytest.mark.extended
+def test_a_hugging_face_causal_lm_runs_with_the_auto_plan(more: list[dict[str, Any]]) -> None:
     want = hf_steps(None, llama(), GLOBAL)
-    for r in ranks:
+    for r in more:
         for s in range(2):
             assert close(r["hf"][s], want[s]) < 1e-9, s
 
@@ -392,23 +410,26 @@ def test_ckpt_convert_writes_one_file_from_a_tp_checkpoint(ranks: list[dict[str,
     assert torch.equal(full(model), ranks[0]["count.params"][1])  # the step-2 save
 
 
-def test_bf16_mixed_trains_close_to_float32(ranks: list[dict[str, Any]]) -> None:
+@pytest.mark.extended
+def test_bf16_mixed_trains_close_to_float32(more: list[dict[str, Any]]) -> None:
     want, _ = reference(STEPS, dtype=torch.float32)
     moved = close(want[-1], full(tiny()).float())  # how far float32 training went
-    for r in ranks:
+    for r in more:
         assert r["bf16"][-1].dtype == torch.float32  # the weights stay float32
         # bf16 compute keeps ~3 significant digits: well within the distance trained
         assert close(r["bf16"][-1], want[-1]) < moved / 5, (close(r["bf16"][-1], want[-1]),
                                                             moved)
 
 
-def test_what_a_tp_model_refuses(ranks: list[dict[str, Any]]) -> None:
-    compile_, offload = ranks[0]["refused"]
+@pytest.mark.extended
+def test_what_a_tp_model_refuses(more: list[dict[str, Any]]) -> None:
+    compile_, offload = more[0]["refused"]
     assert "compile=" in compile_ and "not supported yet" in compile_
     assert "offload=" in offload and "one replica" in offload
 
 
-def test_the_ledger_counts_samples_per_replica(ranks: list[dict[str, Any]], root: Path) -> None:
+@pytest.mark.extended
+def test_the_ledger_counts_samples_per_replica(more: list[dict[str, Any]], root: Path) -> None:
     from splitsync.tools.audit.audit import audit
 
     report = audit(str(root) + "-ledger")
