@@ -17,6 +17,7 @@ they say only that both run.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -132,13 +133,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     args = p.parse_args()
-    ours, mine, rank = with_splitsync(args)  # forms the group; the hand-written loop reuses it
-    # (run.close() left the group up only if it did not own it: form a fresh one)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    device = (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
-              else torch.device("cpu"))
+    # one group for both loops: formed here, found (and left up) by ss.init
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     theirs, hand = handwritten(args, device)
+    ours, mine, rank = with_splitsync(args)
     if rank == 0:
         a, b = statistics.median(ours), statistics.median(theirs)
         print(f"tp {args.tp}, world {dist.get_world_size()}, dim {args.dim}, layers "
