@@ -144,14 +144,9 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         if owns:
             destroy_group()
         raise
-    if ft is not None:
-        from splitsync.ft.runtime import FTRun
-
-        run: Run = FTRun(config, env, dev, chosen_backend, final_seed, owns, handler,
-                         precision=policy, observers=observers, ft=ft)
-    else:
-        run = Run(config, env, dev, chosen_backend, final_seed, owns, handler,
-                  precision=policy, observers=observers)
+    # under fault tolerance the Run builds its part from config.fault_tolerance
+    run = Run(config, env, dev, chosen_backend, final_seed, owns, handler, precision=policy,
+              observers=observers)
     # A run never closed (``run = ss.init()`` without ``with`` or ``run.close()``) closes
     # itself at interpreter exit, before torch's own exit work and the teardown of its
     # threads and stores; ``run.close()`` takes this back.
