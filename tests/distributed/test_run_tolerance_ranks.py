@@ -22,7 +22,8 @@ def _log(rank: int, world: int) -> list[dict[str, Any]]:
     with splitsync.init(seed=0) as plain:
         ft = FTOptions(group=0, groups=2, lighthouse="http://127.0.0.1:1")
         run = Run(replace(plain.config, fault_tolerance=ft), plain.env, plain.device, "gloo",
-                  0, False, None, precision=get_precision("32", plain.device))
+                  0, False, None, precision=get_precision("32", plain.device),
+                  strategy="ddp")
         try:
             out = []
             for committed in (False, True):

@@ -59,7 +59,7 @@ def _ft_run(rank_in_quorum: int | None = 0) -> Run:
         config, env, device = plain.config, plain.env, plain.device
     ft = FTOptions(group=0, groups=2, lighthouse="http://127.0.0.1:1")
     run = Run(replace(config, fault_tolerance=ft), env, device, "gloo", 0, False, None,
-              precision=get_precision("32", device))
+              precision=get_precision("32", device), strategy="single")
     run.session.rank_in_quorum = rank_in_quorum
     return run
 

@@ -58,7 +58,8 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
 
     def __init__(self, config: RunConfig, env: DistEnv, device: torch.device, backend: str,
                  seed: int, owns_group: bool, handler: logging.Handler | None, *,
-                 precision: Precision, observers: Sequence[Observer] = ()) -> None:
+                 precision: Precision, observers: Sequence[Observer] = (),
+                 strategy: str) -> None:
         self.config = config
         self.env = env
         self.device = device
@@ -74,8 +75,9 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         # backward/step functions for this precision and accumulation, chosen once
         self._plan = StepPlan(precision, config.accumulate)
         self._data = Loaders()
+        # strategy: config.strategy as init resolved it for this world size ("auto" -> ...)
         self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
-                              config.strategy_options, env.local_world_size)
+                              config.strategy_options, env.local_world_size, resolved=strategy)
         self._collectives = Collectives(device, self._data)
         self._training = Training(self._plan, self._data, self.world_size,
                                   self._new_optimizer, partial(self._collectives.reduce, op="sum"))
@@ -86,7 +88,7 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         self._step_watch: tuple[Observer, ...] = ()
         self._checkpoints = Checkpointer(self.rank, self.world_size, self._data.all,
                                          generators=self._generators, timeout=config.timeout,
-                                         blocking=config.save_blocking,
+                                         save_blocking=config.save_blocking,
                                          watch=self._watch_steps, unwatch=self._unwatch_steps,
                                          wrapped=self._wrapped, window=self._training)
         self._logging = Logging(config, device, self.is_main,
