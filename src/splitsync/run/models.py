@@ -16,6 +16,7 @@ from splitsync.run.step import StepPlan
 from splitsync.strategies import (
     Strategy,
     WrapContext,
+    check_name,
     check_options,
     for_model,
     get_strategy,
@@ -49,7 +50,7 @@ class Models:
 
     def __init__(self, device: torch.device, world_size: int, rank: int, plan: StepPlan,
                  default_strategy: str, strategy_options: Mapping[str, Any],
-                 local_world_size: int | None = None, *, mesh: Any = None,
+                 local_world_size: int | None = None, *, resolved: str, mesh: Any = None,
                  mesh_shape: Any = None) -> None:
         self.device = device
         self.world_size = world_size
@@ -58,7 +59,8 @@ class Models:
         self.mesh = mesh  # init(mesh=...)'s DeviceMesh, and its sizes (also at one process)
         self.mesh_shape = mesh_shape
         self.plan = plan
-        self.default_strategy = default_strategy
+        self.default_strategy = default_strategy  # init(strategy=...), "auto" kept
+        self.resolved = resolved  # what init resolved it to, once (strategies.resolve)
         self.strategy_options = dict(strategy_options)
         self._strategies: WeakKeyDictionary[nn.Module, Strategy] = WeakKeyDictionary()
         self._made: WeakKeyDictionary[nn.Module, Wrapped] = WeakKeyDictionary()
@@ -74,18 +76,20 @@ class Models:
              compile: bool | dict[str, Any], autocast: bool, options: Mapping[str, Any],
              activation_checkpointing: Any = None) -> nn.Module:
         """See ``Run.model``."""
-        requested = strategy or self.default_strategy
-        if self.mesh_shape is not None and requested not in ("auto", "tp"):
-            raise ValueError(f"run.model(strategy={requested!r}) under init(mesh=...): the mesh "
+        if self.mesh_shape is not None and strategy not in (None, "auto", "tp"):
+            raise ValueError(f"run.model(strategy={strategy!r}) under init(mesh=...): the mesh "
                              "lays the model out (tensor-parallel over tp, FSDP2 over the "
                              "data-parallel dims); drop strategy=.")
         if self.mesh_shape is not None:
-            requested = "tp"
+            strategy = None  # init's: "tp"
         elif "tp_plan" in options:
             raise ValueError("run.model(m, tp_plan=...) splits the model over the mesh's tp "
                              "dimension: pass init(mesh={'dp_shard': -1, 'tp': 2}) (your "
                              "sizes) to splitsync.init.")
-        name = resolve(requested, self.world_size)
+        if strategy is None:  # init's strategy, resolved by init
+            requested, name = self.default_strategy, self.resolved
+        else:  # run.model's own: checked and resolved here, once
+            requested, name = check_name(strategy), resolve(strategy, self.world_size)
         # checked against the strategy asked for, so a typo fails at every world size
         check_options(requested, name, options, where="run.model()", parameters=MODEL_KEYWORDS)
         strat = get_strategy(name)
