@@ -71,20 +71,12 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         # with guards on, collectives wait a little less so the explained error fits in
         owns = init_group(env, chosen_backend, dev, attached.collective_timeout(config, env.world_size))
     try:
-        shape = config.mesh
-        device_mesh = None
-        if shape is not None and env.world_size > 1:
-            device_mesh = build_mesh(shape, dev.type)  # a collective: every rank, now
+        device_mesh = _device_mesh(config.mesh, env, dev)  # a collective: every rank, now
         if deterministic:
             torch.use_deterministic_algorithms(True)
         final_seed = seed if seed is not None else comm.broadcast_object(draw_seed())
         seed_everything(final_seed)
         handler = attach_rank_handler(env.rank, env.world_size)
-        if shape is not None and env.rank == 0 and tp_spans_nodes(shape, env.local_world_size):
-            get_logger().warning(
-                f"init(mesh=...): tp={shape.tp} does not divide the {env.local_world_size} "
-                "processes of a node, so tensor-parallel groups span nodes and every layer's "
-                "all-reduce crosses the network; make tp a divisor of the processes per node.")
         for note in (chosen.threads_note, batch_note(os.environ, env)):
             if note and env.rank == 0:
                 get_logger().info(note)
@@ -214,6 +206,19 @@ def _mesh(given: dict[str, Any], world_size: int, ft: bool) -> MeshShape | None:
                          f"{strategy!r}, or drop mesh= to use it.")
     given["strategy"] = "tp"
     return shape
+
+
+def _device_mesh(shape: MeshShape | None, env: DistEnv, dev: torch.device) -> Any:
+    """The job's DeviceMesh under ``init(mesh=...)`` (None without one, or in one process);
+    rank 0 warns when a tensor-parallel group would span nodes."""
+    if shape is None or env.world_size == 1:
+        return None
+    if env.rank == 0 and tp_spans_nodes(shape, env.local_world_size):
+        get_logger().warning(
+            f"init(mesh=...): tp={shape.tp} does not divide the {env.local_world_size} "
+            "processes of a node, so tensor-parallel groups span nodes and every layer's "
+            "all-reduce crosses the network; make tp a divisor of the processes per node.")
+    return build_mesh(shape, dev.type)
 
 
 def _keywords() -> tuple[str, ...]:

@@ -214,6 +214,13 @@ def more_ranks(rank: int, world: int, root: str) -> dict[str, Any]:
 
     dist.init_process_group("gloo")
     out: dict[str, Any] = {}
+    for name, mesh in (("rep2tp2", {"dp_replicate": 2, "tp": 2}),  # HSDP's replicas and TP
+                       ("rep2shard2", {"dp_replicate": 2, "dp_shard": 2})):
+        with ss.init(seed=0, mesh=mesh) as run:
+            model = run.model(tiny(), tp_plan=plan())
+            opt = torch.optim.SGD(model.parameters(), lr=LR)
+            loader = run.loader(Tokens(), GLOBAL // run.dp_size)
+            out[name], _ = train(run, model, opt, iter(loader), STEPS)
     with ss.init(seed=0, mesh={"dp_shard": 2, "tp": 2}) as run:
         out["hf"] = hf_steps(run, llama(), GLOBAL // run.dp_size)
     # the sample ledger: 2 steps at (dp 2, tp 2), saved, the rest of the epoch at (dp 4, tp 1)
@@ -436,3 +443,13 @@ def test_the_ledger_counts_samples_per_replica(more: list[dict[str, Any]], root:
     assert report.ok, report.findings
     assert [(e.epoch, e.samples, e.once, e.more, e.never, e.status) for e in report.epochs] == [
         (0, N, N, 0, 0, "exactly once")]
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("name", ["rep2tp2", "rep2shard2"])
+def test_replicas_with_tp_and_with_shards_train_like_one_process(more: list[dict[str, Any]],
+                                                                 name: str) -> None:
+    want, _ = reference(STEPS)
+    for r in more:
+        for s in range(STEPS):
+            assert close(r[name][s], want[s]) < 1e-9, (name, s)
