@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
+from splitsync.ckpt.buffers import rank_buffers
 from splitsync.ckpt.faults import DISK_FULL, describe_failure
 from splitsync.ckpt.fs import Storage
 from splitsync.ckpt.integrity import write_object
@@ -347,7 +348,7 @@ def build_job(reg: Registered, storage: Storage, loaders: Sequence[DeviceLoader]
     parts: dict[str, Any] = {
         rank_file(reg.rank): {"rng": capture_rng(reg.generators),
                               "generators": [g for _, g in positions], "window": grads,
-                              "window_own": own},
+                              "window_own": own, "buffers": rank_buffers(reg.models)},
         **collect(reg, offload=blocking)}
     if reg.rank == 0:
         parts.setdefault(STATE_FILE, {}).update(

@@ -40,7 +40,7 @@ from splitsync.run.checkpoints import CheckpointVerbs
 from splitsync.run.collectives import Collectives, CollectiveVerbs
 from splitsync.run.config import RunConfig
 from splitsync.run.data import Loaders
-from splitsync.run.ema import Emas
+from splitsync.run.ema import Decay, Emas
 from splitsync.run.logging import Logging, run_settings
 from splitsync.run.models import Models
 from splitsync.run.preempt import Preemption, preemption_for
@@ -91,7 +91,8 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         self._logging = Logging(config, device, self.is_main,
                                 run_settings(config, self.world_size, seed, device, backend))
         self._observers: tuple[Observer, ...] = ()
-        self._emas = Emas(self._plan, self._models, self.add_observer)
+        self._emas = Emas(self._plan, self._models, self.add_observer,
+                          steps=lambda: self._checkpoints.step)
         self._preemption: Preemption | None = None  # made by the first run.resume
         self._preempt_tried = False
         for obs in observers:
@@ -163,14 +164,18 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
                                  compile=compile, autocast=autocast, options=options,
                                  activation_checkpointing=activation_checkpointing)
 
-    def ema(self, model: nn.Module, decay: float = 0.999) -> nn.Module:
+    def ema(self, model: nn.Module, decay: Decay = 0.999, *, every: int = 1,
+            warmup: int = 0) -> nn.Module:
         """A frozen copy of ``model``'s weights and floating-point buffers that becomes
         ``decay * ema + (1 - decay) * weights`` after each optimizer step that really steps
-        (not an accumulation micro-step, not one the GradScaler skipped). Laid out like the
-        model (FSDP: sharded the same way, updated locally). Checkpoints hold it (made after
-        :meth:`resume`, it is loaded from the checkpoint resume read, if that holds it);
-        ``run.export(path, model=ema)`` writes it. Takes the model :meth:`model` returned."""
-        ema = self._emas.make(model, decay)
+        (not an accumulation micro-step, not one the GradScaler skipped). ``every=k``: after
+        every k-th optimizer step only; ``warmup=n``: a copy of the weights for the first n;
+        ``decay``: a number or a function of the optimizer step (1, 2, ...). Laid out like the
+        model (FSDP: sharded the same way, updated locally). Checkpoints hold it, each rank's
+        buffers as that rank's (made after :meth:`resume`, it is loaded from the checkpoint
+        resume read, if that holds it); ``run.export(path, model=ema)`` writes it. Takes the
+        model :meth:`model` returned."""
+        ema = self._emas.make(model, decay, every=every, warmup=warmup)
         self._ema_made(ema)
         return ema
 
