@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from splitsync.ckpt.session import Checkpointer
-from splitsync.data.build import make_loader
+from splitsync.data.build import make_loader, warn_if_empty
 from splitsync.data.loader import DeviceLoader
 from splitsync.data.stream.loader import StreamLoader
 from splitsync.distributed.device import move_to
@@ -191,15 +191,27 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
     # --- data --------------------------------------------------------------------------
     def loader(self, data: Dataset | DataLoader, batch_size: int | None = None, *,
                shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
-               collate_fn: Any = None, **extra: Any) -> DeviceLoader | StreamLoader:
+               collate_fn: Any = None, train: bool | None = None, repeats: int = 1,
+               **extra: Any) -> DeviceLoader | StreamLoader:
         """A loader over this rank's shard; ``batch_size`` is per process. A stream (see
         docs/streams.md) gets a :class:`~splitsync.data.stream.StreamLoader`, anything
         indexable a :class:`~splitsync.data.loader.DeviceLoader`; both keep a position
-        (``position()``, ``restore()``) that ``run.save``/``run.resume`` carry."""
+        (``position()``, ``restore()``) that ``run.save``/``run.resume`` carry.
+        ``train=False`` marks an evaluation loader (the ledger and ``splitsync audit``
+        count it apart); ``repeats=k`` declares a sampler that delivers each sample k times
+        per epoch by design (repeated augmentation), which the audit checks against k."""
+        if train not in (None, True, False):
+            raise TypeError(f"run.loader(..., train={train!r}): True (training), False "
+                            "(evaluation) or None (not said).")
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise ValueError(f"run.loader(..., repeats={repeats!r}): how many times the "
+                             "sampler delivers each sample per epoch, an integer >= 1.")
         loader = make_loader(data, batch_size, shuffle=shuffle, drop_last=drop_last,
                              num_workers=num_workers, collate_fn=collate_fn, rank=self.rank,
                              world_size=self.world_size, seed=self.seed, device=self.device,
                              hooks=self._data.hooks, **extra)
+        loader.train, loader.repeats = train, repeats
+        warn_if_empty(loader, self.rank, self.world_size)
         self._data.all.append(loader)
         self._checkpoints.attach_loader(loader)  # made after run.resume: continue from it
         return loader
