@@ -20,6 +20,7 @@ from splitsync.ckpt.session import Checkpointer, ResumeState
 from splitsync.ckpt.state import split_state
 from splitsync.distributed.logs import get_logger
 from splitsync.run.ema import Emas
+from splitsync.run.meter import METER_NAME, EpochMeter
 from splitsync.run.models import Models
 from splitsync.run.training import Training
 
@@ -39,6 +40,7 @@ class CheckpointVerbs:
 
     _checkpoints: Checkpointer
     _emas: Emas
+    _meters: list[EpochMeter]
     _models: Models
     _training: Training
     is_main: bool
@@ -57,7 +59,7 @@ class CheckpointVerbs:
         objects = {**_numbered("model", models), **_numbered("optimizer", optims)}
         if self._training.scaler is not None:
             objects["scaler"] = self._training.scaler
-        return self._emas.with_emas(objects)
+        return self._with_own(objects)
 
     def resume(self, dir: str | os.PathLike[str], *, step: int | None = None, keep: int = 3,
                save_blocking: bool | None = None, **objects: Any) -> ResumeState:
@@ -71,7 +73,7 @@ class CheckpointVerbs:
         optimizers ``run.step`` stepped, EMAs, the scaler), looked up again at each save. ``keep``: the checkpoints :meth:`save` keeps (default 3, the
         newest; at least 2). ``save_blocking``: :meth:`save`'s default. Collective."""
         if objects:
-            objects = self._emas.with_emas(objects)
+            objects = self._with_own(objects)
         preemption = self._arm_preemption()
         state = self._checkpoints.resume(dir, step=step, keep=keep, save_blocking=save_blocking, **objects)
         if preemption is not None:
@@ -118,6 +120,20 @@ class CheckpointVerbs:
         if model is None:  # the EMAs are not "the model"
             model = self._emas.trained_model(self._checkpoints.models)
         return self._checkpoints.export(path, model)
+
+    def _with_own(self, objects: Mapping[str, Any]) -> dict[str, Any]:
+        """``objects`` plus every EMA and every :meth:`meter` not among them, under free
+        names ("ema", "ema_1", ...; "meter", "meter_1", ...)."""
+        out = self._emas.with_emas(objects)
+        given = {id(o) for o in out.values()}
+        n = 0
+        for meter in self._meters:
+            if id(meter) in given:
+                continue
+            while (name := METER_NAME if n == 0 else f"{METER_NAME}_{n}") in out:
+                n += 1
+            out[name] = meter
+        return out
 
     def _ema_made(self, ema: nn.Module) -> None:
         """An EMA made after :meth:`resume` joins the registration and is loaded from the

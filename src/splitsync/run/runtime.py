@@ -42,6 +42,7 @@ from splitsync.run.config import RunConfig
 from splitsync.run.data import Loaders
 from splitsync.run.ema import Decay, Emas
 from splitsync.run.logging import Logging, run_settings
+from splitsync.run.meter import EpochMeter
 from splitsync.run.models import Models
 from splitsync.run.preempt import Preemption, preemption_for
 from splitsync.run.step import StepPlan
@@ -93,6 +94,7 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         self._observers: tuple[Observer, ...] = ()
         self._emas = Emas(self._plan, self._models, self.add_observer,
                           steps=lambda: self._checkpoints.step)
+        self._meters: list[EpochMeter] = []  # run.meter's, saved with the checkpoints
         self._preemption: Preemption | None = None  # made by the first run.resume
         self._preempt_tried = False
         for obs in observers:
@@ -178,6 +180,21 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         ema = self._emas.make(model, decay, every=every, warmup=warmup)
         self._ema_made(ema)
         return ema
+
+    def meter(self) -> EpochMeter:
+        """An epoch accumulator: ``meter.add(loss=loss, count=n)`` keeps per key the sum of
+        value * count and of count on this rank; ``meter.compute()`` (collective) gives each
+        key's weighted mean over every rank; ``meter.reset()`` when an epoch begins. Saved
+        with the checkpoints ("meter", "meter_1", ...), so ``run.log(meter.compute())`` of a
+        resumed epoch covers the whole epoch. Make it before :meth:`resume`."""
+        if self._checkpoints.registered is not None or self._checkpoints.loaded is not None:
+            raise RuntimeError("run.meter() after run.resume: make the meter before "
+                               "run.resume, which registers it and loads its sums.")
+        meter = EpochMeter(self.device, self.rank,
+                           lambda t: self._collectives.reduce(t, "sum"))
+        self._meters.append(meter)
+        self.add_observer(meter)  # its before_save reduces the totals a save writes
+        return meter
 
     def strategy_of(self, model: nn.Module) -> Strategy:
         """The strategy that wrapped ``model`` (found by its type if run.model did not)."""
