@@ -19,8 +19,8 @@ from torch.utils.data import Dataset, Sampler
 
 import splitsync as ss
 from splitsync import cli
-from splitsync.observers.ledger.format import MAGIC, json_record, rank_file, step_record
 from splitsync.tools.audit.audit import audit
+from splitsync.tools.audit.ledger.format import MAGIC, json_record, rank_file, step_record
 
 
 class Indexed(Dataset):

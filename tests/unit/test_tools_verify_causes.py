@@ -9,8 +9,8 @@ import random
 import numpy as np
 import torch
 
-from splitsync.observers.verify.draws import Draws, words_between
 from splitsync.tools.verify.compare import compare_runs, likely_cause
+from splitsync.tools.verify.draws import Draws, words_between
 from splitsync.tools.verify.pair import Side, compare_pair, pair_cause
 
 

@@ -1,5 +1,5 @@
 """Random augmentation as a cause, from evidence: the draws each step took from the global
-generators on each side (recorded by :mod:`splitsync.observers.verify.draws`)."""
+generators on each side (recorded by :mod:`splitsync.tools.verify.draws`)."""
 
 from __future__ import annotations
 
