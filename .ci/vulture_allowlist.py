@@ -15,6 +15,7 @@ worker_id  # distributed/seeding.py worker_init_fn: DataLoader's calling convent
 _.num_nodes  # distributed/env.py DistEnv: public, the number of machines
 _.to_device  # run/runtime.py Run: a public verb
 _.main_process_first  # run/collectives.py CollectiveVerbs: a public verb of the Run
+_.sync_batchnorm_stats  # run/collectives.py CollectiveVerbs: a public verb of the Run
 _.require_backward_grad_sync  # strategies/ddp.py: DDP's own flag, read by DDP in forward
 _._has_rebuilt_buckets  # strategies/ddp.py: DDP's own flag, read by its ZeRO comm hook
 HELP  # commands/*.py: each command's one-line help, read by cli.py with getattr

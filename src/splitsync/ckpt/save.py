@@ -26,12 +26,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from splitsync.ckpt.buffers import rank_buffers
 from splitsync.ckpt.faults import DISK_FULL, describe_failure
 from splitsync.ckpt.fs import Storage
 from splitsync.ckpt.integrity import write_object
 from splitsync.ckpt.sharded import DCP_DIR, sharded_state, write_sharded
-from splitsync.ckpt.staging import Stager, local_tensor
+from splitsync.ckpt.staging import Stager, local_tensor, rank_buffers
 from splitsync.ckpt.state import (
     Registered,
     capture_rng,

@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from splitsync.ckpt.buffers import restore_rank_buffers
 from splitsync.ckpt.find import find_checkpoint, locate
 from splitsync.ckpt.fs import Storage, newer_steps, open_dir, set_aside_newer
 from splitsync.ckpt.load import (
@@ -42,7 +41,7 @@ from splitsync.ckpt.save import (
     side_group,
     start,
 )
-from splitsync.ckpt.staging import Stager
+from splitsync.ckpt.staging import Stager, restore_rank_buffers
 from splitsync.ckpt.state import (
     Registered,
     register,
@@ -86,7 +85,7 @@ class Checkpointer:
         self.registered: Registered | None = None  # None: saves take what the run wrapped
         self.keep = 3
         self.loaded: tuple[Storage, str, dict[str, Any]] | None = None  # the last one read
-        self._rank_buffers: dict[str, Any] = {}  # this rank's buffers in it (state.rank_buffers)
+        self._rank_buffers: dict[str, Any] = {}  # this rank's buffers in it (rank_buffers)
         self.step = 0  # optimizer steps the run took (see count); a checkpoint loaded sets it
         self._hook: Any = None  # post-hook counting the steps of the optimizer below
         self._counted: Any = None
@@ -228,8 +227,7 @@ class Checkpointer:
         for i, loader in enumerate(self.loaders):
             self._continue(loader, i)
         mine = per_rank or {}  # this rank's part of the window saved in (gradients, count)
-        # each rank's own BatchNorm statistics (ranks beyond the saved world keep rank 0's)
-        self._rank_buffers = mine.get("buffers", {})
+        self._rank_buffers = mine.get("buffers", {})  # its BatchNorm statistics: its own
         restore_rank_buffers(reg.models, self._rank_buffers)
         reopen_window(self.window, reg.models, body.get("window"), mine.get("window", {}),
                       world_size=self.world_size, saved_world=int(body["world_size"]),
