@@ -134,8 +134,9 @@ class FTRun(Run):
                drop_last: bool = False, num_workers: int = 0, collate_fn: Any = None,
                **extra: Any) -> Any:
         """The first loader is the training loader (batches from the global cursor, see
-        :class:`~splitsync.ft.loader.FTLoader`); later ones are read by each group alone."""
-        if self._train_loader is not None:
+        :class:`~splitsync.ft.loader.FTLoader`); later ones, and any marked ``train=False``,
+        are read by each group alone."""
+        if self._train_loader is not None or extra.get("train") is False:
             return super().loader(data, batch_size, shuffle=shuffle, drop_last=drop_last,
                                   num_workers=num_workers, collate_fn=collate_fn, **extra)
         if num_workers or extra:

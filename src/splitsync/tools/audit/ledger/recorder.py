@@ -161,8 +161,10 @@ class Ledger(Observer):
     def _find_evaluation(self) -> None:
         """At a step: a pass that ran out with no run.step during it, while another loader
         has batches this step takes, was an evaluation (its samples are not credited)."""
-        done = [p for p in self._maps if getattr(p.loader, "train", None) is None and p.calls == self._calls
-                and getattr(p.loader, "exhausted", False)]
+        # (the step count first: a pass with a step during it is training, the usual case)
+        done = [p for p in self._maps if p.calls == self._calls
+                and getattr(p.loader, "exhausted", False)
+                and getattr(p.loader, "train", None) is None]
         if not done:
             return
         waiting = [p for p in self._maps if p not in done and p.loader.passes == p.number
