@@ -17,11 +17,11 @@ from pathlib import Path, PurePath
 
 from splitsync.check.evidence import framework_of, logging_configured, logging_rank_limited
 from splitsync.check.facts import Facts, last_name
+from splitsync.check.groups import collective_functions, optional_group
 from splitsync.check.model import Project
 from splitsync.check.ranks import is_rank_like, rank_in
 from splitsync.check.reach import call_graph, reached, resolve
-from splitsync.check.rules.collectives import collective_functions, optional_group
-from splitsync.check.rules.data import sharded
+from splitsync.check.sharding import sharded
 
 __all__ = ["Disk", "local_imports", "project_of", "file_project", "merge", "with_project", "overrides_print", "same_seed",
            "is_seed_call"]

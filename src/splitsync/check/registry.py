@@ -8,6 +8,7 @@ from dataclasses import replace
 from splitsync.check.gating import MIN_PRECISION, gate, measured_text
 from splitsync.check.model import SEVERITIES, Rule
 from splitsync.check.rules import (
+    collectives,
     data,
     devices,
     drift,
@@ -16,13 +17,22 @@ from splitsync.check.rules import (
     metrics,
     moves,
     output,
+    overrides,
+    padding,
     parallel,
+    placement,
     seeds,
     tokens,
+    writes,
 )
 
-__all__ = ["all_rules", "get_rule", "select_rules", "gate", "measured_text", "META_CODES",
-           "META_HELP", "MIN_PRECISION"]
+__all__ = ["RULE_MODULES", "all_rules", "get_rule", "select_rules", "gate", "measured_text",
+           "META_CODES", "META_HELP", "MIN_PRECISION"]
+
+#: Every module of ``splitsync.check.rules`` that defines rules, each listing its own in
+#: ``RULES`` (docs/check.md maps each code to its module).
+RULE_MODULES = (devices, moves, indices, placement, parallel, collectives, drift, data, padding,
+                seeds, output, writes, metrics, overrides, loop, tokens)
 
 #: Codes the runner itself reports: a file that does not parse, a bad suppression comment,
 #: a rule that crashed on a file.
@@ -44,9 +54,7 @@ def _gated(rule: Rule) -> Rule:
 
 def all_rules(gated: bool = True) -> tuple[Rule, ...]:
     """All rules, sorted by code; ``gated`` caps each severity by its measured precision."""
-    rules = (*devices.RULES, *indices.RULES, *moves.RULES, *parallel.RULES, *drift.RULES,
-             *data.RULES, *seeds.RULES, *output.RULES, *metrics.RULES, *loop.RULES,
-             *tokens.RULES)
+    rules = tuple(rule for module in RULE_MODULES for rule in module.RULES)
     if gated:
         rules = tuple(_gated(r) for r in rules)
     return tuple(sorted(rules, key=lambda r: r.code))

@@ -1,6 +1,6 @@
 """Output that every rank repeats: print (SS501) and logging (SS503) in a distributed script,
 outside a rank-0 check. Files every rank writes are in :mod:`splitsync.check.rules.writes`,
-whose rules this module's ``RULES`` includes (the registry lists topics, not files)."""
+a print override that forgets the rank in :mod:`splitsync.check.rules.overrides`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from splitsync.check.everyrank import every_rank, guard_text, names_rank
 from splitsync.check.facts import Facts, dotted, last_name
 from splitsync.check.flow import mentions_rank
 from splitsync.check.model import Hit, Rule
-from splitsync.check.rules import overrides, writes
 
 __all__ = ["RULES"]
 
@@ -152,6 +151,4 @@ RULES = (
          "rank in the message or format (splitsync's run.logger does). Known false "
          "positives: loggers whose handlers are disabled on other ranks by configuration "
          "the checker cannot see.", unguarded_logging),
-    *overrides.RULES,
-    *writes.RULES,
 )

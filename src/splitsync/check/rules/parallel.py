@@ -12,8 +12,7 @@ from splitsync.check.evidence import cuda_only_reason, test_or_benchmark
 from splitsync.check.facts import SETUP_HELPER, Facts, dotted, last_name
 from splitsync.check.flow import is_rank_like
 from splitsync.check.model import Hit, Rule
-from splitsync.check.rules import collectives
-from splitsync.check.rules.devices import overridable_default
+from splitsync.check.rules.common import overridable_default
 
 __all__ = ["RULES"]
 
@@ -207,7 +206,7 @@ def nccl_hard_coded(facts: Facts) -> Iterator[Hit]:
                   "nccl for CUDA tensors); splitsync.init() picks it for you.")
 
 
-RULES = (
+_SETUP_RULES = (
     Rule("SS201", "data-parallel", "warning", "torch.nn.DataParallel used (prefer DDP)",
          "DataParallel is single-process and multi-threaded: it is limited by the GIL, copies "
          "the model to every GPU on each forward and gathers outputs on GPU 0, so one device "
@@ -303,7 +302,7 @@ def unwrapped_path(facts: Facts) -> Iterator[Hit]:
             child = parent
 
 
-RULES = (*RULES, Rule(
+_PATH_RULE = (Rule(
     "SS205", "model-not-wrapped-on-a-path", "warning",
     "a distributed script whose model is wrapped in DDP/FSDP on some paths only (e.g. not on "
     "the CPU path)",
@@ -353,7 +352,7 @@ def device_ids_on_cpu(facts: Facts) -> Iterator[Hit]:
                   "`run.model(model)`, which picks the right form.")
 
 
-RULES = (*RULES, Rule(
+_CPU_RULE = (Rule(
     "SS206", "device-ids-on-cpu", "warning",
     "DistributedDataParallel given device_ids on a path where the model is on the CPU",
     "DDP's device_ids names the single GPU the module lives on; for a CPU module it must be "
@@ -361,4 +360,4 @@ RULES = (*RULES, Rule(
     "device test that runs without CUDA. Known false positives: a branch the checker reads "
     "as CPU-only that moves the model to a GPU anyway.", device_ids_on_cpu))
 
-RULES = (*RULES, *collectives.RULES)  # SS207-SS208: collectives some ranks never reach
+RULES = (*_SETUP_RULES, _PATH_RULE, _CPU_RULE)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from splitsync.check.evidence import launcher_functions
 from splitsync.check.facts import Facts, dotted, last_name
 from splitsync.check.model import Hit, Rule
-from splitsync.check.rules.data import seeded_per_rank
+from splitsync.check.sharding import seeded_per_rank
 
 __all__ = ["RULES"]
 
