@@ -255,7 +255,7 @@ def group_missing(facts: Facts) -> Iterator[Hit]:
 
 
 RULES = (
-    Rule("SS207", "collective-on-some-ranks", "warning",
+    Rule("SS207", "collective-on-some-ranks", "error",
          "a collective (or the DDP model's forward, or a helper that broadcasts) on rank 0 "
          "only, or skipped on one rank by a per-rank test",
          "Every rank must enter each collective the same number of times: `dist.barrier()`, "
@@ -268,7 +268,7 @@ RULES = (
          "ranks before and one for rank 0 after, is recognised. Known false positives: a "
          "DDP model without buffers whose forward syncs nothing (still fragile), a helper "
          "whose collective is skipped at run time.", collective_on_some_ranks),
-    Rule("SS208", "process-group-missing", "warning",
+    Rule("SS208", "process-group-missing", "error",
          "a collective where no process group may exist, or a failed init_process_group "
          "swallowed",
          "A project whose set-up initialises the process group only when launched "

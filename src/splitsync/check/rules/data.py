@@ -243,7 +243,7 @@ def _epochs_arg(facts: Facts, loop: ast.For | ast.While | ast.AsyncFor) -> str:
 
 
 RULES = (
-    Rule("SS301", "unsharded-data", "warning",
+    Rule("SS301", "unsharded-data", "error",
          "data-parallel script without a DistributedSampler (every rank trains on the same data)",
          "Data parallelism means splitting the data and syncing the gradients. Without a "
          "DistributedSampler (or run.loader) each rank reads every sample, so the gradient "

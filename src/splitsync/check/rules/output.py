@@ -134,7 +134,7 @@ def unguarded_logging(facts: Facts) -> Iterator[Hit]:
 
 
 RULES = (
-    Rule("SS501", "unguarded-print", "warning",
+    Rule("SS501", "unguarded-print", "info",
          "print (or a tqdm progress bar) in a distributed script not guarded by a rank-0 check",
          "Every process runs the whole script; output meant once must be guarded by a rank-0 "
          "check (splitsync: run.print); a tqdm bar on every rank draws N bars over each other "
@@ -145,7 +145,7 @@ RULES = (
          "builtins.print with a rank-0-only one (`setup_for_distributed(is_master)`). Known "
          "false positives: print replaced by other means (a logging redirect, a wrapper "
          "module the checker cannot read).", unguarded_print),
-    Rule("SS503", "unguarded-logging", "warning",
+    Rule("SS503", "unguarded-logging", "info",
          "logging in a distributed script not guarded by a rank-0 check",
          "logging.info on every rank repeats each record N times. Guard it, or include the "
          "rank in the message or format (splitsync's run.logger does). Known false "

@@ -303,7 +303,7 @@ def unwrapped_path(facts: Facts) -> Iterator[Hit]:
 
 
 _PATH_RULE = (Rule(
-    "SS205", "model-not-wrapped-on-a-path", "warning",
+    "SS205", "model-not-wrapped-on-a-path", "error",
     "a distributed script whose model is wrapped in DDP/FSDP on some paths only (e.g. not on "
     "the CPU path)",
     "When the wrap sits under a device-availability test (`if torch.cuda.is_available():`, an "
@@ -353,7 +353,7 @@ def device_ids_on_cpu(facts: Facts) -> Iterator[Hit]:
 
 
 _CPU_RULE = (Rule(
-    "SS206", "device-ids-on-cpu", "warning",
+    "SS206", "device-ids-on-cpu", "error",
     "DistributedDataParallel given device_ids on a path where the model is on the CPU",
     "DDP's device_ids names the single GPU the module lives on; for a CPU module it must be "
     "None, and DDP raises a ValueError otherwise. The finding is made on the branch of a "
