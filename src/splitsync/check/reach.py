@@ -11,6 +11,11 @@ it errs towards "reached". Functions are reached from the code that runs on impo
 and class bodies), from functions handed to another call (``mp.spawn(main_worker, ...)``),
 and by being decorated (a decorator may register the function with a framework), a dunder
 or ``forward`` (called implicitly).
+
+The launching process is not a rank: a function that starts the ranks (``mp.spawn``, a
+``Process`` started, a launcher call), and a ``__main__`` block that does, run once in the
+parent. What they call themselves is not reached through them; only the functions they hand
+over (``mp.spawn(worker, ...)``, ``Process(target=train)``, ``partial(train, ...)``) are.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from bisect import bisect_right
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import PurePath
 
+from splitsync.check.evidence import launcher_functions
 from splitsync.check.facts import Facts, last_name
 from splitsync.check.flow import nonmain_test, rank0_flags, rank0_test
 
@@ -201,6 +207,8 @@ def call_graph(facts: Facts) -> tuple[frozenset[str], frozenset[str], dict[str, 
         for base in cls.bases:  # type: ignore[attr-defined]
             edges[cls.name].update(_refs(facts, base))  # and its bases' (`super().__init__()`)
     mentioned: set[str] = {n.id for n in facts.of(ast.Name)}  # type: ignore[attr-defined]
+    launchers = launcher_functions(facts, spawning=True)
+    spawning_main = block is not None and facts.uses_spawn
     for call, _ in facts.calls:
         at = position.get(call)
         if at is None:
@@ -208,7 +216,11 @@ def call_graph(facts: Facts) -> tuple[frozenset[str], frozenset[str], dict[str, 
         j = bisect_right(starts, at) - 1
         while j >= 0 and ends[starts[j]] <= at:
             j -= 1  # the nearest function that contains the call
-        names = set(_refs(facts, call.func))
+        # in the launching process only what is handed over runs on the ranks
+        once = (getattr(functions[j], "name", None) in launchers if j >= 0
+                else spawning_main and main_span[0] <= at < main_span[1])
+        names = (set() if once and last_name(call) not in launchers
+                 else set(_refs(facts, call.func)))
         args = call.args + [k.value for k in call.keywords] if call.keywords else call.args
         for arg in args:
             if isinstance(arg, ast.Name):

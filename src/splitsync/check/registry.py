@@ -35,13 +35,16 @@ RULE_MODULES = (devices, moves, indices, placement, parallel, collectives, drift
                 seeds, output, writes, metrics, overrides, loop, tokens)
 
 #: Codes the runner itself reports: a file that does not parse, a bad suppression comment,
-#: a rule that crashed on a file.
-META_CODES = {"SS000": "syntax-error", "SS001": "bad-suppression", "SS002": "rule-failed"}
+#: a rule that crashed on a file, an imported module of the project it could not read.
+META_CODES = {"SS000": "syntax-error", "SS001": "bad-suppression", "SS002": "rule-failed",
+              "SS003": "not-read"}
 #: (severity, what it means) of each runner code, for ``--list-rules``.
 META_HELP = {
     "SS000": ("error", "the file cannot be read or parsed as Python; no rule ran on it"),
     "SS001": ("warning", "a `# splitsync: ignore[...]` comment names no rule"),
     "SS002": ("warning", "a rule failed on this file (the other rules still ran)"),
+    "SS003": ("info", "an imported module of the project that could not be read (listed once "
+                      "per run; rules do not claim what depends on it)"),
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from splitsync.check.evidence import calls_unseen, unseen_source
 from splitsync.check.facts import Facts, dotted, last_name
 from splitsync.check.flow import loops_of
 from splitsync.check.model import Hit, Rule
@@ -92,6 +93,8 @@ def unsharded_data(facts: Facts) -> Iterator[Hit]:
     for call in loaders:
         if _kw(call, "sampler") is not None or _kw(call, "batch_sampler") is not None:
             continue
+        if unseen_source(facts, call.args[0] if call.args else _kw(call, "dataset")):
+            continue  # a dataset from a module that could not be read may shard itself
         shuffle = _kw(call, "shuffle")
         moved = (" (its `shuffle=` moves to the sampler: DataLoader refuses both)"
                  if shuffle is not None and not _is_false(shuffle) else "")
@@ -104,6 +107,8 @@ def unsharded_data(facts: Facts) -> Iterator[Hit]:
     where = _training_loop(facts)
     if where is None or facts.scope(where) is not facts.scope(wrap):
         return  # the loop and the wrap live apart (a profiler, a model class): no evidence
+    if unseen_source(facts, getattr(where, "iter", None)):
+        return  # the batches come from a module that could not be read: it may shard them
     yield Hit(where, f"every rank trains on the same data: the model is wrapped for data-parallel "
               f"training (line {wrap.lineno}) but nothing splits the data between ranks (no "
               "DistributedSampler, no `run.loader`, no slicing by rank), so N processes repeat "
@@ -170,6 +175,8 @@ def set_epoch_missing(facts: Facts) -> Iterator[Hit]:
             continue
         if advanced and not mine:
             continue  # the script advances its training sampler; this one feeds evaluation
+        if calls_unseen(facts, *names):
+            continue  # handed to a function that could not be read: it may call set_epoch
         target = (sorted(samplers)[0] if samplers else
                   f"{sorted(loaders)[0]}.sampler" if loaders else "sampler")
         detail = (f"`set_epoch` is called only outside the epoch loop (line {mine[0].lineno})"

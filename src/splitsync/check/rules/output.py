@@ -12,6 +12,7 @@ from splitsync.check.everyrank import every_rank, guard_text, names_rank
 from splitsync.check.facts import Facts, dotted, last_name
 from splitsync.check.flow import mentions_rank
 from splitsync.check.model import Hit, Rule
+from splitsync.check.ranks import rank_in
 
 __all__ = ["RULES"]
 
@@ -61,6 +62,21 @@ def _opt_in(facts: Facts, call: ast.Call) -> bool:
 
 
 _BARS = frozenset({"tqdm", "trange"})
+_BARRIERS = frozenset({"barrier", "wait_for_everyone", "Barrier", "monitored_barrier"})
+
+
+def _serialised(facts: Facts, call: ast.Call) -> bool:
+    """``for r in range(world_size): if rank == r: print(...); dist.barrier()``: the ranks
+    take turns, each printing its own line once, on purpose."""
+    turn = False
+    for parent in facts.ancestors(call):
+        if isinstance(parent, ast.If) and rank_in(facts, parent.test):
+            turn = True
+        if isinstance(parent, ast.For | ast.While | ast.AsyncFor):
+            return turn and any(last_name(c) in _BARRIERS for c in facts.inside(parent, ast.Call))
+        if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef | ast.Module):
+            return False
+    return False
 
 
 def _progress_bars(facts: Facts) -> Iterator[Hit]:
@@ -88,8 +104,9 @@ def unguarded_print(facts: Facts) -> Iterator[Hit]:
     for call, full in facts.calls:
         if full != "print" or not isinstance(call.func, ast.Name) or not every_rank(facts, call):
             continue
-        if names_rank(facts, call, cache) or _before_exit(facts, call) or _opt_in(facts, call):
-            continue  # the line names its rank, says why the process stops, or is opted into
+        if names_rank(facts, call, cache) or _before_exit(facts, call) or _opt_in(facts, call) \
+                or _serialised(facts, call):
+            continue  # names its rank, says why the process stops, is opted into, takes turns
         if any(k.arg == "file" for k in call.keywords):
             continue  # writes to a file (a per-rank log), not to the shared console
         framework = facts.project.framework

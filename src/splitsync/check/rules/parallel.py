@@ -8,7 +8,7 @@ import ast
 from collections.abc import Iterator
 
 from splitsync.check.availability import availability_guarded
-from splitsync.check.evidence import cuda_only_reason, test_or_benchmark
+from splitsync.check.evidence import calls_unseen, cuda_only_reason, test_or_benchmark
 from splitsync.check.facts import SETUP_HELPER, Facts, dotted, last_name
 from splitsync.check.flow import is_rank_like
 from splitsync.check.model import Hit, Rule
@@ -81,6 +81,8 @@ def ddp_without_init(facts: Facts) -> Iterator[Hit]:
             continue  # a helper module of the project creates the group
         if not inits and _passed_to_launcher(facts, call):
             continue  # `launch(main, ...)`: the launcher creates the group, then calls main
+        if not inits and calls_unseen(facts, before=call):
+            continue  # a module that could not be read may create the group (SS003 lists it)
         if not inits:
             yield Hit(call, f"{_target(facts, call)} wraps the model in DistributedDataParallel "
                       "but the script never calls `torch.distributed.init_process_group()` (nor "
