@@ -12,6 +12,7 @@ from splitsync.check.rules import (
     data,
     devices,
     drift,
+    guards,
     indices,
     loop,
     metrics,
@@ -20,9 +21,12 @@ from splitsync.check.rules import (
     overrides,
     padding,
     parallel,
+    paths,
     placement,
     seeds,
+    setup,
     tokens,
+    wrappers,
     writes,
 )
 
@@ -31,8 +35,9 @@ __all__ = ["RULE_MODULES", "all_rules", "get_rule", "select_rules", "gate", "mea
 
 #: Every module of ``splitsync.check.rules`` that defines rules, each listing its own in
 #: ``RULES`` (docs/check.md maps each code to its module).
-RULE_MODULES = (devices, moves, indices, placement, parallel, collectives, drift, data, padding,
-                seeds, output, writes, metrics, overrides, loop, tokens)
+RULE_MODULES = (devices, moves, indices, placement, parallel, collectives, drift, wrappers, guards,
+                setup, data, padding, seeds, output, writes, metrics, overrides, paths, loop,
+                tokens)
 
 #: Codes the runner itself reports: a file that does not parse, a bad suppression comment,
 #: a rule that crashed on a file, an imported module of the project it could not read.

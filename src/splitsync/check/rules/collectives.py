@@ -145,32 +145,83 @@ def _rank0_return(facts: Facts) -> Iterator[Hit]:
                   "raise, so the launcher stops the whole job.")
 
 
-def _nonfinite_skip(facts: Facts) -> Iterator[Hit]:
-    """``if torch.isnan(loss): continue`` before the backward of a DDP step."""
-    backwards = facts.method_calls("backward")
+#: Words of a value measured on this rank's own batch (a loss, a KL divergence, a norm).
+_PER_RANK_WORDS = re.compile(r"loss|kl|norm|reward|acc|ratio|entropy|diverg|nan|inf", re.I)
+#: Calls whose result every rank shares (a reduced or gathered value, a broadcast).
+_AGREED = re.compile(r"reduce|gather|broadcast|agree", re.I)
+#: Calls that turn a tensor into this rank's own number (or test it).
+_MEASURES = frozenset({"item", "mean", "sum", "max", "min", "norm", "tolist", "float"})
+
+
+def _agreed(facts: Facts, expr: ast.AST) -> bool:
+    return any(_AGREED.search(last_name(c) or "") for c in facts.inside(expr, ast.Call)) or \
+        bool(re.search(r"reduced|global|all_", facts.text(expr, 200)))
+
+
+def _per_rank_value(facts: Facts, test: ast.AST, fn: ast.AST | None) -> bool:
+    """Does ``test`` read a value measured on this rank's own data (``torch.isnan(loss)``,
+    ``approx_kl > target_kl`` with ``approx_kl = (...).mean()``), not one every rank shares
+    (a step count, a reduced value)?"""
+    if _agreed(facts, test):
+        return False
+    calls = {last_name(c) for c in facts.inside(test, ast.Call)}
+    if calls & _NONFINITE or "item" in calls:
+        return True
+    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    if any(_PER_RANK_WORDS.search(n) for n in names) and not any(
+            n in {"epoch", "step", "steps", "i", "it"} for n in names):
+        bound = [a for a in facts.inside(fn, ast.Assign)] if fn is not None else []
+        reduced = any(_AGREED.search(last_name(c) or "") and any(
+            isinstance(x, ast.Name) and x.id in names for x in ast.walk(c))
+            for c in facts.inside(fn, ast.Call)) if fn is not None else False
+        measured = any(any(isinstance(t, ast.Name) and t.id in names for t in a.targets)  # type: ignore[attr-defined]
+                       and ({last_name(c) for c in facts.inside(a.value, ast.Call)} & _MEASURES  # type: ignore[attr-defined]
+                            or isinstance(a.value, ast.BinOp))  # type: ignore[attr-defined]
+                       for a in bound)
+        return measured and not reduced
+    return False
+
+
+def _joint_in(facts: Facts, loop: ast.AST) -> ast.Call | None:
+    """The first call in ``loop`` every rank must make together: a backward through a
+    data-parallel model (its all-reduce) or a collective."""
+    parallel = facts.project.wrapped or facts.project.framework is not None
+    for call in facts.inside(loop, ast.Call):
+        if (parallel and last_name(call) == "backward") or collective_call(facts, call):
+            return call  # type: ignore[return-value]
+    return None
+
+
+def _per_rank_exit(facts: Facts) -> Iterator[Hit]:
+    """``if torch.isnan(loss): continue`` before the backward of a DDP step, or ``if
+    approx_kl > target_kl: break`` out of a loop that holds one: a rank leaves on its own
+    batch's value while the others go on to an all-reduce it never joins."""
+    if not facts.in_distributed_run:
+        return
     for node in facts.of(ast.If):
-        test = node.test  # type: ignore[attr-defined]
-        if not any(last_name(c) in _NONFINITE for c in facts.inside(test, ast.Call)):
-            continue
-        if any("reduce" in (last_name(c) or "") for c in facts.inside(test, ast.Call)) or \
-                "reduced" in facts.text(test, 200):
-            continue  # a value every rank agrees on
-        body = node.body  # type: ignore[attr-defined]
+        test, body = node.test, node.body  # type: ignore[attr-defined]
         if not body or not isinstance(body[-1], _SKIPS):
             continue
         loop = next(loops_of(facts, node), None)
-        later = [b for b in backwards if loop is not None and b.lineno > node.lineno
-                 and any(lp is loop for lp in loops_of(facts, b))]
-        if not later or not (facts.in_distributed_run and facts.project.wrapped):
+        if loop is None or not _per_rank_value(facts, test, facts.scope(node)):
             continue
         skip = "continue" if isinstance(body[-1], ast.Continue) else "break"
-        yield Hit(node, f"`if {facts.text(test, 60)}: {skip}` decides on this rank's own value "
-                  f"before `{facts.text(later[0], 40)}` (line {later[0].lineno}), whose DDP "
-                  "all-reduce every rank must join: the rank that skips pairs its next "
-                  "all-reduce with the others' current one (wrong gradients, or a hang).",
-                  "agree first: all-reduce a flag (`bad = torch.tensor(float(not "
-                  "torch.isfinite(loss)))`, `dist.all_reduce(bad)`) and skip on every rank "
-                  "together, or zero the loss instead of skipping.")
+        joint = _joint_in(facts, loop)
+        if joint is None or (skip == "continue" and joint.lineno < node.lineno and not any(
+                c.lineno > node.lineno for c in facts.inside(loop, ast.Call)
+                if c is joint or last_name(c) == last_name(joint))):
+            continue
+        what = ("whose DDP all-reduce every rank must join" if last_name(joint) == "backward"
+                else "a collective every rank must join")
+        left = ("pairs its next all-reduce with the others' current one (wrong gradients, or "
+                "a hang)" if skip == "continue" else "leaves the loop while the others wait in "
+                "it for a rank that has gone (a hang until the timeout)")
+        yield Hit(node, f"`if {facts.text(test, 60)}: {skip}` decides on this rank's own value; "
+                  f"the loop holds `{facts.text(joint, 40)}` (line {joint.lineno}), {what}: "
+                  f"the rank that skips {left}.",
+                  "agree first: all-reduce the value or a flag (`flag = torch.tensor(float("
+                  "stop))`, `dist.all_reduce(flag)`) and skip or stop on every rank together, "
+                  "or zero the loss instead of skipping.")
 
 
 def collective_on_some_ranks(facts: Facts) -> Iterator[Hit]:
@@ -179,7 +230,7 @@ def collective_on_some_ranks(facts: Facts) -> Iterator[Hit]:
         return
     yield from _one_rank(facts)
     yield from _rank0_return(facts)
-    yield from _nonfinite_skip(facts)
+    yield from _per_rank_exit(facts)
 
 
 def _dist_guarded(facts: Facts, call: ast.AST) -> bool:
