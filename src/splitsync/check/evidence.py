@@ -305,14 +305,18 @@ def unseen_source(facts: Facts, expr: ast.AST | None) -> bool:
                for a in facts.of(ast.Assign))
 
 
-def calls_unseen(facts: Facts, *names: str, before: ast.AST | None = None) -> bool:
+def calls_unseen(facts: Facts, *names: str, before: ast.AST | None = None,
+                 hint: re.Pattern[str] | None = None) -> bool:
     """Does the file call a function an unseen import binds (handing it one of ``names``, if
-    given; ``before``: above that node): what that function does could not be read."""
+    given; ``before``: above that node; ``hint``: whose name says it may do the thing in
+    question, ``init_seeds``): what that function does could not be read."""
     unseen = facts.project.unseen_names
     if not unseen:
         return False
     for call, _ in facts.calls:
         if before is not None and call.lineno >= getattr(before, "lineno", 0):
+            continue
+        if hint is not None and not hint.search(last_name(call) or ""):
             continue
         root = call.func
         while isinstance(root, ast.Attribute):

@@ -27,7 +27,7 @@ from splitsync.check.facts import Facts, last_name
 from splitsync.check.groups import collective_functions, optional_group
 from splitsync.check.model import Project
 from splitsync.check.ranks import is_rank_like, rank_in
-from splitsync.check.reach import call_graph, reached, resolve
+from splitsync.check.reach import FOREIGN, call_graph, reached, resolve
 from splitsync.check.sharding import sharded
 
 __all__ = ["Disk", "local_imports", "unseen_imports", "project_of", "file_project", "merge",
@@ -179,8 +179,8 @@ def local_imports(tree: ast.Module, path: Path,
 def _installed(top: str, disk: Disk) -> bool:
     """Is ``top`` a module of the standard library or an installed package (found on
     ``sys.path`` without importing it)? A lookup that fails counts as installed: no claim."""
-    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
-        return True
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names or top in FOREIGN:
+        return True  # (a well-known package counts even where it is not installed)
     key = ("installed", top)
     if key not in disk.answers:
         try:

@@ -29,7 +29,7 @@ from splitsync.check.evidence import launcher_functions
 from splitsync.check.facts import Facts, last_name
 from splitsync.check.flow import nonmain_test, rank0_flags, rank0_test
 
-__all__ = ["call_graph", "resolve", "reached", "runs_everywhere"]
+__all__ = ["FOREIGN", "call_graph", "resolve", "reached", "runs_everywhere"]
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 #: Decorators that only change how a function is called, not who calls it.
@@ -38,7 +38,7 @@ _PLAIN_DECORATORS = frozenset({"staticmethod", "classmethod", "property", "cache
                                "lru_cache", "cache", "setter", "getter", "overload"})
 #: Packages that never call into the project: `torch.load(...)` is no call of the project's
 #: own `load`, and does not make it reached.
-_FOREIGN = frozenset({
+FOREIGN = frozenset({
     "torch", "numpy", "os", "sys", "math", "json", "time", "shutil", "logging", "re",
     "random", "pickle", "subprocess", "argparse", "collections", "itertools", "functools",
     "glob", "datetime", "copy", "pathlib", "io", "warnings", "typing", "tqdm", "yaml", "PIL",
@@ -48,6 +48,16 @@ _FOREIGN = frozenset({
     "requests", "urllib", "threading", "multiprocessing", "contextlib", "dataclasses",
     "inspect", "traceback", "signal", "socket", "uuid", "hashlib", "tempfile", "zipfile",
     "tarfile", "csv", "struct", "platform", "psutil", "omegaconf", "hydra", "submitit",
+    "torchaudio", "torchtext", "torchmetrics", "apex", "fairscale", "mmcv", "mmengine",
+    "detectron2", "sklearn", "skimage", "kornia", "lpips", "clip", "open_clip", "peft",
+    "bitsandbytes", "neptune", "mlflow", "comet_ml", "lightning_fabric", "ray", "horovod",
+    "mpi4py", "xformers", "flash_attn", "triton", "sentencepiece", "tokenizers", "tiktoken",
+    "pycocotools", "albumentations", "imageio", "soundfile", "librosa", "fire", "tyro",
+    "jsonargparse", "rich", "click", "absl", "ml_collections", "jax", "tensorflow", "gym",
+    "gymnasium", "dgl", "torch_geometric", "networkx", "numba", "cupy", "pynvml", "evaluate",
+    "nltk", "spacy", "visdom", "termcolor", "loguru", "setproctitle", "decouple", "friendlywords", "typing_extensions", "packaging", "filelock", "seaborn",
+    "torchdata", "webdataset", "opt_einsum", "simple_parsing", "dotenv", "jsonlines", "msgpack",
+    "lmdb", "zarr", "pyarrow", "polars", "orjson", "ujson", "regex", "ftfy", "braceexpand",
 })
 _IMPLICIT = frozenset({"forward", "__call__", "__init__", "__post_init__", "__iter__",
                        "__next__", "__getitem__", "__len__", "__enter__", "__exit__", "run"})
@@ -112,7 +122,7 @@ def _refs(facts: Facts, expr: ast.AST) -> tuple[str, ...]:
         full = facts.aliases.get(expr.id)
         if full is None or "." not in full:
             return (expr.id,)
-        if full.split(".")[0] in _FOREIGN:
+        if full.split(".")[0] in FOREIGN:
             return ()
         module, name = full.rsplit(".", 1)
         return (f"{module.rsplit('.', 1)[-1]}:{name}",)
@@ -172,7 +182,7 @@ def _foreign(facts: Facts, expr: ast.AST) -> bool:
         expr = expr.value if isinstance(expr, ast.Attribute) else expr.func
     if not isinstance(expr, ast.Name) or expr.id not in facts.aliases:
         return False
-    return facts.aliases[expr.id].split(".")[0] in _FOREIGN
+    return facts.aliases[expr.id].split(".")[0] in FOREIGN
 
 
 def call_graph(facts: Facts) -> tuple[frozenset[str], frozenset[str], dict[str, frozenset[str]],

@@ -28,7 +28,7 @@ _NONFINITE = frozenset({"isnan", "isinf", "isfinite"})
 _BROAD = frozenset({None, "Exception", "BaseException", "RuntimeError", "DistBackendError",
                     "DistNetworkError", "DistStoreError"})
 _SKIPS = (ast.Continue, ast.Break)
-_DIST_TEST = re.compile(r"distributed|is_initialized|is_dist|world_size|num_tasks|ddp|"
+_DIST_TEST = re.compile(r"distributed|is_initialized|is_dist|world_size|num_tasks|ddp|fsdp|"
                         r"num_gpus|n_gpu|is_available", re.I)
 
 
@@ -164,21 +164,22 @@ def _per_rank_value(facts: Facts, test: ast.AST, fn: ast.AST | None) -> bool:
     (a step count, a reduced value)?"""
     if _agreed(facts, test):
         return False
+    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    if fn is not None and any(_AGREED.search(last_name(c) or "") and any(
+            isinstance(x, ast.Name) and x.id in names for x in ast.walk(c))
+            for c in facts.inside(fn, ast.Call)):
+        return False  # `dist.broadcast(signal, src=0); if signal.item() == 0: break`
     calls = {last_name(c) for c in facts.inside(test, ast.Call)}
     if calls & _NONFINITE or "item" in calls:
         return True
-    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
     if any(_PER_RANK_WORDS.search(n) for n in names) and not any(
             n in {"epoch", "step", "steps", "i", "it"} for n in names):
         bound = [a for a in facts.inside(fn, ast.Assign)] if fn is not None else []
-        reduced = any(_AGREED.search(last_name(c) or "") and any(
-            isinstance(x, ast.Name) and x.id in names for x in ast.walk(c))
-            for c in facts.inside(fn, ast.Call)) if fn is not None else False
         measured = any(any(isinstance(t, ast.Name) and t.id in names for t in a.targets)  # type: ignore[attr-defined]
                        and ({last_name(c) for c in facts.inside(a.value, ast.Call)} & _MEASURES  # type: ignore[attr-defined]
                             or isinstance(a.value, ast.BinOp))  # type: ignore[attr-defined]
                        for a in bound)
-        return measured and not reduced
+        return measured
     return False
 
 
@@ -233,13 +234,26 @@ def collective_on_some_ranks(facts: Facts) -> Iterator[Hit]:
     yield from _per_rank_exit(facts)
 
 
+def _dist_test(facts: Facts, test: ast.AST) -> bool:
+    """Does ``test`` ask whether the run is distributed, itself or through a name bound to
+    such a test in the same function (``reduce_loss = args.distributed and ...``)?"""
+    if _DIST_TEST.search(facts.text(test, 300)):
+        return True
+    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    scope = facts.scope(test)
+    return bool(names) and any(
+        any(isinstance(t, ast.Name) and t.id in names for t in a.targets)  # type: ignore[attr-defined]
+        and _DIST_TEST.search(facts.text(a.value, 300))  # type: ignore[attr-defined]
+        for a in facts.inside(scope, ast.Assign))
+
+
 def _dist_guarded(facts: Facts, call: ast.AST) -> bool:
     """Under a test that the run is distributed (``if args.distributed:``,
     ``if dist.is_initialized():``), or after an early return when it is not."""
     child = call
     for parent in facts.ancestors(call):
         if isinstance(parent, ast.If | ast.IfExp | ast.While) and child is not parent.test \
-                and _DIST_TEST.search(facts.text(parent.test, 300)):
+                and _dist_test(facts, parent.test):
             return True
         for name in ("body", "orelse"):
             block = getattr(parent, name, None)

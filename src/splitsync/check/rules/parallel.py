@@ -5,6 +5,7 @@ unwrapped on one path of a distributed run (SS205)."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from splitsync.check.availability import availability_guarded
@@ -15,6 +16,9 @@ from splitsync.check.model import Hit, Rule
 from splitsync.check.rules.common import overridable_default
 
 __all__ = ["RULES"]
+
+#: Names of a helper that may create the process group (read only when it could not be).
+_SETS_UP = re.compile(r"init|setup|dist|launch|group|world|ddp", re.I)
 
 _TRAINS = frozenset({"backward", "DistributedDataParallel", "init_process_group", "fully_shard",
                      "FullyShardedDataParallel"})
@@ -81,7 +85,7 @@ def ddp_without_init(facts: Facts) -> Iterator[Hit]:
             continue  # a helper module of the project creates the group
         if not inits and _passed_to_launcher(facts, call):
             continue  # `launch(main, ...)`: the launcher creates the group, then calls main
-        if not inits and calls_unseen(facts, before=call):
+        if not inits and calls_unseen(facts, before=call, hint=_SETS_UP):
             continue  # a module that could not be read may create the group (SS003 lists it)
         if not inits:
             yield Hit(call, f"{_target(facts, call)} wraps the model in DistributedDataParallel "

@@ -4,6 +4,7 @@ and a dataset built from unseeded random numbers (SS402)."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from splitsync.check.evidence import calls_unseen, launcher_functions
@@ -12,6 +13,9 @@ from splitsync.check.model import Hit, Rule
 from splitsync.check.sharding import seeded_per_rank
 
 __all__ = ["RULES"]
+
+#: Names of a helper that may set the seed (read only when its module could not be).
+_SEEDING = re.compile(r"seed|init|setup|random|determin|fix|prepare", re.I)
 
 _WRAPS = ("DistributedDataParallel", "FullyShardedDataParallel", "fully_shard")
 
@@ -122,7 +126,7 @@ def no_seed_before_model(facts: Facts) -> Iterator[Hit]:
         if built is None or getattr(scope, "name", None) in told:
             continue
         where, ctor = built
-        if calls_unseen(facts, before=where):
+        if calls_unseen(facts, before=where, hint=_SEEDING):
             continue  # a function from a module that could not be read may set the seed
         if any(_counts(facts, s, where) for s in seeds):
             continue

@@ -102,8 +102,10 @@ def ddp_without_group_on_a_path(facts: Facts) -> Iterator[Hit]:
             continue  # initialised on every path
         guard = tests[0][0]
         both = any(any(x is i for x in ast.walk(s)) for s in guard.orelse for i in inits)
+        same = facts.text(guard.test, 300)
         if both or ends_in_exit(guard.orelse) or any(
-                _DIST_TEST.search(facts.text(p.test, 300)) for p in _test_of(facts, wrap, scope)):
+                _DIST_TEST.search(facts.text(p.test, 300)) or facts.text(p.test, 300) == same
+                for p in _test_of(facts, wrap, scope)):
             continue  # the other path initialises too, leaves, or the wrap is guarded itself
         yield Hit(wrap, f"`{facts.text(wrap, 60)}` runs on every path, but the process group is "
                   f"initialised only where `{facts.text(guard.test, 60)}` (line {guard.lineno}): "
