@@ -97,7 +97,7 @@ def load(path: Path, key: Path, disk: Disk,
     if isinstance(facts, Finding):
         return facts, set(), None
     imports = facts.of(ast.Import, ast.ImportFrom)
-    unseen = unseen_imports(facts.tree, key, imports, disk)
+    unseen = unseen_imports(facts.tree, key, imports, disk, facts.of(ast.Try))
     return facts, local_imports(facts.tree, key, imports, disk), file_project(facts, unseen)
 
 

@@ -190,29 +190,34 @@ def _installed(top: str, disk: Disk) -> bool:
     return disk.answers[key]  # type: ignore[return-value]
 
 
-def _optional(tree: ast.Module, node: ast.AST) -> bool:
-    """Is the import inside ``try: ... except ImportError:`` (an optional dependency)?"""
-    for handler_owner in ast.walk(tree):
-        if isinstance(handler_owner, ast.Try) and any(n is node for s in handler_owner.body
-                                                      for n in ast.walk(s)):
-            caught = {last_name(h.type) for h in handler_owner.handlers if h.type is not None}
-            caught |= {last_name(e) for h in handler_owner.handlers
-                       if isinstance(h.type, ast.Tuple) for e in h.type.elts}
-            if caught & {"ImportError", "ModuleNotFoundError", "Exception"} or any(
-                    h.type is None for h in handler_owner.handlers):
-                return True
-    return False
+def _optional_imports(tries: Iterable[ast.AST]) -> set[int]:
+    """Ids of the imports inside ``try: ... except ImportError:`` (optional dependencies)."""
+    found: set[int] = set()
+    for node in tries:
+        if not isinstance(node, ast.Try):
+            continue
+        caught = {last_name(h.type) for h in node.handlers if h.type is not None}
+        caught |= {last_name(e) for h in node.handlers if isinstance(h.type, ast.Tuple)
+                   for e in h.type.elts}
+        if caught & {"ImportError", "ModuleNotFoundError", "Exception"} or any(
+                h.type is None for h in node.handlers):
+            found.update(id(n) for s in node.body for n in ast.walk(s)
+                         if isinstance(n, ast.Import | ast.ImportFrom))
+    return found
 
 
 def unseen_imports(tree: ast.Module, path: Path, nodes: Iterable[ast.AST] | None = None,
-                   disk: Disk | None = None) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
+                   disk: Disk | None = None, tries: Iterable[ast.AST] | None = None
+                   ) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
     """Imports of ``tree`` (read from ``path``) that name a module of the project the checker
     could not read: ``(line, module, names it binds)`` for a relative import that resolves to
     no file, or an absolute one that is neither a file of the project, the standard library
-    nor an installed package. Optional imports (under ``except ImportError``) are left out."""
+    nor an installed package. Optional imports (under ``except ImportError``) are left out
+    (``tries``: the file's ``try`` statements, if already listed)."""
     disk = Disk() if disk is None else disk
     folder = str(path.parent)
     found: list[tuple[int, str, tuple[str, ...]]] = []
+    optional: set[int] | None = None  # walked once, and only if some import is not found
     for node in ast.walk(tree) if nodes is None else nodes:
         if isinstance(node, ast.ImportFrom):
             module = node.module or ""
@@ -222,14 +227,16 @@ def unseen_imports(tree: ast.Module, path: Path, nodes: Iterable[ast.AST] | None
             if not node.level and (not module or _installed(module.split(".")[0], disk)):
                 continue
             bound = tuple(a.asname or a.name for a in node.names if a.name != "*")
-            if not _optional(tree, node):
+            optional = _optional_imports(ast.walk(tree) if tries is None else tries) if optional is None else optional
+            if id(node) not in optional:
                 found.append((node.lineno, "." * node.level + module, bound))
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 top = alias.name.split(".")[0]
                 if _candidates(path, folder, 0, alias.name, disk) or _installed(top, disk):
                     continue
-                if not _optional(tree, node):
+                optional = _optional_imports(ast.walk(tree) if tries is None else tries) if optional is None else optional
+                if id(node) not in optional:
                     found.append((node.lineno, alias.name, (alias.asname or top,)))
     return tuple(found)
 
