@@ -33,7 +33,7 @@ from splitsync.data.stream.sources import HFSource, IterSource, Shards, Source, 
 from splitsync.distributed.logs import get_logger
 from splitsync.distributed.seeding import loader_seed, worker_init_fn
 
-__all__ = ["LoaderHooks", "ResumableLoader", "make_loader", "warn_if_empty", "is_stream", "as_source", "direct",
+__all__ = ["LoaderHooks", "ResumableLoader", "make_loader", "warn_if_empty", "check_marks", "is_stream", "as_source", "direct",
            "DEFAULT_BUFFER"]
 
 DEFAULT_BUFFER = 1024
@@ -240,3 +240,13 @@ def warn_if_empty(loader: Any, rank: int, world_size: int) -> None:
             "%s leave it none, so it trains nothing (and the audit reports it). Use a "
             "smaller batch_size, fewer processes or drop_last=False.", rank, n, world_size,
             size, " with drop_last=True" if loader.loader.drop_last else "")
+
+
+def check_marks(train: Any, repeats: Any) -> None:
+    """``run.loader``'s ``train=`` and ``repeats=``, or a clear error."""
+    if train not in (None, True, False):
+        raise TypeError(f"run.loader(..., train={train!r}): True (training), False "
+                        "(evaluation) or None (not said).")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"run.loader(..., repeats={repeats!r}): how many times the "
+                         "sampler delivers each sample per epoch, an integer >= 1.")
