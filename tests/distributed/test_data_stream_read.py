@@ -79,6 +79,7 @@ def uneven(rank: int, world: int, at_end: str) -> tuple[int, list[int], int]:
                 run.step(opt)
                 steps += 1
                 ids += [int(i) for i in x[:, 0].tolist()]
+        assert loader.ended_early == ((0, loader.untrained) if at_end == "stop" else None)
         return steps, ids, loader.untrained
 
 

@@ -18,7 +18,8 @@ ROOT = Path(splitsync.__file__).resolve().parent
 # The recorders init attaches, each in its feature family's package under tools/: they run in
 # the training process, so they sit in the observers layer, below the programs that read them.
 RECORDERS = ("splitsync.tools.goodput.clock", "splitsync.tools.verify.record",
-             "splitsync.tools.verify.agree", "splitsync.tools.audit.ledger")
+             "splitsync.tools.verify.agree", "splitsync.tools.verify.draws",
+             "splitsync.tools.audit.ledger")
 
 # Lowest first; a layer is a set of folders (and a few top-level modules). A module belongs to
 # the layer of its longest matching prefix, and may import its own layer and lower ones only.
