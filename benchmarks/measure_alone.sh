@@ -36,6 +36,7 @@ step realistic python benchmarks/preempt_overhead.py --realistic --workloads W1,
     --rounds 60 --block 50
 # run.resume + first step vs torch.load (plain, mmap) and dcp.load, warm and cold, 1 and 2
 # ranks, checksums verified (~3 min)
+mkdir -p "$out/resume-files"
 step resume python benchmarks/resume_bench.py --gb 0.6 --rounds 3 --procs 1,2 \
     --cache cold,warm --load quiet --dir "$out/resume-files"
 # the peers (Accelerate, Fabric, ignite, hand-written DDP) at 1 and 2 ranks, 3 rounds
