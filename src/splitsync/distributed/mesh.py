@@ -15,11 +15,12 @@ dimensions flattened) once the group exists.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MESH_NAMES", "MeshShape", "mesh_shape", "build_mesh", "tp_spans_nodes"]
+__all__ = ["MESH_NAMES", "MeshShape", "mesh_shape", "build_mesh", "tp_spans_nodes",
+           "replica_sum"]
 
 #: The mesh's dimension names, outermost first (what scripts write in init(mesh=...)).
 MESH_NAMES: tuple[str, ...] = ("dp_replicate", "dp_shard", "tp")
@@ -112,6 +113,13 @@ def tp_spans_nodes(shape: MeshShape, local_world_size: int) -> bool:
     """Whether a tensor-parallel group would span nodes (``tp`` does not divide the processes
     of one node): its all-reduces, one per layer, would cross the slow links."""
     return shape.tp > 1 and local_world_size % shape.tp != 0
+
+
+def replica_sum(reduce: Callable[..., Any], tp_size: int, value: float) -> Any:
+    """The sum of ``value`` over the data-parallel replicas, each TP group's ranks holding
+    the same one: ``reduce``'s sum over all ranks, divided by the TP size."""
+    total = reduce(value, op="sum")
+    return total / tp_size if tp_size > 1 else total
 
 
 def build_mesh(shape: MeshShape, device_type: str) -> Any:

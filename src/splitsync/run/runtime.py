@@ -32,7 +32,7 @@ from splitsync.distributed.device import move_to
 from splitsync.distributed.env import DistEnv
 from splitsync.distributed.group import destroy_group
 from splitsync.distributed.logs import get_logger
-from splitsync.distributed.mesh import MeshShape
+from splitsync.distributed.mesh import MeshShape, replica_sum
 from splitsync.distributed.seeding import Generators
 from splitsync.errors import Preempted
 from splitsync.observe import Observer, appended, overriding
@@ -71,8 +71,7 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         self.local_rank = env.local_rank
         self.world_size = env.world_size
         self.is_main = env.rank == 0
-        #: the N-D DeviceMesh of init(mesh=...) (None without one, or in one process)
-        self.mesh = device_mesh
+        self.mesh = device_mesh  # init(mesh=...)'s DeviceMesh (None: none, or one process)
         shape = config.mesh if config.mesh is not None else MeshShape(1, env.world_size, 1)
         self.dp_rank = shape.dp_rank(env.rank)  # the data-parallel replica this rank is in
         self.dp_size = shape.dp_size  # replicas that read different batches
@@ -89,10 +88,9 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
                               config.strategy_options, env.local_world_size, resolved=strategy,
                               mesh=device_mesh, mesh_shape=config.mesh)
         self._collectives = Collectives(device, self._data)
-        # count= sums items over the data-parallel replicas: the ranks of a TP group count
-        # the same batch, so the sum over all ranks is divided by their number
+        # count= sums items over the data-parallel replicas (a TP group counts its batch once)
         self._training = Training(self._plan, self._data, self.dp_size, self._new_optimizer,
-                                  partial(_per_replica, self._collectives.reduce, self.tp_size))
+                                  partial(replica_sum, self._collectives.reduce, self.tp_size))
         self._plan.ends = self._data.run_ends  # the run's last batch closes its last window
         self._data.on_end = self._training.epochs_ended
         self._generators = Generators(seed, self.rank)
@@ -398,10 +396,3 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
     def __repr__(self) -> str:
         return (f"Run(rank={self.rank}, world_size={self.world_size}, device={self.device}, "
                 f"backend={self.backend!r})")
-
-
-def _per_replica(reduce: Any, tp_size: int, value: float) -> float:
-    """The sum of ``value`` over the data-parallel replicas (each TP group's ranks hold the
-    same one): the sum over all ranks, divided by the TP size."""
-    total = reduce(value, op="sum")
-    return total / tp_size if tp_size > 1 else total
