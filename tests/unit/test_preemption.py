@@ -17,6 +17,7 @@ from splitsync.preemption.board import LocalBoard, Request, make_board
 from splitsync.preemption.defaults import parse_signals
 from splitsync.preemption.exit import NOTES_VAR, read_notes, write_note
 from splitsync.preemption.requeue import requeue, requeue_wanted, slurm_job_id
+from splitsync.preemption.settings import PreemptionSettings
 
 
 @pytest.fixture()
@@ -37,14 +38,14 @@ def test_signals_by_name_short_name_or_number() -> None:
         parse_signals([True])
 
 
-def test_run_config_checks_the_preemption_settings() -> None:
-    assert RunConfig().preempt_signals == ("SIGTERM", "SIGUSR1")
-    assert RunConfig(preempt_signals=(10, "term")).preempt_signals == ("SIGUSR1", "SIGTERM")
-    assert RunConfig(preempt_signals=None).preempt_signals == ()  # type: ignore[arg-type]
+def test_the_preemption_settings_are_checked_and_kept_parsed() -> None:
+    assert RunConfig().preempt_signals == ("SIGTERM", "SIGUSR1")  # read through
+    assert PreemptionSettings(preempt_signals=(10, "term")).preempt_signals == ("SIGUSR1", "SIGTERM")
+    assert PreemptionSettings(preempt_signals=None).preempt_signals == ()  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="preempt_grace=0"):
-        RunConfig(preempt_grace=0)
+        PreemptionSettings(preempt_grace=0)
     with pytest.raises(ValueError, match="preempt_grace='x'"):
-        RunConfig(preempt_grace="x")  # type: ignore[arg-type]
+        PreemptionSettings(preempt_grace="x")  # type: ignore[arg-type]
 
 
 @settings(max_examples=25, deadline=None)
@@ -143,8 +144,8 @@ def test_a_stop_file_fires_once_touched_and_not_for_an_old_one(tmp_path: Path) -
     assert fired is not None and fired[0] == FileSource.NAME
     assert Request.decode(Request(1, *fired).encode()) == Request(1, *fired)
     with pytest.raises(ValueError, match="preempt_file=3: give the path"):
-        RunConfig(preempt_file=3)  # type: ignore[arg-type]
-    assert RunConfig(preempt_file=path).preempt_file == str(path)  # type: ignore[arg-type]
+        PreemptionSettings(preempt_file=3)  # type: ignore[arg-type]
+    assert PreemptionSettings(preempt_file=path).preempt_file == str(path)  # type: ignore[arg-type]
 
 
 def test_the_watcher_hands_a_source_s_request_to_the_board(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ a new observer is wired here and nowhere else.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,7 +31,7 @@ def configure(config: RunConfig, environ: Mapping[str, str]) -> RunConfig:
     strategy, accumulate = settings(environ, config.strategy, config.accumulate)
     if (strategy, accumulate) == (config.strategy, config.accumulate):
         return config
-    return replace(config, strategy=strategy, accumulate=accumulate)
+    return config.changed(strategy=strategy, accumulate=accumulate)  # checks only these two
 
 
 def collective_timeout(config: RunConfig, world_size: int) -> timedelta:
@@ -62,7 +61,7 @@ def attach(config: RunConfig, env: DistEnv, device: torch.device, seed: int,
         # innermost around the collectives: it times the call itself, not the guards
         observers.append(StepClock(env.rank, env.world_size, config.straggler_threshold))
     if config.run_dir is not None:  # an observer may move it (verify's own folder)
-        config = replace(config, run_dir=str(redirect(observers, Path(config.run_dir))))
+        config = config.changed(run_dir=str(redirect(observers, Path(config.run_dir))))
     if config.run_dir is not None and env.rank == 0:  # where the run's time went
         from splitsync.tools.goodput.clock import GoodputClock
 

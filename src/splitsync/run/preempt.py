@@ -290,18 +290,19 @@ def preemption_for(config: RunConfig, rank: int, world_size: int, checkpoints: C
                    generators: Generators | None, watch: Callable[[Observer], None],
                    unwatch: Callable[[Observer], None]) -> Preemption | None:
     """The run's preemption handling, armed by its first ``run.resume``: None when
-    ``init(preempt_signals=())``, or where the ranks have no store to agree through (said)."""
-    if not config.preempt_signals and config.preempt_file is None:
+    nothing can stop the run (``init(preempt_signals=())`` and no stop file), or where the
+    ranks have no store to agree through (said)."""
+    chosen = config.preemption  # parsed once, by PreemptionSettings
+    if not chosen.armed:
         return None
     store = default_store() if world_size > 1 else None
     if world_size > 1 and store is None:
         get_logger().warning("the process group has no store to agree on a stop step through: "
                              "%s will not stop this run at an agreed step.",
-                             "/".join(config.preempt_signals) or "the stop file")
+                             "/".join(chosen.preempt_signals) or "the stop file")
         return None
-    return Preemption(rank=rank, world_size=world_size,
-                      signals=config.preempt_signals,  # names, checked by RunConfig
-                      grace=config.preempt_grace, checkpoints=checkpoints,
+    return Preemption(rank=rank, world_size=world_size, signals=chosen.preempt_signals,
+                      grace=chosen.preempt_grace, checkpoints=checkpoints,
                       generators=generators, watch=watch, unwatch=unwatch, store=store,
-                      sources=() if config.preempt_file is None
-                      else (FileSource(config.preempt_file),))
+                      sources=() if chosen.preempt_file is None
+                      else (FileSource(chosen.preempt_file),))
