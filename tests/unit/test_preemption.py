@@ -3,6 +3,7 @@ and the notes a worker leaves for ``splitsync run``."""
 
 from __future__ import annotations
 
+import os
 import signal
 from datetime import timedelta
 from pathlib import Path
@@ -18,6 +19,8 @@ from splitsync.preemption.defaults import parse_signals
 from splitsync.preemption.exit import NOTES_VAR, read_notes, write_note
 from splitsync.preemption.requeue import requeue, requeue_wanted, slurm_job_id
 from splitsync.preemption.settings import PreemptionSettings
+from splitsync.preemption.slurm import SlurmSource
+from splitsync.preemption.sources import FileSource, SignalSource
 
 
 @pytest.fixture()
@@ -98,6 +101,49 @@ def test_slurm_job_ids_and_when_to_requeue() -> None:
     assert not requeue_wanted("SIGTERM", {"SLURM_JOB_ID": "17"})  # scancel: stay cancelled
     assert not requeue_wanted("SIGUSR1", {})
     assert requeue({}) == "not a SLURM job"
+
+
+def test_the_settings_pick_slurm_s_source_inside_a_slurm_job(tmp_path: Path) -> None:
+    plain = PreemptionSettings()
+    assert [type(s) for s in plain.sources({})] == [SignalSource]
+    (slurm,) = plain.sources({"SLURM_JOB_ID": "17"})
+    assert isinstance(slurm, SlurmSource) and slurm.job == "17"
+    assert slurm.signals == ("SIGTERM", "SIGUSR1")
+    with_file = PreemptionSettings(preempt_signals=(), preempt_file=str(tmp_path / "stop"))
+    assert [type(s) for s in with_file.sources({"SLURM_JOB_ID": "17"})] == [SlurmSource,
+                                                                            FileSource]
+    assert [type(s) for s in with_file.sources({})] == [SignalSource, FileSource]
+
+
+def test_slurm_s_source_fires_on_its_signal_and_requeues_after_a_stop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its signal is noted like any signal's; after the stop, rank 0 asks it to act: it
+    runs ``scontrol requeue`` (a stand-in scontrol on PATH records the call) unless SLURM
+    ended the job itself (SIGTERM)."""
+    calls = tmp_path / "calls"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
+                        'if [ "$1" = show ]; then echo "JobId=17 Requeue=1"; fi\n')
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    source = SlurmSource(("SIGUSR1",), {"SLURM_JOB_ID": "17"})
+    woken: list[bool] = []
+    source.start(lambda: woken.append(True))
+    try:
+        assert source.fired() is None
+        os.kill(os.getpid(), signal.SIGUSR1)
+        fired = source.fired()
+        assert fired is not None and fired[0] == "SIGUSR1" and woken
+    finally:
+        source.close()
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handler went back
+    assert source.after_stop("SIGTERM") is None  # scancel, a time limit: stay cancelled
+    assert not calls.exists()
+    assert source.after_stop("SIGUSR1") == "SLURM job 17 requeued"
+    assert calls.read_text().split("\n")[:2] == ["show job -o 17", "requeue 17"]
+    # the others do nothing after a stop
+    assert SignalSource(("SIGUSR1",)).after_stop("SIGUSR1") is None
+    assert FileSource(tmp_path / "stop").after_stop(FileSource.NAME) is None
 
 
 def test_notes_only_under_a_launcher_that_asked(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ the stop file as a path."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from splitsync.preemption.defaults import (
@@ -11,7 +13,8 @@ from splitsync.preemption.defaults import (
     check_grace,
     parse_signals,
 )
-from splitsync.preemption.sources import check_stop_file
+from splitsync.preemption.slurm import SlurmSource, in_slurm_job
+from splitsync.preemption.sources import FileSource, SignalSource, Source, check_stop_file
 
 __all__ = ["PreemptionSettings"]
 
@@ -37,3 +40,14 @@ class PreemptionSettings:
     def armed(self) -> bool:
         """Whether anything can stop the run: a signal or a stop file."""
         return bool(self.preempt_signals) or self.preempt_file is not None
+
+    def sources(self, environ: Mapping[str, str] | None = None) -> tuple[Source, ...]:
+        """Where this run's stop requests come from: the signals (SLURM's, inside a SLURM
+        job, which then requeues it), and the stop file if one is named."""
+        environ = os.environ if environ is None else environ
+        # inside a SLURM job its source stands, signals or none: it requeues on any stop
+        signals: Source = (SlurmSource(self.preempt_signals, environ) if in_slurm_job(environ)
+                           else SignalSource(self.preempt_signals))
+        if self.preempt_file is None:
+            return (signals,)
+        return signals, FileSource(self.preempt_file)
