@@ -3,6 +3,7 @@ and the notes a worker leaves for ``splitsync run``."""
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 from datetime import timedelta
@@ -215,21 +216,53 @@ def test_the_watcher_hands_a_source_s_request_to_the_board(tmp_path: Path) -> No
         watcher.close()
 
 
+# Outside preemption/, the only modules that mention preemption, why each does, and the
+# preemption modules each may import (nothing else of the package's room)
+MENTIONS: dict[str, tuple[str, set[str]]] = {
+    # the settings: init's keywords and RunConfig's read-through; the exception, exported
+    "api.py": ("init's preempt_* keywords, built into PreemptionSettings",
+               {"defaults", "settings"}),
+    "run/config.py": ("RunConfig composes PreemptionSettings", {"settings"}),
+    "errors.py": ("the Preempted exception a stop raises", set()),
+    "__init__.py": ("exports Preempted and PREEMPTED_EXIT_CODE", {"exit"}),
+    # the Run's arm and stop calls
+    "run/preempt.py": ("the Run's side: hook the models, stop after the agreed step, save",
+                       {"board", "exit", "sources", "watch"}),
+    "run/runtime.py": ("arms at the first run.resume; closes it at run.close", set()),
+    "run/checkpoints.py": ("run.resume arms it", set()),
+    "run/tolerance.py": ("the part says whether run.resume arms it", set()),
+    "ft/part.py": ("not armed under fault tolerance (a stopped group is a lost one)", set()),
+    # the launcher's use of the shared defaults and exit protocol
+    "launch/argv.py": ("the signals the agent passes on: AGENT_SIGNALS", {"defaults"}),
+    "launch/spawn.py": ("the stack-dump signal no run stops on: DUMP_SIGNAL_NAME",
+                        {"defaults"}),
+    "launch/spec.py": ("--shutdown-timeout's default: DEFAULT_SHUTDOWN_TIMEOUT",
+                       {"defaults"}),
+    "launch/agent.py": ("reads the workers' notes and exits with PREEMPTED_EXIT_CODE",
+                        {"exit"}),
+    "commands/run.py": ("its help says what a stop signal does, and the grace", set()),
+}
+
+
+def _preemption_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return {name.rsplit(".", 1)[-1] for name in names
+            if name.startswith("splitsync.preemption.")}
+
+
 def test_preemption_stays_in_its_room() -> None:
-    """Outside preemption/, only these modules mention it: the settings (init, RunConfig,
-    the exception, the top-level export), the Run's arm and stop (run/), the part that
-    turns it off under fault tolerance, and the launcher's use of the shared defaults and
-    exit protocol. A new mention elsewhere belongs in preemption/ (or on this list, with
-    why)."""
+    """Outside preemption/, only the modules in MENTIONS mention it (the settings, the
+    Run's arm and stop, the launcher's use of the shared defaults and exit protocol), each
+    importing no more of preemption/ than listed. A new mention elsewhere belongs in
+    preemption/ (or in MENTIONS, with why)."""
     import splitsync
 
     root = Path(splitsync.__file__).resolve().parent
     found = {str(p.relative_to(root)) for p in root.rglob("*.py")
              if "preempt" in p.read_text().lower() and p.parts[-2] != "preemption"}
-    assert found == {
-        "__init__.py", "api.py", "errors.py", "run/config.py",  # the settings, the exception
-        "run/preempt.py", "run/runtime.py", "run/checkpoints.py",  # arm, stop, close
-        "run/tolerance.py", "ft/part.py",  # not armed under fault tolerance
-        "launch/argv.py", "launch/spawn.py", "launch/agent.py",  # the shared defaults, exit
-        "launch/spec.py", "commands/run.py",  # --shutdown-timeout's help: the grace to save
-    }, found
+    assert found == set(MENTIONS), found
+    wider = {rel: imported - MENTIONS[rel][1] for rel in sorted(found)
+             if (imported := _preemption_imports(root / rel)) - MENTIONS[rel][1]}
+    assert not wider, wider
