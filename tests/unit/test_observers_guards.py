@@ -166,8 +166,8 @@ def test_launch_outcome_shows_the_traceback_end() -> None:
 def test_collective_wait_plus_grace_fit_in_the_timeout() -> None:
     from datetime import timedelta
 
+    from splitsync.observers.guards.attach import collective_timeout
     from splitsync.observers.guards.hangs import split_timeout
-    from splitsync.observers.guards.session import collective_timeout
 
     for seconds in (1, 3, 60, 600, 3600):
         wait, grace = split_timeout(timedelta(seconds=seconds))

@@ -37,7 +37,7 @@ def configure(config: RunConfig, environ: Mapping[str, str]) -> RunConfig:
 def collective_timeout(config: RunConfig, world_size: int) -> timedelta:
     """The timeout the process group's collectives get: with guards on, a little less than
     ``config.timeout``, so the guards' explained error comes first."""
-    from splitsync.observers.guards.session import collective_timeout as guarded
+    from splitsync.observers.guards.attach import collective_timeout as guarded
 
     return guarded(config, world_size)
 
@@ -48,7 +48,7 @@ def attach(config: RunConfig, env: DistEnv, device: torch.device, seed: int,
     the config with ``run_dir`` where they want it (verify gives each run its own folder).
     Collective when guards or debug mode are on (they form a side group)."""
     from splitsync.observe import redirect
-    from splitsync.observers.guards.session import start as start_guards
+    from splitsync.observers.guards.attach import start as start_guards
     from splitsync.tools.verify.record import from_environ
 
     observers: list[Observer] = list(start_guards(config, env.rank, env.world_size, device))

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from splitsync.ckpt.session import Checkpointer
+from splitsync.ckpt.checkpointer import Checkpointer
 from splitsync.ckpt.state import capture_rng, loader_position, restore_rng
 from splitsync.distributed.group import default_store
 from splitsync.distributed.logs import get_logger
