@@ -178,3 +178,25 @@ def test_init_fits_on_a_screen() -> None:
                if isinstance(n, ast.FunctionDef) and n.name == "init"]
     assert init.end_lineno - init.lineno + 1 <= 60
     assert "preempt_signals" in (splitsync.init.__doc__ or "")  # the keyword reference stays
+
+
+def test_changed_checks_only_the_config_s_own_fields() -> None:
+    config = splitsync.RunConfig(run_dir="out", sample_ledger=run_config.LedgerSettings(True))
+    assert config.changed(strategy="ddp", accumulate=2).strategy == "ddp"
+    with pytest.raises(ValueError, match="Unknown strategy 'zero3'"):
+        config.changed(strategy="zero3")
+    with pytest.raises(TypeError, match="not RunConfig's own fields"):
+        config.changed(guards=False)  # a sub-setting is its settings object's
+    with pytest.raises(ValueError, match="ledger=True"):
+        config.changed(run_dir=None)
+
+
+def test_the_config_reads_every_setting_under_its_init_keyword() -> None:
+    import inspect
+
+    keywords = {n for n, p in inspect.signature(splitsync.init).parameters.items()
+                if p.kind is p.KEYWORD_ONLY and not n.startswith("ft_")}
+    names = {name for name, _ in splitsync.RunConfig().settings()}
+    assert names == keywords | {"strategy_options"}
+    config = splitsync.RunConfig()
+    assert all(getattr(config, name) == value for name, value in config.settings())
