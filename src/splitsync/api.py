@@ -36,8 +36,8 @@ __all__ = ["init"]
 def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "32",
          device: str | torch.device | None = None, backend: str | None = None,
          accumulate: int | Callable[[int], int] = 1, timeout: float | timedelta = timedelta(minutes=10),
-         debug: bool = False, guards: bool = True, run_dir: str | None = None,
-         deterministic: bool = False, loggers: str | list[str] | tuple[str, ...] | None = None,
+         debug: bool = False, guards: bool = True, desync_after: float | None = None,
+         run_dir: str | None = None, deterministic: bool = False, loggers: str | list[str] | tuple[str, ...] | None = None,
          straggler_threshold: float | None = DEFAULT_STRAGGLER_THRESHOLD,
          save_blocking: bool = True, ledger: bool = False,
          fault_tolerance: str | None = None, ft_min_replicas: int = 1,
@@ -59,6 +59,11 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
     after one agreed optimizer step, saved, and the process exits with
     ``PREEMPTED_EXIT_CODE`` (75); ``preempt_grace`` seconds from the signal to reach that
     step, else the run exits with its previous checkpoint (docs/checkpoints.md#preemption).
+
+    ``desync_after`` (default 20 s, or ``SPLITSYNC_DESYNC_AFTER``): with guards on, a rank
+    that has waited this long in one collective asks where the others are; if they are at
+    another call, or outside any collective, every rank stops at once with a summary instead
+    of waiting for ``timeout`` (docs/guards-and-verify.md#what-a-hang-looks-like).
 
     ``accumulate``: micro-batches per optimizer step on each process, or a function of the
     world size that returns it (``accumulate=lambda world_size: 40 // world_size`` keeps 40
@@ -105,7 +110,7 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
     config = RunConfig(seed=seed, strategy=strategy, precision=precision,
                        device=None if device is None else str(device), backend=backend,
                        accumulate=accumulate, timeout=timeout, debug=debug, guards=guards,
-                       run_dir=run_dir, deterministic=deterministic,
+                       desync_after=desync_after, run_dir=run_dir, deterministic=deterministic,
                        save_blocking=save_blocking,
                        strategy_options=strategy_options, loggers=loggers,  # type: ignore[arg-type]
                        straggler_threshold=straggler_threshold, fault_tolerance=ft,

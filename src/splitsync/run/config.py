@@ -36,6 +36,9 @@ class RunConfig:
     timeout: timedelta = timedelta(minutes=10)
     debug: bool = False
     guards: bool = True
+    # seconds a rank waits in one collective before it asks where the others are (the hang
+    # guard's long-wait check); None: SPLITSYNC_DESYNC_AFTER, else 20
+    desync_after: float | None = None
     run_dir: str | None = None
     deterministic: bool = False
     save_blocking: bool = True  # run.save's default; False: background saves
@@ -68,6 +71,12 @@ class RunConfig:
         object.__setattr__(self, "preempt_signals",
                            tuple(s.name for s in parse_signals(self.preempt_signals)))
         object.__setattr__(self, "preempt_grace", check_grace(self.preempt_grace))
+        if self.desync_after is not None and (
+                isinstance(self.desync_after, bool)
+                or not isinstance(self.desync_after, (int, float)) or not self.desync_after > 0):
+            raise ValueError(f"desync_after={self.desync_after!r}: give the seconds a rank "
+                             "waits in one collective before it checks where the others are "
+                             "(a number > 0), or None for the default (20).")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed={self.seed!r}: give a non-negative integer or None.")
 
