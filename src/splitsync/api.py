@@ -21,6 +21,7 @@ from splitsync.distributed.device import choose_device, default_backend
 from splitsync.distributed.env import batch_note, detect_env
 from splitsync.distributed.group import destroy_group, init_group
 from splitsync.distributed.logs import attach_rank_handler, get_logger
+from splitsync.distributed.rankstate import flight_recorder_env
 from splitsync.distributed.preemption import DEFAULT_PREEMPT_GRACE, DEFAULT_PREEMPT_SIGNALS
 from splitsync.distributed.seeding import draw_seed, seed_everything
 from splitsync.distributed.threads import cpu_counts, launcher_threads
@@ -130,6 +131,9 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         torch.cuda.set_device(dev)
     owns = False
     if env.launcher != "none":
+        for key, value in flight_recorder_env(os.environ, chosen_backend, run_dir,
+                                              env.rank).items():
+            os.environ[key] = value  # read when the NCCL group is made, just below
         # with guards on, collectives wait a little less so the explained error fits in
         owns = init_group(env, chosen_backend, dev, attached.collective_timeout(config, env.world_size))
     try:

@@ -17,10 +17,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["STATE_DIR_VAR", "state_dir", "state_path", "stacks_path", "write_state",
+__all__ = ["STATE_DIR_VAR", "FLIGHT_RECORDER_ENTRIES", "flight_recorder_env",
+           "flight_recorder_folder", "state_dir", "state_path", "stacks_path", "write_state",
            "read_state", "innermost_user_line", "main_thread_block"]
 
 STATE_DIR_VAR = "SPLITSYNC_STATE_DIR"
+#: Collectives NCCL's flight recorder keeps per rank under ``splitsync run``.
+FLIGHT_RECORDER_ENTRIES = 2000
+_FR_NOTE = "flight_recorder.path"  # in the state folder: where the ranks' dumps go
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)", re.IGNORECASE)
 
@@ -102,3 +106,35 @@ def _short(path: str) -> str:
     full = os.path.abspath(path)
     cwd = os.getcwd() + os.sep
     return full[len(cwd):] if full.startswith(cwd) else full
+
+
+def flight_recorder_env(environ: Mapping[str, str], backend: str, run_dir: str | None,
+                        rank: int) -> dict[str, str]:
+    """The variables that turn NCCL's flight recorder on (only what the user has not set),
+    under ``splitsync run`` with NCCL: the last collectives of every rank, dumped when one
+    times out, under ``run_dir/flight_recorder`` (else the job's state folder, which the
+    launcher reads after a failure). Elsewhere (torchrun, srun, gloo) nothing."""
+    folder = state_dir(environ)
+    if folder is None or backend != "nccl":
+        return {}
+    dumps = os.path.join(run_dir if run_dir else folder, "flight_recorder")
+    os.makedirs(dumps, exist_ok=True)
+    if rank == 0:
+        with open(os.path.join(folder, _FR_NOTE), "w") as f:
+            f.write(dumps)
+    wanted = {"TORCH_FR_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES),
+              "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+              "TORCH_FR_DUMP_TEMP_FILE": os.path.join(dumps, "rank_")}
+    if "TORCH_NCCL_TRACE_BUFFER_SIZE" in environ:  # the older name of the buffer's size
+        wanted.pop("TORCH_FR_BUFFER_SIZE")
+    return {k: v for k, v in wanted.items() if k not in environ}
+
+
+def flight_recorder_folder(folder: str) -> str | None:
+    """Where the ranks of a ``splitsync run`` job dumped their flight records, if any."""
+    try:
+        with open(os.path.join(folder, _FR_NOTE)) as f:
+            dumps = f.read().strip()
+    except OSError:
+        return None
+    return dumps if os.path.isdir(dumps) and os.listdir(dumps) else None

@@ -19,10 +19,7 @@ from splitsync.distributed.preemption import NOTES_VAR, PREEMPTED_EXIT_CODE, rea
 from splitsync.launch.argv import torchrun_argv, torchrun_command
 from splitsync.distributed.rankstate import STATE_DIR_VAR
 from splitsync.launch.spec import LaunchSpec
-from splitsync.launch.summary import rank_lines
-
-#: Collectives NCCL's flight recorder keeps per rank under ``splitsync run``.
-FLIGHT_RECORDER_ENTRIES = 2000
+from splitsync.launch.summary import flight_records, rank_lines
 
 __all__ = ["say", "accelerators", "dry_run", "run_agent", "report_failure", "report_children",
            "report_stop", "report_preempted", "explain_rendezvous"]
@@ -84,9 +81,6 @@ def run_agent(spec: LaunchSpec) -> int:
     states = tempfile.mkdtemp(prefix="splitsync-ranks-")
     os.environ[STATE_DIR_VAR] = states
     os.environ.setdefault("PYTHONFAULTHANDLER", "1")  # stacks even before init()
-    # NCCL's flight recorder: the last collectives of each rank, dumped on a timeout
-    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", str(FLIGHT_RECORDER_ENTRIES))
-    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     try:
         try:
             torchrun_main(torchrun_argv(spec))
@@ -166,6 +160,8 @@ def report_failure(exc: Exception, spec: LaunchSpec, states: str | None = None) 
             for line in rank_lines(states, ranks, {r: f.exitcode
                                                    for r, f in exc.failures.items()}):
                 say(f"  {line}")
+            for line in flight_records(states):
+                say(line)
         return report_children(exc.failures)
     if isinstance(exc, SignalException):
         say(f"stopped by {exc.sigval.name}; workers were terminated.")

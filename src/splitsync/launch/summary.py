@@ -11,17 +11,20 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import subprocess
+import sys
 import sysconfig
 from typing import Any
 
 from splitsync.distributed.rankstate import (
+    flight_recorder_folder,
     innermost_user_line,
     main_thread_block,
     read_state,
     stacks_path,
 )
 
-__all__ = ["rank_lines", "library_dirs", "MISMATCH_SENTENCE"]
+__all__ = ["rank_lines", "library_dirs", "flight_records", "MISMATCH_SENTENCE"]
 
 MISMATCH_SENTENCE = ("The ranks made different collective calls: {who} aborted inside a "
                      "collective, which gloo does when the data a peer sends does not match "
@@ -113,3 +116,20 @@ def rank_lines(folder: str, ranks: range, failures: dict[int, int]) -> list[str]
 
 def line_is_user(frame: str, libs: tuple[str, ...]) -> bool:
     return innermost_user_line([frame], libs) is not None
+
+
+def flight_records(folder: str, timeout: float = 120.0) -> list[str]:
+    """NCCL's flight records of a failed job, read by PyTorch's own analyser
+    (``torch.distributed.flight_recorder``): the collective where the ranks diverge."""
+    dumps = flight_recorder_folder(folder)
+    if dumps is None:
+        return []
+    command = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", dumps,
+               "--prefix", "rank_", "--allow-incomplete-ranks"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [f"NCCL flight records are in {dumps}; reading them failed ({exc})."]
+    text = (done.stdout + done.stderr).strip().splitlines()
+    return [f"NCCL flight records ({dumps}), read by torch.distributed.flight_recorder:",
+            *[f"  {line}" for line in text[-40:]]]

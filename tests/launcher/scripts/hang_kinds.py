@@ -50,7 +50,7 @@ def main() -> None:
         loader = DataLoader(Numbers(64, hang), batch_size=1, num_workers=1)
     batches = iter(loader) if loader is not None else None
     for step in range(steps):
-        x = next(batches) if batches is not None else torch.ones(2, 4)
+        x = next(batches) if batches is not None else torch.ones(2, 4)  # NEXT
         if kind == "loader" and step == 1:
             diverged()
         loss = model(x).sum()
@@ -67,8 +67,8 @@ def main() -> None:
             break  # BREAK: the last rank leaves the loop early
         if kind == "spin" and last and step == 2:
             diverged()
-            while True:  # SPIN: the last rank never comes back
-                pass
+            while True:  # SPIN-LOOP: the last rank never comes back
+                pass  # SPIN
         if kind == "raise" and last and step == 2:
             diverged()
             raise ValueError("a rank fails mid-step")  # RAISE
@@ -78,7 +78,7 @@ def main() -> None:
         if kind == "slow" and step == 1:
             time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 5.0)  # SLOW: every rank
         run.mean(loss.detach())  # EVERY-STEP
-    run.close()
+    run.close()  # CLOSE
     print(f"rank {run.rank} finished", flush=True)
 
 

@@ -4,8 +4,10 @@ is not inside any collective (with its DataLoader worker's, when it waits on one
 ``enable`` (from ``init``, so under torchrun and srun too) turns on ``faulthandler`` for
 every thread: a rank that aborts or crashes in C++ (SIGABRT, SIGSEGV, SIGBUS) prints its
 Python stacks. SIGUSR2 dumps them on request (the hang guard asks a DataLoader worker this
-way; forked workers inherit it), and under ``splitsync run`` the launcher's SIGTERM dumps them
-before the rank stops, into the job's state folder.
+way; forked workers inherit it), and under torchrun's agent (``splitsync run`` or torchrun)
+the SIGTERM that stops the other ranks when one dies dumps them first: into the job's state
+folder under ``splitsync run``, to standard error under torchrun. A script that installs its
+own SIGTERM handler afterwards (``run.resume``'s preemption handling) replaces that dump.
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ def enable(rank: int, folder: str | None) -> str | None:
         faulthandler.enable(file=out, all_threads=True)
     if DUMP_SIGNAL is not None and signal.getsignal(DUMP_SIGNAL) in (signal.SIG_DFL, None):
         faulthandler.register(DUMP_SIGNAL, file=out, all_threads=True)
-    if folder is not None and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        # the launcher stops the others with SIGTERM when one rank dies: their stacks first
+    under_agent = folder is not None or "TORCHELASTIC_RUN_ID" in os.environ
+    if under_agent and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        # torchrun's agent stops the others with SIGTERM when one rank dies: stacks first
         faulthandler.register(signal.SIGTERM, file=out, all_threads=True, chain=True)
     if folder is not None and not isinstance(sys.excepthook, _RecordRaised):
         sys.excepthook = _RecordRaised(rank, folder, sys.excepthook)
