@@ -21,8 +21,8 @@ from splitsync.distributed.device import choose_device, default_backend
 from splitsync.distributed.env import batch_note, detect_env
 from splitsync.distributed.group import destroy_group, init_group
 from splitsync.distributed.logs import attach_rank_handler, get_logger
-from splitsync.distributed.rankstate import flight_recorder_env
 from splitsync.distributed.preemption import DEFAULT_PREEMPT_GRACE, DEFAULT_PREEMPT_SIGNALS
+from splitsync.distributed.rankstate import flight_recorder_env
 from splitsync.distributed.seeding import draw_seed, seed_everything
 from splitsync.distributed.threads import cpu_counts, launcher_threads
 from splitsync.output.trackers import require_packages

@@ -16,8 +16,8 @@ from dataclasses import replace
 from typing import Any
 
 from splitsync.distributed.preemption import NOTES_VAR, PREEMPTED_EXIT_CODE, read_notes
-from splitsync.launch.argv import torchrun_argv, torchrun_command
 from splitsync.distributed.rankstate import STATE_DIR_VAR
+from splitsync.launch.argv import torchrun_argv, torchrun_command
 from splitsync.launch.spec import LaunchSpec
 from splitsync.launch.summary import flight_records, rank_lines
 

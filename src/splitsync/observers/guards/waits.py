@@ -36,6 +36,7 @@ from splitsync.observers.guards.responder import (
     start_responder,
     wake_key,
 )
+from splitsync.observers.guards.site import user_site
 from splitsync.observers.guards.stacks import (
     loader_worker,
     stack_lines,
@@ -43,7 +44,6 @@ from splitsync.observers.guards.stacks import (
     worker_site,
     worker_stack,
 )
-from splitsync.observers.guards.site import user_site
 
 __all__ = ["DEFAULT_DESYNC_AFTER", "DESYNC_AFTER_VAR", "OUT_OF_STEP_EXIT_CODE", "LongWaits",
            "judge", "summary", "desync_after_from"]
