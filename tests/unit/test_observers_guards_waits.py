@@ -124,10 +124,13 @@ def test_launcher_lines_for_each_rank(tmp_path: Path, monkeypatch: pytest.Monkey
     lines = rank_lines(folder, range(4), {0: -int(signal.SIGABRT), 1: 1})
     assert lines[0] == ("rank 0: died: killed by signal SIGABRT, at train.py:81 "
                         "(inside a collective)")
-    assert lines[1] == "rank 1: died: exited with code 1; raised ValueError: boom at train.py:40"
-    assert lines[2] == "rank 2: running at train.py:50 when the launcher stopped it"
-    assert lines[3] == "rank 3: stopped by the launcher (it left no state or stack)"
-    assert lines[4] == MISMATCH_SENTENCE.format(who="rank 0")
+    assert lines[1] == "  rank 0's stack (most recent first):"
+    assert "all_reduce" in lines[2] and "line 81 in main" in lines[3]
+    rest = lines[5:]
+    assert rest[0] == "rank 1: died: exited with code 1; raised ValueError: boom at train.py:40"
+    assert rest[1] == "rank 2: running at train.py:50 when the launcher stopped it"
+    assert rest[2] == "rank 3: stopped by the launcher (it left no state or stack)"
+    assert rest[3] == MISMATCH_SENTENCE.format(who="rank 0")
 
 
 def test_flight_recorder_only_under_splitsync_run_with_nccl(tmp_path: Path) -> None:

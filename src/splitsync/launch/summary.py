@@ -102,6 +102,9 @@ def rank_lines(folder: str, ranks: range, failures: dict[int, int]) -> list[str]
                 aborted.append(rank)
                 words += " (inside a collective)"
             lines.append(f"rank {rank}: {words}")
+            if code < 0 and frames:  # a crash: its faulthandler dump, main thread
+                lines.append(f"  rank {rank}'s stack (most recent first):")
+                lines.extend(f"    {f}" for f in frames[:12])
         elif state is not None:
             lines.append(f"rank {rank}: {_state_words(state)}")
         elif line:

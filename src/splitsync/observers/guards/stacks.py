@@ -12,10 +12,12 @@ own SIGTERM handler afterwards (``run.resume``'s preemption handling) replaces t
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from types import FrameType
@@ -29,29 +31,38 @@ from splitsync.distributed.rankstate import (
 )
 from splitsync.observers.guards.site import library_dirs, user_site
 
-__all__ = ["enable", "DUMP_SIGNAL", "stack_lines", "loader_worker", "worker_stack",
+__all__ = ["enable", "DUMP_SIGNAL", "STACKS_FILE_VAR", "stack_lines", "loader_worker", "worker_stack",
            "worker_site", "stop_children"]
 
 # SIGUSR1 is a preemption signal (init's default); spawn's timeout dump uses SIGUSR2 too.
 DUMP_SIGNAL = getattr(signal, "SIGUSR2", None)
+STACKS_FILE_VAR = "SPLITSYNC_STACKS_FILE"  # where this process's SIGUSR2 dumps go
 _LOADER_FILE = os.path.join("torch", "utils", "data", "dataloader.py")
 _WORKER_WAIT_S = 2.0
 
 
 def enable(rank: int, folder: str | None) -> str | None:
-    """Turn on the dumps for this process; returns the file they go to (None: stderr).
+    """Turn on the dumps for this process; returns the file that on-request dumps (SIGUSR2)
+    go to, which a forked DataLoader worker inherits.
 
-    A user's own ``faulthandler.enable`` (or ``PYTHONFAULTHANDLER``) to another file is kept
-    where there is no state folder."""
+    Fatal dumps go to the state folder under ``splitsync run`` (the launcher prints them),
+    else to stderr; a user's own ``faulthandler.enable`` is kept there. A dump file set up by
+    ``splitsync.testing.spawn`` (``SPLITSYNC_STACKS_FILE``) is kept as it is."""
     out: IO[str] = sys.stderr
-    path = None
     if folder is not None:
-        path = stacks_path(folder, rank)
-        out = open(path, "a")  # noqa: SIM115 - open until this process exits
+        out = open(stacks_path(folder, rank), "a")  # noqa: SIM115 - open until exit
     if folder is not None or not faulthandler.is_enabled():
         faulthandler.enable(file=out, all_threads=True)
-    if DUMP_SIGNAL is not None and signal.getsignal(DUMP_SIGNAL) in (signal.SIG_DFL, None):
-        faulthandler.register(DUMP_SIGNAL, file=out, all_threads=True)
+    path = os.environ.get(STACKS_FILE_VAR) or None
+    if DUMP_SIGNAL is not None and path is None:
+        if folder is not None:
+            path, requested = stacks_path(folder, rank), out
+        else:  # a file of its own, so that a worker's dump can be read back
+            fd, path = tempfile.mkstemp(prefix=f"splitsync-stacks-rank{rank}-", suffix=".txt")
+            requested = os.fdopen(fd, "a")
+            atexit.register(_remove, path)
+        faulthandler.register(DUMP_SIGNAL, file=requested, all_threads=True)
+        os.environ[STACKS_FILE_VAR] = path  # a worker it forks or spawns finds it here
     under_agent = folder is not None or "TORCHELASTIC_RUN_ID" in os.environ
     if under_agent and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         # torchrun's agent stops the others with SIGTERM when one rank dies: stacks first
@@ -59,6 +70,13 @@ def enable(rank: int, folder: str | None) -> str | None:
     if folder is not None and not isinstance(sys.excepthook, _RecordRaised):
         sys.excepthook = _RecordRaised(rank, folder, sys.excepthook)
     return path
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 class _RecordRaised:
@@ -123,8 +141,6 @@ def worker_stack(pid: int, dump_file: str | None, wait: float = _WORKER_WAIT_S) 
     """The worker's Python stack: it inherited the SIGUSR2 dump (forked), and writes to the
     rank's file; read what it appended. Empty where the dump goes to stderr or none came."""
     if DUMP_SIGNAL is None or dump_file is None:
-        if DUMP_SIGNAL is not None:
-            _kill(pid)  # to stderr at least
         return []
     try:
         before = os.path.getsize(dump_file)

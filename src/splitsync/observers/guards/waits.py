@@ -178,6 +178,7 @@ class LongWaits:
         self._stop = threading.Event()
         self._stopping = threading.Lock()
         self._checked = 0  # the last call checked: each call is judged once
+        self._worker: dict[str, Any] | None = None  # the last DataLoader worker dumped
         self.responder = start_responder(store, watch.rank, watch._position_now,
                                          self.report, self.on_verdict)
         self._thread = threading.Thread(target=self._loop, name="splitsync-guard-waits",
@@ -205,9 +206,13 @@ class LongWaits:
             found = loader_worker(frame)
             if found is not None:
                 wid, pid = found
-                frames = worker_stack(pid, self.dump_file)
-                state["worker"] = {"id": wid, "pid": pid, "stack": frames,
-                                   "site": worker_site(frames)}
+                known = self._worker
+                if known is None or known["pid"] != pid:  # one dump per worker is enough
+                    frames = worker_stack(pid, self.dump_file)
+                    known = {"id": wid, "pid": pid, "stack": frames,
+                             "site": worker_site(frames)}
+                    self._worker = known
+                state["worker"] = known
         return state
 
     # --- the check -----------------------------------------------------------------------
@@ -265,7 +270,9 @@ class LongWaits:
             for r in range(w.world):
                 if r != w.rank:
                     self.store.set(wake_key(r), _GO)  # their responders read the verdict
-            self.stop_rank(text)
+            # only ranks whose responder answered can confirm: the others are gone or closing
+            alive = sum(1 for st in states.values() if st["state"] != "closing")
+            self.stop_rank(text, alive)
         else:
             self.stop_rank(self._wait_verdict())
 
@@ -291,10 +298,11 @@ class LongWaits:
         """Another rank found the job out of step: record where this one is and stop."""
         self.stop_rank(text)
 
-    def stop_rank(self, text: str) -> None:
+    def stop_rank(self, text: str, expect: int | None = None) -> None:
         """Leave this rank's state for the launcher, then end the process: a rank blocked
         inside a collective cannot be made to return. The store's host (rank 0 outside
-        torchrun) stops last, so that the others can read the verdict first."""
+        torchrun) stops last, so that the ``expect`` ranks that can still read the verdict
+        (default all) read it first."""
         if not self._stopping.acquire(blocking=False):
             return
         w = self.watch
@@ -309,7 +317,7 @@ class LongWaits:
             stopped = int(self.store.add(_STOPPED_KEY, 1))
             if w.rank == 0:
                 until = time.monotonic() + 3.0
-                while stopped < w.world and time.monotonic() < until:
+                while stopped < (expect or w.world) and time.monotonic() < until:
                     time.sleep(_POLL_S)
                     stopped = int(self.store.add(_STOPPED_KEY, 0))
         except Exception:  # the store's host is gone already
