@@ -15,11 +15,11 @@ import tempfile
 from dataclasses import replace
 from typing import Any
 
-from splitsync.distributed.preemption import NOTES_VAR, PREEMPTED_EXIT_CODE, read_notes
 from splitsync.distributed.rankstate import STATE_DIR_VAR
 from splitsync.launch.argv import torchrun_argv, torchrun_command
 from splitsync.launch.spec import LaunchSpec
 from splitsync.launch.summary import flight_records, rank_lines
+from splitsync.preemption.exit import NOTES_VAR, PREEMPTED_EXIT_CODE, read_notes
 
 __all__ = ["say", "accelerators", "dry_run", "run_agent", "report_failure", "report_children",
            "report_stop", "report_preempted", "explain_rendezvous"]
