@@ -37,6 +37,15 @@ def test_same_call_everywhere_is_slow_not_out_of_step() -> None:
     assert judge(states, 2, 0) == []
 
 
+def test_a_barrier_waits_for_a_rank_still_working() -> None:
+    """run.main_process_first: rank 0 downloads while the others wait in a barrier."""
+    running = {"rank": 0, "state": "running", "call": 4, "op": "", "site": "train.py:3"}
+    states = {0: running, 1: _waiting(1, op="barrier", shapes="")}
+    assert judge(states, 2, 1) == []
+    states[1] = _waiting(1)
+    assert "rank 0 has not reached any collective" in judge(states, 2, 1)[0]
+
+
 def test_each_way_out_of_step_is_named() -> None:
     states = {0: _waiting(0), 1: _waiting(1, call=6, op="backward", site="train.py:8"),
               2: {"rank": 2, "state": "running", "call": 4, "op": "", "site": "train.py:30",

@@ -55,7 +55,7 @@ OUT_OF_STEP_EXIT_CODE = 1
 _GO = b"go"  # a wake that asks for a report; the value itself is not read
 _COUNT_KEY = "splitsync/guard/verdicts"
 _STOPPED_KEY = "splitsync/guard/stopped"
-_SLOW_KEY = "splitsync/guard/slow/{call}"
+_SLOW_KEY = "splitsync/guard/slow"
 _CLOSED_KEY = "splitsync/guard/closed/{rank}"  # a rank in run.close(): its responder is gone
 _POLL_S = 0.05
 
@@ -103,8 +103,11 @@ def _line(s: dict[str, Any]) -> str:
 
 
 def judge(states: dict[int, dict[str, Any]], world: int, me: int) -> list[str]:
-    """Why the ranks are out of step (empty: they are in step, only slow)."""
+    """Why the ranks are out of step (empty: they are in step, only slow). In a barrier, a
+    rank still running is not a sign: a barrier exists to wait for such work (rank 0 alone
+    downloading or saving under ``run.main_process_first``)."""
     mine = states[me]
+    in_barrier = "barrier" in str(mine.get("op", ""))
     reasons = []
     for r in range(world):
         s = states.get(r)
@@ -113,8 +116,9 @@ def judge(states: dict[int, dict[str, Any]], world: int, me: int) -> list[str]:
         elif s["state"] == "closing":
             reasons.append(f"rank {r} has left its loop (it is in run.close())")
         elif s["state"] == "running":
-            reasons.append(f"rank {r} has not reached any collective for "
-                           f"{mine['waited']:.0f}s")
+            if not in_barrier:
+                reasons.append(f"rank {r} has not reached any collective for "
+                               f"{mine['waited']:.0f}s")
         elif (s["call"], s["op"]) != (mine["call"], mine["op"]) or s["state"] == "failed":
             reasons.append(f"rank {r} is at call #{s['call']} {s['op']}, rank {me} at call "
                            f"#{mine['call']} {mine['op']}")
@@ -177,7 +181,8 @@ class LongWaits:
         self._main = threading.main_thread().ident
         self._stop = threading.Event()
         self._stopping = threading.Lock()
-        self._checked = 0  # the last call checked: each call is judged once
+        self._checked = 0  # the last call checked: each call is judged once...
+        self._recheck_at = 0.0  # ...unless a barrier waits on ranks still running
         self._worker: dict[str, Any] | None = None  # the last DataLoader worker dumped
         self.responder = start_responder(store, watch.rank, watch._position_now,
                                          self.report, self.on_verdict)
@@ -220,11 +225,12 @@ class LongWaits:
         poll = min(1.0, self.desync_after / 4)
         while not self._stop.wait(poll):
             w = self.watch
-            if not w.in_call or w.calls == self._checked:
+            now = time.monotonic()
+            if not w.in_call or now - w.started < self.desync_after:
                 continue
-            if time.monotonic() - w.started < self.desync_after:
+            if w.calls == self._checked and not (self._recheck_at and now >= self._recheck_at):
                 continue
-            self._checked = w.calls
+            self._checked, self._recheck_at = w.calls, 0.0
             try:
                 self.check()
             except Exception:  # the store went away: the collective's own error explains
@@ -260,7 +266,10 @@ class LongWaits:
             return  # the collective completed while we asked: in step after all
         reasons = judge(states, w.world, w.rank)
         if not reasons:
-            self._say_slow(states, mine)
+            if any(st["state"] == "running" for st in states.values()):
+                self._recheck_at = time.monotonic() + self.desync_after  # a barrier waits
+            else:
+                self._say_slow(states, mine)
             return
         text = summary(states, w.world, reasons, mine["waited"], w.timeout.total_seconds())
         if int(self.store.add(_COUNT_KEY, 1)) == 1:
@@ -284,8 +293,8 @@ class LongWaits:
             return "the ranks are out of step"
 
     def _say_slow(self, states: dict[int, dict[str, Any]], mine: dict[str, Any]) -> None:
-        if int(self.store.add(_SLOW_KEY.format(call=mine["call"]), 1)) != 1:
-            return  # once per call for the whole job
+        if int(self.store.add(_SLOW_KEY, 1)) != 1:
+            return  # once for the whole job: a job whose calls are all slow says it once
         last = min(states.values(), key=lambda s: s.get("waited", 0.0))
         longest = max(s.get("waited", 0.0) for s in states.values())
         print(f"splitsync: every rank is in call #{mine['call']} {mine['op']} at "
