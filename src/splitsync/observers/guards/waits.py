@@ -251,17 +251,17 @@ class LongWaits:
         deadline = time.monotonic() + grace
         while len(states) < w.world and time.monotonic() < deadline:
             for r in range(w.world):
-                if r not in states and self.store.check([report_key(r)]):
+                if r in states:
+                    continue
+                if self.store.check([report_key(r)]):
                     s = json.loads(self.store.get(report_key(r)))
                     if s.get("generation", -1) >= generation:
                         states[r] = s
+                elif self.store.check([_CLOSED_KEY.format(rank=r)]):  # no responder left
+                    states[r] = json.loads(self.store.get(_CLOSED_KEY.format(rank=r)))
             if self.store.check([VERDICT_KEY]):
                 self.on_verdict(self.store.get(VERDICT_KEY).decode())
             time.sleep(_POLL_S)
-        for r in range(w.world):
-            key = _CLOSED_KEY.format(rank=r)
-            if r not in states and self.store.check([key]):
-                states[r] = json.loads(self.store.get(key))
         if not w.in_call or w.calls != mine["call"]:
             return  # the collective completed while we asked: in step after all
         reasons = judge(states, w.world, w.rank)
