@@ -257,7 +257,8 @@ class LongWaits:
                     s = json.loads(self.store.get(report_key(r)))
                     if s.get("generation", -1) >= generation:
                         states[r] = s
-                elif self.store.check([_CLOSED_KEY.format(rank=r)]):  # no responder left
+                        continue
+                if self.store.check([_CLOSED_KEY.format(rank=r)]):  # no responder left
                     states[r] = json.loads(self.store.get(_CLOSED_KEY.format(rank=r)))
             if self.store.check([VERDICT_KEY]):
                 self.on_verdict(self.store.get(VERDICT_KEY).decode())
