@@ -15,6 +15,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _steps(rank: int, world: int) -> list[bool]:
+    import time
+
     # 5 s: no step of this loop waits that long, even on a loaded machine
     with splitsync.init(seed=0, desync_after=5) as run:
         model = run.model(nn.Linear(4, 1))
@@ -25,14 +27,21 @@ def _steps(rank: int, world: int) -> list[bool]:
             run.mean(torch.ones(1))
         watch = next(o for o in run.observers if isinstance(o, GuardObserver)).watch
         store = watch.store
-        run.barrier()  # every rank's steps are done before anyone looks
-        return [store.check([GENERATION_KEY]), store.check([VERDICT_KEY]),
+        run.mean(torch.ones(1))  # every rank's steps are done before anyone looks
+        seen = [store.check([GENERATION_KEY]), store.check([VERDICT_KEY]),
                 store.check([report_key(0)]), store.check([report_key(1)])]
+        run.mean(torch.ones(1))  # nobody looks again before both have looked
+        if rank == 1:
+            time.sleep(8)  # rank 0 waits in the barrier below past desync_after...
+        run.barrier()  # ...and asks; a barrier waits for a rank still working: no stop
+        run.mean(torch.ones(1))
+        return [*seen, store.check([GENERATION_KEY]), store.check([VERDICT_KEY])]
 
 
 def test_calls_that_end_in_time_publish_nothing() -> None:
     for seen in spawn(_steps, 2):
-        assert seen == [False, False, False, False]
+        assert seen[:4] == [False, False, False, False]  # 20 quick steps: nothing
+        assert seen[4:] == [True, False]  # a long wait in the barrier: asked, not stopped
 
 
 def _slow_in_step(rank: int, world: int) -> str:
