@@ -41,8 +41,14 @@ from splitsync.ckpt.save import (
     side_group,
     start,
 )
-from splitsync.ckpt.staging import Stager
-from splitsync.ckpt.state import Registered, register, restore_loader, restore_rng, split_state
+from splitsync.ckpt.staging import Stager, restore_rank_buffers
+from splitsync.ckpt.state import (
+    Registered,
+    register,
+    restore_loader,
+    restore_rng,
+    split_state,
+)
 from splitsync.data.build import ResumableLoader
 from splitsync.distributed.seeding import Generators
 from splitsync.errors import CheckpointError, CheckpointWarning
@@ -59,7 +65,7 @@ class Checkpointer:
 
     def __init__(self, rank: int, world_size: int, loaders: Sequence[ResumableLoader], *,
                  generators: Generators | None = None, timeout: Any = None,
-                 blocking: bool = True, watch: Callable[[Observer], Any] | None = None,
+                 save_blocking: bool = True, watch: Callable[[Observer], Any] | None = None,
                  unwatch: Callable[[Observer], None] | None = None,
                  wrapped: Callable[[], dict[str, Any]] = dict,
                  window: Window | None = None) -> None:
@@ -69,8 +75,8 @@ class Checkpointer:
         self.window = window  # the run's accumulation window: a save inside one keeps it
         self.generators = generators  # the run's run.generator streams, part of its RNG state
         self.timeout = timeout
-        self.default_blocking = blocking  # init(save_blocking=...)
-        self.blocking = blocking  # run.save's default: init's, or run.resume's save_blocking
+        self.init_save_blocking = save_blocking  # init(save_blocking=...)
+        self.save_blocking = save_blocking  # run.save's default: init's, or run.resume's
         self._watch_steps, self._unwatch_steps = watch, unwatch
         self.wrapped = wrapped
         # set by run.resume
@@ -79,6 +85,7 @@ class Checkpointer:
         self.registered: Registered | None = None  # None: saves take what the run wrapped
         self.keep = 3
         self.loaded: tuple[Storage, str, dict[str, Any]] | None = None  # the last one read
+        self._rank_buffers: dict[str, Any] = {}  # this rank's buffers in it (rank_buffers)
         self.step = 0  # optimizer steps the run took (see count); a checkpoint loaded sets it
         self._hook: Any = None  # post-hook counting the steps of the optimizer below
         self._counted: Any = None
@@ -144,12 +151,12 @@ class Checkpointer:
         self.where, self.storage = where, storage
         self.registered = registered if objects else None
         self.keep = keep
-        self.blocking = self.default_blocking if save_blocking is None else save_blocking
+        self.save_blocking = self.init_save_blocking if save_blocking is None else save_blocking
         self._reserved = False
         state = self._load(storage, registered, step=step, check=not objects)
         self._ahead = newer_steps(storage, step) if state.resumed and self.rank == 0 else []
         self._start_counting(registered)
-        if not self.blocking:
+        if not self.save_blocking:
             self.reserve()  # on a thread, and only once the optimizers have state
         return self._resumed(state)
 
@@ -185,6 +192,7 @@ class Checkpointer:
                                       models={**self.registered.models, name: module})
         if self.loaded is not None and name in self.loaded[2]["models"]:
             load_models(*self.loaded, STATE_FILE, {name: module})
+            restore_rank_buffers({name: module}, self._rank_buffers)
 
     def _load(self, storage: Storage, reg: Registered, step: int | None = None,
               check: bool = False) -> ResumeState:
@@ -219,6 +227,8 @@ class Checkpointer:
         for i, loader in enumerate(self.loaders):
             self._continue(loader, i)
         mine = per_rank or {}  # this rank's part of the window saved in (gradients, count)
+        self._rank_buffers = mine.get("buffers", {})  # its BatchNorm statistics: its own
+        restore_rank_buffers(reg.models, self._rank_buffers)
         reopen_window(self.window, reg.models, body.get("window"), mine.get("window", {}),
                       world_size=self.world_size, saved_world=int(body["world_size"]),
                       where=storage.where(name), own=mine.get("window_own", {}))
@@ -251,7 +261,7 @@ class Checkpointer:
     def _on_step(self, *_: Any) -> None:
         if self._counting:
             self.step += 1
-            if not self.blocking and not self._reserved:
+            if not self.save_blocking and not self._reserved:
                 self.reserve()  # the optimizer has state now: its shapes are known
 
     # --- save ----------------------------------------------------------------------------
@@ -287,7 +297,7 @@ class Checkpointer:
             obs.before_save(step)
         ahead, self._ahead = self._ahead, []
         set_aside_newer(self.storage, ahead)
-        blocking = self.blocking if blocking is None else blocking
+        blocking = self.save_blocking if blocking is None else blocking
         if step is None:
             if self._hook is None and not reg.optims:
                 raise TypeError("run.save(...) names checkpoints after optimizer steps, and "

@@ -30,9 +30,10 @@ from splitsync.data.loader import (
 from splitsync.data.stream.loader import StreamLoader
 from splitsync.data.stream.readers import StreamReaders
 from splitsync.data.stream.sources import HFSource, IterSource, Shards, Source, from_webdataset
+from splitsync.distributed.logs import get_logger
 from splitsync.distributed.seeding import loader_seed, worker_init_fn
 
-__all__ = ["LoaderHooks", "ResumableLoader", "make_loader", "is_stream", "as_source", "direct",
+__all__ = ["LoaderHooks", "ResumableLoader", "make_loader", "warn_if_empty", "check_marks", "is_stream", "as_source", "direct",
            "DEFAULT_BUFFER"]
 
 DEFAULT_BUFFER = 1024
@@ -225,3 +226,27 @@ def as_source(data: Any) -> Source:
             "torch IterableDataset, a list, or splitsync.Shards(items, open=fn).")
     kind = "torch IterableDataset" if isinstance(data, IterableDataset) else "iterable"
     return IterSource(data, kind)
+
+
+def warn_if_empty(loader: Any, rank: int, world_size: int) -> None:
+    """A map-style loader with no batch on this rank trains nothing there: say so, with
+    the numbers and the fix (a stream's length is not known beforehand)."""
+    if getattr(loader, "sampler", None) is None or loader.train is False:
+        return
+    n, size = len(loader.dataset), loader.batch_size or 1
+    if len(loader) == 0:
+        get_logger().warning(
+            "run.loader: rank %d gets no batch: %d sample(s) over %d rank(s) at batch_size=%d"
+            "%s leave it none, so it trains nothing (and the audit reports it). Use a "
+            "smaller batch_size, fewer processes or drop_last=False.", rank, n, world_size,
+            size, " with drop_last=True" if loader.loader.drop_last else "")
+
+
+def check_marks(train: Any, repeats: Any) -> None:
+    """``run.loader``'s ``train=`` and ``repeats=``, or a clear error."""
+    if train not in (None, True, False):
+        raise TypeError(f"run.loader(..., train={train!r}): True (training), False "
+                        "(evaluation) or None (not said).")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"run.loader(..., repeats={repeats!r}): how many times the "
+                         "sampler delivers each sample per epoch, an integer >= 1.")

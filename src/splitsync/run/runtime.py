@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from splitsync.ckpt.session import Checkpointer
-from splitsync.data.build import make_loader
+from splitsync.data.build import check_marks, make_loader, warn_if_empty
 from splitsync.data.loader import DeviceLoader
 from splitsync.data.stream.loader import StreamLoader
 from splitsync.distributed.device import move_to
@@ -40,11 +40,13 @@ from splitsync.run.checkpoints import CheckpointVerbs
 from splitsync.run.collectives import Collectives, CollectiveVerbs
 from splitsync.run.config import RunConfig
 from splitsync.run.data import Loaders
-from splitsync.run.ema import Emas
+from splitsync.run.ema import Decay, Emas
 from splitsync.run.logging import Logging, run_settings
+from splitsync.run.meter import EpochMeter
 from splitsync.run.models import Models
 from splitsync.run.preempt import Preemption, preemption_for
 from splitsync.run.step import StepPlan
+from splitsync.run.tolerance import PLAIN, Tolerance
 from splitsync.run.training import Training, TrainingVerbs
 from splitsync.strategies import Strategy, unwrap
 from splitsync.train.precision import Precision
@@ -57,7 +59,8 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
 
     def __init__(self, config: RunConfig, env: DistEnv, device: torch.device, backend: str,
                  seed: int, owns_group: bool, handler: logging.Handler | None, *,
-                 precision: Precision, observers: Sequence[Observer] = ()) -> None:
+                 precision: Precision, observers: Sequence[Observer] = (),
+                 strategy: str) -> None:
         self.config = config
         self.env = env
         self.device = device
@@ -73,8 +76,9 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         # backward/step functions for this precision and accumulation, chosen once
         self._plan = StepPlan(precision, config.accumulate)
         self._data = Loaders()
+        # strategy: config.strategy as init resolved it for this world size ("auto" -> ...)
         self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
-                              config.strategy_options, env.local_world_size)
+                              config.strategy_options, env.local_world_size, resolved=strategy)
         self._collectives = Collectives(device, self._data)
         self._training = Training(self._plan, self._data, self.world_size,
                                   self._new_optimizer, partial(self._collectives.reduce, op="sum"))
@@ -85,15 +89,20 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         self._step_watch: tuple[Observer, ...] = ()
         self._checkpoints = Checkpointer(self.rank, self.world_size, self._data.all,
                                          generators=self._generators, timeout=config.timeout,
-                                         blocking=config.save_blocking,
+                                         save_blocking=config.save_blocking,
                                          watch=self._watch_steps, unwatch=self._unwatch_steps,
                                          wrapped=self._wrapped, window=self._training)
         self._logging = Logging(config, device, self.is_main,
                                 run_settings(config, self.world_size, seed, device, backend))
         self._observers: tuple[Observer, ...] = ()
-        self._emas = Emas(self._plan, self._models, self.add_observer)
+        self._emas = Emas(self._plan, self._models, self.add_observer,
+                          steps=lambda: self._checkpoints.step)
+        self._meters: list[EpochMeter] = []  # run.meter's, saved with the checkpoints
         self._preemption: Preemption | None = None  # made by the first run.resume
         self._preempt_tried = False
+        # what differs under fault tolerance, as a part (config.fault_tolerance: FTOptions)
+        ft = config.fault_tolerance
+        self._tolerance: Tolerance = PLAIN if ft is None else self._fault_tolerance(ft)
         for obs in observers:
             self.add_observer(obs)
 
@@ -120,9 +129,37 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
             part.set_observers(observers)
         self._training.set_observers((*observers, *self._step_watch))
 
+    def _fault_tolerance(self, ft: Any) -> Tolerance:
+        from splitsync.ft.part import FaultTolerance  # torchft's side, only when asked for
+
+        return FaultTolerance(ft, env=self.env, device=self.device, backend=self.backend,
+                              seed=self.seed, data=self._data, checkpoints=self._checkpoints,
+                              observers=lambda: self._observers)
+
+    # --- fault tolerance ---------------------------------------------------------------
+    @property
+    def replica_group(self) -> int:
+        """This process's replica group under ``fault_tolerance="torchft"`` (else 0)."""
+        return self._tolerance.group
+
+    @property
+    def replica_groups(self) -> int:
+        """Replica groups in the job (1 without fault tolerance)."""
+        return self._tolerance.groups
+
+    @property
+    def session(self) -> Any:
+        """The group's torchft session (its Manager, cursor and the step under way) under
+        ``fault_tolerance="torchft"``; None without fault tolerance."""
+        return self._tolerance.session
+
     def _arm_preemption(self) -> Preemption | None:
         """At the first ``run.resume`` (before it loads: a signal from then on stops the run
-        too), the preemption handling ``init(preempt_signals=...)`` asked for."""
+        too), the preemption handling ``init(preempt_signals=...)`` asked for (none under
+        fault tolerance: a group told to stop is a group lost, which the others train
+        through; its signals keep their usual effect, and its agent restarts it)."""
+        if not self._tolerance.preemptible:
+            return None
         if not self._preempt_tried:
             self._preempt_tried = True
             self._preemption = preemption_for(self.config, self.rank, self.world_size,
@@ -159,18 +196,27 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         (``fsdp``/``hsdp``: ``blocks``, ``reshard_after_forward``, ``offload``; ``hsdp``:
         ``replicate`` or ``shard``; DDP's are ignored when "auto" runs one process). Build
         the optimizer on the returned model's parameters."""
-        return self._models.wrap(module, strategy, sync_batchnorm=sync_batchnorm,
-                                 compile=compile, autocast=autocast, options=options,
-                                 activation_checkpointing=activation_checkpointing)
+        def wrap(name: str | None, opts: dict[str, Any]) -> nn.Module:
+            return self._models.wrap(module, name, sync_batchnorm=sync_batchnorm,
+                                     compile=compile, autocast=autocast, options=opts,
+                                     activation_checkpointing=activation_checkpointing)
 
-    def ema(self, model: nn.Module, decay: float = 0.999) -> nn.Module:
+        if self._tolerance is PLAIN:
+            return wrap(strategy, options)
+        return self._tolerance.model(strategy or self.config.strategy, options, wrap)
+
+    def ema(self, model: nn.Module, decay: Decay = 0.999, *, every: int = 1,
+            warmup: int = 0) -> nn.Module:
         """A frozen copy of ``model``'s weights and floating-point buffers that becomes
         ``decay * ema + (1 - decay) * weights`` after each optimizer step that really steps
-        (not an accumulation micro-step, not one the GradScaler skipped). Laid out like the
-        model (FSDP: sharded the same way, updated locally). Checkpoints hold it (made after
-        :meth:`resume`, it is loaded from the checkpoint resume read, if that holds it);
-        ``run.export(path, model=ema)`` writes it. Takes the model :meth:`model` returned."""
-        ema = self._emas.make(model, decay)
+        (not an accumulation micro-step, not one the GradScaler skipped). ``every=k``: after
+        every k-th optimizer step only; ``warmup=n``: a copy of the weights for the first n;
+        ``decay``: a number or a function of the optimizer step (1, 2, ...). Laid out like the
+        model (FSDP: sharded the same way, updated locally). Checkpoints hold it, each rank's
+        buffers as that rank's (made after :meth:`resume`, it is loaded from the checkpoint
+        resume read, if that holds it); ``run.export(path, model=ema)`` writes it. Takes the
+        model :meth:`model` returned."""
+        ema = self._emas.make(model, decay, every=every, warmup=warmup)
         self._ema_made(ema)
         return ema
 
@@ -186,22 +232,41 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
     # --- data --------------------------------------------------------------------------
     def loader(self, data: Dataset | DataLoader, batch_size: int | None = None, *,
                shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
-               collate_fn: Any = None, **extra: Any) -> DeviceLoader | StreamLoader:
+               collate_fn: Any = None, train: bool | None = None, repeats: int = 1,
+               **extra: Any) -> DeviceLoader | StreamLoader:
         """A loader over this rank's shard; ``batch_size`` is per process. A stream (see
         docs/streams.md) gets a :class:`~splitsync.data.stream.StreamLoader`, anything
         indexable a :class:`~splitsync.data.loader.DeviceLoader`; both keep a position
-        (``position()``, ``restore()``) that ``run.save``/``run.resume`` carry."""
-        loader = make_loader(data, batch_size, shuffle=shuffle, drop_last=drop_last,
-                             num_workers=num_workers, collate_fn=collate_fn, rank=self.rank,
-                             world_size=self.world_size, seed=self.seed, device=self.device,
-                             hooks=self._data.hooks, **extra)
-        self._data.all.append(loader)
-        self._checkpoints.attach_loader(loader)  # made after run.resume: continue from it
+        (``position()``, ``restore()``) that ``run.save``/``run.resume`` carry.
+        ``train=False`` marks an evaluation loader (the ledger and ``splitsync audit``
+        count it apart; under fault tolerance each group reads it alone); ``repeats=k``
+        declares a sampler that delivers each sample k times per epoch by design (repeated
+        augmentation), which the audit checks against k."""
+        check_marks(train, repeats)
+
+        def plain() -> DeviceLoader | StreamLoader:
+            loader = make_loader(data, batch_size, shuffle=shuffle, drop_last=drop_last,
+                                 num_workers=num_workers, collate_fn=collate_fn, rank=self.rank,
+                                 world_size=self.world_size, seed=self.seed,
+                                 device=self.device, hooks=self._data.hooks, **extra)
+            loader.train, loader.repeats = train, repeats
+            warn_if_empty(loader, self.rank, self.world_size)
+            self._data.all.append(loader)
+            self._checkpoints.attach_loader(loader)  # made after run.resume: continue from it
+            return loader
+
+        if train is False:  # evaluation: never the fault-tolerant cursor's loader
+            return plain()
+        loader = self._tolerance.loader(data, batch_size, {
+            "shuffle": shuffle, "drop_last": drop_last, "num_workers": num_workers,
+            "collate_fn": collate_fn, **extra}, plain)
+        loader.train, loader.repeats = train, repeats
         return loader
 
     def epochs(self, n: int, start: int = 0) -> Iterator[int]:
-        """Yield epoch numbers start..n-1, calling set_epoch on every loader first."""
-        return self._data.epochs(n, start)
+        """Yield epoch numbers start..n-1, calling set_epoch on every loader first (under
+        fault tolerance: as the job's data cursor reaches them)."""
+        return self._tolerance.epochs(n, start, self._data.epochs)
 
     def generator(self, per_rank: bool = True, *, name: str | None = None,
                   device: str | torch.device = "cpu") -> torch.Generator:
@@ -231,8 +296,10 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
 
     def progress(self, iterable: Iterable[Any], *, total: int | None = None, desc: str = "",
                  every: int | None = None) -> Iterable[Any]:
-        """``iterable`` with a progress bar on rank 0 (plain lines when not a terminal)."""
-        return _progress(iterable, show=self.is_main, total=total, desc=desc, every=every)
+        """``iterable`` with a progress bar on rank 0 (plain lines when not a terminal); under
+        fault tolerance, over the training loader, the batches committed steps took."""
+        return self._tolerance.progress(iterable, desc, every, lambda: _progress(
+            iterable, show=self.is_main, total=total, desc=desc, every=every))
 
     def log(self, count: Any = None, **metrics: Any) -> dict[str, int | float]:
         """Average ``metrics`` over ranks (one all-reduce) and return the averages on every
@@ -240,8 +307,11 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         ``init(loggers=...)``. A collective: every rank calls it, with the same names (not
         Fabric's ``log_dict``, which logs rank 0's own values). ``count=n``: each rank's
         numbers weigh by its ``n`` items (the mean over all items), and the record's
-        ``count`` is their total."""
-        return self._logging.log(metrics, count)
+        ``count`` is their total. Under fault tolerance a record is written for committed
+        steps only, numbered by them."""
+        if self._tolerance is PLAIN:
+            return self._logging.log(metrics, count)
+        return self._tolerance.log(metrics, count, self._logging.log)
 
     def log_config(self, params: dict[str, Any]) -> None:
         """Record ``params`` (nested dicts allowed) once as hyperparameters with every
@@ -294,6 +364,7 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
                 destroy_group()
             if preemption is not None:
                 preemption.after_close()  # e.g. requeue a stopped SLURM job
+            self._tolerance.close()
 
     def _close_at_exit(self) -> None:
         """``close()`` at interpreter exit for a run never closed (``init`` registers it):
