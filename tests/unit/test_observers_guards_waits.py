@@ -151,3 +151,24 @@ def test_flight_recorder_only_under_splitsync_run_with_nccl(tmp_path: Path) -> N
     assert got["TORCH_FR_DUMP_TEMP_FILE"] == str(tmp_path / "run" / "flight_recorder" / "rank_")
     mine = flight_recorder_env({**env, "TORCH_FR_BUFFER_SIZE": "10"}, "nccl", None, 0)
     assert "TORCH_FR_BUFFER_SIZE" not in mine  # the user's own setting stays
+
+
+def _nap() -> None:
+    import time
+
+    time.sleep(1)
+
+
+def test_only_a_forked_worker_is_asked_for_its_stack() -> None:
+    """A worker started by "spawn" has no inherited dump: SIGUSR2 would kill it."""
+    import multiprocessing
+
+    from splitsync.observers.guards.stacks import forked
+
+    child = multiprocessing.get_context("fork").Process(target=_nap)
+    child.start()
+    try:
+        assert forked(child.pid)
+        assert not forked(os.getpid())  # not a child of this process
+    finally:
+        child.join()

@@ -132,15 +132,28 @@ def _awaited(it: Any) -> tuple[int, int] | None:
         if task is None or len(task) != 1:  # (worker_id,) while the batch is outstanding
             return None
         worker_id = int(task[0])
-        return worker_id, int(it._workers[worker_id].pid)
+        proc = it._workers[worker_id]
+        return worker_id, int(proc.pid)
     except (AttributeError, IndexError, KeyError, TypeError, ValueError):
         return None
 
 
+def forked(pid: int) -> bool:
+    """Whether this process forked ``pid`` (a DataLoader worker started by "fork" inherits
+    the SIGUSR2 dump; one started by "spawn" or "forkserver" would be killed by it)."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        if child.pid == pid:
+            return getattr(getattr(child, "_popen", None), "method", None) == "fork"
+    return False
+
+
 def worker_stack(pid: int, dump_file: str | None, wait: float = _WORKER_WAIT_S) -> list[str]:
     """The worker's Python stack: it inherited the SIGUSR2 dump (forked), and writes to the
-    rank's file; read what it appended. Empty where the dump goes to stderr or none came."""
-    if DUMP_SIGNAL is None or dump_file is None:
+    rank's file; read what it appended. Empty where the worker was not forked (it has no
+    dump to give) or none came."""
+    if DUMP_SIGNAL is None or dump_file is None or not forked(pid):
         return []
     try:
         before = os.path.getsize(dump_file)
