@@ -54,12 +54,11 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
     chosen = _settings(env, dict(  # every setting, checked once; "auto" resolved once
         seed=seed, strategy=strategy, precision=precision, device=device, backend=backend,
         accumulate=accumulate, timeout=timeout, debug=debug, guards=guards,
-        desync_after=desync_after, run_dir=run_dir, deterministic=deterministic,
-        loggers=loggers, straggler_threshold=straggler_threshold,
-        save_blocking=save_blocking, ledger=ledger, fault_tolerance=fault_tolerance,
-        ft_min_replicas=ft_min_replicas, ft_heartbeat_ms=ft_heartbeat_ms, ft_timeout=ft_timeout,
-        ft_lighthouse=ft_lighthouse, preempt_signals=preempt_signals,
-        preempt_grace=preempt_grace, preempt_file=preempt_file,
+        desync_after=desync_after, run_dir=run_dir, deterministic=deterministic, loggers=loggers,
+        straggler_threshold=straggler_threshold, save_blocking=save_blocking, ledger=ledger,
+        fault_tolerance=fault_tolerance, ft_min_replicas=ft_min_replicas,
+        ft_heartbeat_ms=ft_heartbeat_ms, ft_timeout=ft_timeout, ft_lighthouse=ft_lighthouse,
+        preempt_signals=preempt_signals, preempt_grace=preempt_grace, preempt_file=preempt_file,
         strategy_options=strategy_options))
     config = chosen.config
     dev = choose_device(env, device)
@@ -69,9 +68,8 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         torch.cuda.set_device(dev)
     owns = False
     if env.launcher != "none":
-        for key, value in flight_recorder_env(os.environ, chosen_backend, config.run_dir,
-                                              env.rank).items():
-            os.environ[key] = value  # read when the NCCL group is made, just below
+        # NCCL's flight recorder under splitsync run: read when the group is made, below
+        os.environ.update(flight_recorder_env(os.environ, chosen_backend, config.run_dir, env.rank))
         # with guards on, collectives wait a little less so the explained error fits in
         owns = init_group(env, chosen_backend, dev, attached.collective_timeout(config, env.world_size))
     try:

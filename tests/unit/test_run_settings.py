@@ -20,6 +20,7 @@ CHECKED_IN: dict[str, tuple[Any, str]] = {
     "accumulate": (0, "RunConfig.__post_init__"),
     "debug": ("yes", "RunConfig.__post_init__"),
     "guards": ("no", "RunConfig.__post_init__"),
+    "desync_after": (0, "RunConfig.__post_init__"),
     "deterministic": (1, "RunConfig.__post_init__"),
     "save_blocking": ("false", "RunConfig.__post_init__"),
     "ledger": (True, "RunConfig.__post_init__"),  # without run_dir
