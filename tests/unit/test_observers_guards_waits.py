@@ -172,3 +172,11 @@ def test_only_a_forked_worker_is_asked_for_its_stack() -> None:
         assert not forked(os.getpid())  # not a child of this process
     finally:
         child.join()
+
+
+def test_an_inherited_stacks_file_is_not_this_process_own() -> None:
+    from splitsync.observers.guards.stacks import own_stacks_file
+
+    assert own_stacks_file(f"{os.getpid()}:/tmp/x.txt") == "/tmp/x.txt"
+    assert own_stacks_file(f"{os.getpid() + 1}:/tmp/x.txt") is None  # the parent's
+    assert own_stacks_file("") is None

@@ -31,7 +31,7 @@ from splitsync.distributed.rankstate import (
 )
 from splitsync.observers.guards.site import library_dirs, user_site
 
-__all__ = ["enable", "DUMP_SIGNAL", "STACKS_FILE_VAR", "stack_lines", "loader_worker", "worker_stack",
+__all__ = ["enable", "DUMP_SIGNAL", "STACKS_FILE_VAR", "own_stacks_file", "stack_lines", "loader_worker", "worker_stack",
            "worker_site", "stop_children"]
 
 # SIGUSR1 is a preemption signal (init's default); spawn's timeout dump uses SIGUSR2 too.
@@ -53,7 +53,7 @@ def enable(rank: int, folder: str | None) -> str | None:
         out = open(stacks_path(folder, rank), "a")  # noqa: SIM115 - open until exit
     if folder is not None or not faulthandler.is_enabled():
         faulthandler.enable(file=out, all_threads=True)
-    path = os.environ.get(STACKS_FILE_VAR) or None
+    path = own_stacks_file(os.environ.get(STACKS_FILE_VAR, ""))
     if DUMP_SIGNAL is not None and path is None:
         if folder is not None:
             path, requested = stacks_path(folder, rank), out
@@ -62,7 +62,7 @@ def enable(rank: int, folder: str | None) -> str | None:
             requested = os.fdopen(fd, "a")
             atexit.register(_remove, path)
         faulthandler.register(DUMP_SIGNAL, file=requested, all_threads=True)
-        os.environ[STACKS_FILE_VAR] = path  # a worker it forks or spawns finds it here
+        os.environ[STACKS_FILE_VAR] = f"{os.getpid()}:{path}"
     under_agent = folder is not None or "TORCHELASTIC_RUN_ID" in os.environ
     if under_agent and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         # torchrun's agent stops the others with SIGTERM when one rank dies: stacks first
@@ -70,6 +70,13 @@ def enable(rank: int, folder: str | None) -> str | None:
     if folder is not None and not isinstance(sys.excepthook, _RecordRaised):
         sys.excepthook = _RecordRaised(rank, folder, sys.excepthook)
     return path
+
+
+def own_stacks_file(value: str) -> str | None:
+    """The dump file named in ``SPLITSYNC_STACKS_FILE`` ("pid:path") if it was set up for
+    this very process; a child inherits the variable but not the handler."""
+    pid, _, path = value.partition(":")
+    return path if path and pid == str(os.getpid()) else None
 
 
 def _remove(path: str) -> None:
