@@ -32,6 +32,7 @@ from splitsync.distributed.device import move_to
 from splitsync.distributed.env import DistEnv
 from splitsync.distributed.group import destroy_group
 from splitsync.distributed.logs import get_logger
+from splitsync.distributed.mesh import MeshShape, replica_sum
 from splitsync.distributed.seeding import Generators
 from splitsync.errors import Preempted
 from splitsync.observe import Observer, appended, overriding
@@ -60,7 +61,7 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
     def __init__(self, config: RunConfig, env: DistEnv, device: torch.device, backend: str,
                  seed: int, owns_group: bool, handler: logging.Handler | None, *,
                  precision: Precision, observers: Sequence[Observer] = (),
-                 strategy: str) -> None:
+                 strategy: str, device_mesh: Any = None) -> None:
         self.config = config
         self.env = env
         self.device = device
@@ -70,6 +71,12 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         self.local_rank = env.local_rank
         self.world_size = env.world_size
         self.is_main = env.rank == 0
+        self.mesh = device_mesh  # init(mesh=...)'s DeviceMesh (None: none, or one process)
+        shape = config.mesh if config.mesh is not None else MeshShape(1, env.world_size, 1)
+        self.dp_rank = shape.dp_rank(env.rank)  # the data-parallel replica this rank is in
+        self.dp_size = shape.dp_size  # replicas that read different batches
+        self.tp_rank = shape.tp_rank(env.rank)  # this rank's place in its TP group
+        self.tp_size = shape.tp
         self.log_handler = handler
         self._owns_group = owns_group
         self._closed = False
@@ -78,10 +85,12 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         self._data = Loaders()
         # strategy: config.strategy as init resolved it for this world size ("auto" -> ...)
         self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
-                              config.strategy_options, env.local_world_size, resolved=strategy)
+                              config.strategy_options, env.local_world_size, resolved=strategy,
+                              mesh=device_mesh, mesh_shape=config.mesh)
         self._collectives = Collectives(device, self._data)
-        self._training = Training(self._plan, self._data, self.world_size,
-                                  self._new_optimizer, partial(self._collectives.reduce, op="sum"))
+        # count= sums items over the data-parallel replicas (a TP group counts its batch once)
+        self._training = Training(self._plan, self._data, self.dp_size, self._new_optimizer,
+                                  partial(replica_sum, self._collectives.reduce, self.tp_size))
         self._plan.ends = self._data.run_ends  # the run's last batch closes its last window
         self._data.on_end = self._training.epochs_ended
         self._generators = Generators(seed, self.rank)
@@ -246,8 +255,9 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
 
         def plain() -> DeviceLoader | StreamLoader:
             loader = make_loader(data, batch_size, shuffle=shuffle, drop_last=drop_last,
-                                 num_workers=num_workers, collate_fn=collate_fn, rank=self.rank,
-                                 world_size=self.world_size, seed=self.seed,
+                                 num_workers=num_workers, collate_fn=collate_fn,
+                                 rank=self.dp_rank, world_size=self.dp_size,  # a TP group alike
+                                 seed=self.seed,
                                  device=self.device, hooks=self._data.hooks, **extra)
             loader.train, loader.repeats = train, repeats
             warn_if_empty(loader, self.rank, self.world_size)

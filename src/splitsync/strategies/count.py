@@ -182,9 +182,11 @@ class DdpCount(CountSync):
 class FsdpCount(CountSync):
     """FSDP2's average over ranks, turned into the mean over items shard by shard."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, ranks: int | None = None) -> None:
         super().__init__(model)
         self.unit = 1.0
+        # what FSDP2 divided by: the data-parallel ranks (None: every rank of the mesh)
+        self.ranks = ranks
 
     def before(self, local: float, unit: float, weight: float = 1.0) -> None:
         self.unit = unit
@@ -201,7 +203,7 @@ class FsdpCount(CountSync):
             local = getattr(p.grad, "to_local", None)
             mesh = getattr(p, "device_mesh", None)
             if mesh is not None:
-                ranks = mesh.size()  # what FSDP2 divided by: every rank of the mesh
+                ranks = mesh.size() if self.ranks is None else self.ranks
             grads.append(local() if local is not None else p.grad)
         if grads:
             torch._foreach_mul_(grads, ranks / (self.unit * n))

@@ -41,7 +41,7 @@ from splitsync.tools.audit.ledger.format import (
 )
 from splitsync.tools.audit.ledger.passes import MapPass, ids_of
 
-__all__ = ["Ledger", "LEDGER_DIR", "FLUSH_STEPS", "FLUSH_IDS", "next_launch"]
+__all__ = ["Ledger", "LEDGER_DIR", "FLUSH_STEPS", "FLUSH_IDS", "next_launch", "join_launch"]
 
 # Steps, and sample ids, buffered between writes: a write per step would cost a system call
 # and an encoding per step. The ids bound keeps each write's work small with large batches
@@ -73,6 +73,12 @@ def describe_loader(loader: Any) -> dict[str, Any]:
             "shuffle": s.shuffle, "n": len(loader.dataset), "order": s.order,
             "world_size": s.num_replicas, "drop_last": bool(loader.loader.drop_last),
             "epoch": s.epoch, "start": s.start}
+
+
+def join_launch() -> None:
+    """A rank that records nothing (one of a TP group's other ranks) still takes part in
+    the broadcast of the launch's number that every :class:`Ledger` makes."""
+    comm.broadcast_object(0)
 
 
 class Ledger(Observer):
