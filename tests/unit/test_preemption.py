@@ -236,6 +236,8 @@ MENTIONS: dict[str, tuple[str, set[str]]] = {
     "launch/argv.py": ("the signals the agent passes on: AGENT_SIGNALS", {"defaults"}),
     "launch/spawn.py": ("the stack-dump signal no run stops on: DUMP_SIGNAL_NAME",
                         {"defaults"}),
+    "observers/guards/stacks.py": ("the stack-dump signal no run stops on: DUMP_SIGNAL_NAME",
+                                   {"defaults"}),
     "launch/spec.py": ("--shutdown-timeout's default: DEFAULT_SHUTDOWN_TIMEOUT",
                        {"defaults"}),
     "launch/agent.py": ("reads the workers' notes and exits with PREEMPTED_EXIT_CODE",

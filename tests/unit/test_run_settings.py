@@ -37,6 +37,7 @@ CHECKED_IN: dict[str, tuple[Any, str, str]] = {
     "guards": ("no", "GuardSettings", "_check_bool"),
     "debug": ("yes", "GuardSettings", "_check_bool"),
     "timeout": ("soon", "GuardSettings", "GuardSettings.__post_init__"),
+    "desync_after": (0, "GuardSettings", "GuardSettings.__post_init__"),
     "straggler_threshold": (-1, "GuardSettings", "GuardSettings.__post_init__"),
     "ledger": ("yes", "LedgerSettings", "_check_bool"),
     "preempt_signals": (["SIGFOO"], "PreemptionSettings", "parse_signals"),

@@ -44,11 +44,15 @@ class CheckpointSettings:
 
 @dataclass(frozen=True)
 class GuardSettings:
-    """``init(guards=, timeout=, debug=, straggler_threshold=)``: what watches the ranks."""
+    """``init(guards=, timeout=, debug=, desync_after=, straggler_threshold=)``: what watches
+    the ranks."""
 
     guards: bool = True
     timeout: timedelta = timedelta(minutes=10)  # a number is seconds
     debug: bool = False
+    # seconds a rank waits in one collective before it asks where the others are (the hang
+    # guard's long-wait check); None: SPLITSYNC_DESYNC_AFTER, else 20
+    desync_after: float | None = None
     straggler_threshold: float | None = DEFAULT_STRAGGLER_THRESHOLD  # None: no report
 
     def __post_init__(self) -> None:
@@ -65,6 +69,12 @@ class GuardSettings:
             raise ValueError(f"timeout={self.timeout!r}: give a time > 0 that a collective "
                              "may take (default 10 minutes).")
         object.__setattr__(self, "timeout", timeout)
+        if self.desync_after is not None and (
+                isinstance(self.desync_after, bool)
+                or not isinstance(self.desync_after, (int, float)) or not self.desync_after > 0):
+            raise ValueError(f"desync_after={self.desync_after!r}: give the seconds a rank "
+                             "waits in one collective before it checks where the others are "
+                             "(a number > 0), or None for the default (20).")
         threshold = self.straggler_threshold
         if threshold is not None and (isinstance(threshold, bool)
                                       or not isinstance(threshold, (int, float))
@@ -207,6 +217,10 @@ class RunConfig:
     @property
     def debug(self) -> bool:
         return self.guarding.debug
+
+    @property
+    def desync_after(self) -> float | None:
+        return self.guarding.desync_after
 
     @property
     def straggler_threshold(self) -> float | None:
