@@ -66,6 +66,9 @@ def launch(args: list[str], *, nproc: int = 2, on: str | None = None, target: st
 
     def fire() -> None:
         who, name = target.split(":")
+        if who == "group":  # kill -TERM -PGID: DataLoader workers included
+            os.killpg(proc.pid, getattr(signal, name))
+            return
         os.kill(proc.pid if who == "agent" else pids[int(who[1:])], getattr(signal, name))
 
     def read() -> None:
@@ -136,6 +139,30 @@ def test_a_stop_saves_the_last_step_taken_and_the_relaunch_is_exact(
     finished = launch(args)
     assert finished.rc == 0, finished.text
     assert_same(out, clean, f"stopped after step {stopped.last_step}")
+
+
+@pytest.mark.parametrize(("nproc", "workers", "target", "extra"), [
+    (2, 1, "agent:SIGTERM", ()),
+    (2, 2, "group:SIGTERM", ("--persistent",)),
+    pytest.param(1, 2, "agent:SIGTERM", (), marks=pytest.mark.extended),
+    pytest.param(1, 1, "group:SIGTERM", ("--persistent",), marks=pytest.mark.extended),
+    pytest.param(0, 2, "group:SIGTERM", (), marks=pytest.mark.extended),
+])
+def test_loader_workers_survive_a_sigterm_to_the_group_and_the_stop_saves(
+        tmp_path: Path, nproc: int, workers: int, target: str, extra: tuple[str, ...]) -> None:
+    # the agent passes SIGTERM to its workers' process groups, DataLoader workers included;
+    # torch's worker handler dies of a signal its parent did not send, and the main process
+    # then raised "DataLoader worker (pid N) is killed by signal" instead of stopping
+    ck = tmp_path / "ck"
+    args = [str(ck), str(tmp_path / "out.safetensors"), "--epochs", "3", "--workers",
+            str(workers), "--eval-every", "0", "--step-seconds", "0.1", *extra]
+    stopped = launch(args, nproc=nproc, on="step 3", target=target)
+    assert stopped.rc == PREEMPTED_EXIT_CODE, stopped.text
+    assert "is killed by signal" not in stopped.text, stopped.text
+    assert newest(ck) == stopped.last_step >= 3, stopped.text
+    assert f"stopped after step {stopped.last_step}" in stopped.text, stopped.text
+    finished = launch(args, nproc=nproc)
+    assert finished.rc == 0, finished.text
 
 
 def test_the_ledger_shows_every_sample_once_across_a_stop_before_the_first_step(

@@ -32,6 +32,7 @@ from splitsync.distributed.device import move_to
 from splitsync.distributed.env import DistEnv
 from splitsync.distributed.group import destroy_group
 from splitsync.distributed.logs import get_logger
+from splitsync.distributed.preemption import parse_signals
 from splitsync.distributed.seeding import Generators
 from splitsync.errors import Preempted
 from splitsync.observe import Observer, appended, overriding
@@ -194,7 +195,8 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         loader = make_loader(data, batch_size, shuffle=shuffle, drop_last=drop_last,
                              num_workers=num_workers, collate_fn=collate_fn, rank=self.rank,
                              world_size=self.world_size, seed=self.seed, device=self.device,
-                             hooks=self._data.hooks, **extra)
+                             hooks=self._data.hooks,
+                             shield=parse_signals(self.config.preempt_signals), **extra)
         self._data.all.append(loader)
         self._checkpoints.attach_loader(loader)  # made after run.resume: continue from it
         return loader
