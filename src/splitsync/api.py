@@ -24,6 +24,7 @@ from splitsync.distributed.logs import attach_rank_handler, get_logger
 from splitsync.distributed.preemption import DEFAULT_PREEMPT_GRACE, DEFAULT_PREEMPT_SIGNALS
 from splitsync.distributed.seeding import draw_seed, seed_everything
 from splitsync.distributed.threads import cpu_counts, launcher_threads
+from splitsync.output.progress import preload as preload_progress
 from splitsync.output.trackers import require_packages
 from splitsync.run.config import DEFAULT_STRAGGLER_THRESHOLD, RunConfig, accumulate_for
 from splitsync.run.runtime import Run
@@ -131,6 +132,8 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         if deterministic:
             torch.use_deterministic_algorithms(True)
         final_seed = seed if seed is not None else comm.broadcast_object(draw_seed())
+        if env.rank == 0:
+            preload_progress()  # before the seeding: its draws at import change nothing
         seed_everything(final_seed)
         handler = attach_rank_handler(env.rank, env.world_size)
         for note in (threads and threads.note, batch_note(os.environ, env)):

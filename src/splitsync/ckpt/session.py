@@ -9,6 +9,7 @@ for a background save: before the next save or resume, at ``close``, and after e
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from splitsync.ckpt.arrival import RngArrival
 from splitsync.ckpt.fs import Storage, newer_steps, open_dir, set_aside_newer
 from splitsync.ckpt.load import (
     Freeing,
@@ -43,7 +45,7 @@ from splitsync.ckpt.save import (
     start,
 )
 from splitsync.ckpt.staging import Stager
-from splitsync.ckpt.state import Registered, register, restore_loader, restore_rng, split_state
+from splitsync.ckpt.state import Registered, register, restore_loader, split_state
 from splitsync.data.build import ResumableLoader
 from splitsync.distributed.seeding import Generators
 from splitsync.errors import CheckpointError, CheckpointWarning
@@ -63,7 +65,7 @@ class Checkpointer:
                  blocking: bool = True, watch: Callable[[Observer], Any] | None = None,
                  unwatch: Callable[[Observer], None] | None = None,
                  wrapped: Callable[[], dict[str, Any]] = dict,
-                 window: Window | None = None) -> None:
+                 window: Window | None = None, loader_hooks: Any = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.loaders = loaders
@@ -74,6 +76,8 @@ class Checkpointer:
         self.blocking = blocking  # run.save's default: init's, or run.resume's save_blocking
         self._watch_steps, self._unwatch_steps = watch, unwatch
         self.wrapped = wrapped
+        self.loader_hooks = loader_hooks  # the run's LoaderHooks: a loader's first batch
+        self.arrival: RngArrival | None = None  # global RNG states read, not set yet
         # set by run.resume
         self.where: Any = None
         self.storage: Storage | None = None
@@ -212,8 +216,15 @@ class Checkpointer:
         generators: list[torch.Tensor | None] = []
         if self.generators is not None:  # shared streams: one state for every rank
             self.generators.restore(state.get("generators", {}))
+        if self.arrival is not None:  # an earlier load's states, never set: superseded
+            self.arrival.disarm()
+            self.arrival = None
         if per_rank is not None:  # ranks beyond the saved world size keep their fresh seeds
-            restore_rng(per_rank["rng"], self.generators)
+            if self.generators is not None:  # the run's own streams: now
+                self.generators.restore(per_rank["rng"].get("generators", {}))
+            # the global generators: when the next training step starts (ckpt/arrival.py)
+            self.arrival = RngArrival(per_rank["rng"], reg.models, self.loader_hooks,
+                                      self._watch_steps, self._unwatch_steps)
             generators = list(per_rank["generators"])
         self._pending = [(pos, generators[i] if i < len(generators) else None)
                          for i, pos in enumerate(body["loaders"])]
@@ -300,10 +311,12 @@ class Checkpointer:
             self._stager = self._stager if self._stager is not None else Stager()
         group = None if blocking else self._group
         self._counting = False  # DCP may step optimizers to build their state
+        due = self.arrival.as_set() if self.arrival is not None else contextlib.nullcontext()
         try:
-            job = build_job(reg, storage, self.loaders, step=step, epoch=epoch, extra=extra,
-                            blocking=blocking, group=group, stager=self._stager,
-                            call=self._call, window=self.window)
+            with due:  # states read by a resume and not set yet are what this step holds
+                job = build_job(reg, storage, self.loaders, step=step, epoch=epoch,
+                                extra=extra, blocking=blocking, group=group,
+                                stager=self._stager, call=self._call, window=self.window)
         finally:
             self._counting = True
         if blocking:

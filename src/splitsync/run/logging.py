@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from splitsync.distributed.seeding import kept_rng
 from splitsync.observe import Observer, overriding
 from splitsync.output.metrics import (
     MetricsLog,
@@ -80,8 +81,9 @@ class Logging:
 
     def _log(self) -> MetricsLog:
         if self.metrics is None:  # opened on first use: no run.log, no files
-            self.metrics = MetricsLog(self.config.run_dir, loggers=self.config.loggers,
-                                      params={"splitsync": self.settings})
+            with kept_rng():  # rank 0 alone, at a moment a resume moves: draw nothing
+                self.metrics = MetricsLog(self.config.run_dir, loggers=self.config.loggers,
+                                          params={"splitsync": self.settings})
         return self.metrics
 
     def close(self) -> None:

@@ -88,7 +88,8 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
                                          generators=self._generators, timeout=config.timeout,
                                          blocking=config.save_blocking,
                                          watch=self._watch_steps, unwatch=self._unwatch_steps,
-                                         wrapped=self._wrapped, window=self._training)
+                                         wrapped=self._wrapped, window=self._training,
+                                         loader_hooks=self._data.hooks)
         self._logging = Logging(config, device, self.is_main,
                                 run_settings(config, self.world_size, seed, device, backend))
         self._observers: tuple[Observer, ...] = ()
