@@ -205,3 +205,18 @@ def test_a_crash_is_reported_as_one_though_the_agent_sigterms_the_others(tmp_pat
     assert "rank 1 crashes in the evaluation" in failed.text
     assert "splitsync run: rank 1 (local rank 1" in failed.text, failed.text
     assert "preempted" not in failed.text
+
+
+def test_a_restart_after_a_crash_is_not_taken_for_a_preemption(tmp_path: Path) -> None:
+    # rank 1 is killed while rank 0 is inside an evaluation (no collective to fail on);
+    # the agent then SIGTERMs rank 0 to restart both. That SIGTERM is no preemption: rank 0
+    # exits at once instead of waiting out its grace period (20 s) for a stop step a dead
+    # rank never posts, and says nothing of a stop
+    args = [str(tmp_path / "ck"), str(tmp_path / "out.safetensors"), "--epochs", "1",
+            "--eval-every", "4", "--eval-seconds", "9"]
+    restarted = launch(args, on="eval", target="w1:SIGKILL", restarts=1)
+    assert restarted.rc == 0, restarted.text
+    assert "came from splitsync run after another worker failed" in restarted.text
+    assert "no step boundary came within" not in restarted.text, restarted.text
+    assert "reached rank" not in restarted.text, restarted.text
+    assert restarted.text.count("resumed ") == 2, restarted.text

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from splitsync.ckpt.arrival import RngArrival
 from splitsync.ckpt.fs import Storage, newer_steps, open_dir, set_aside_newer
 from splitsync.ckpt.load import (
     Freeing,
@@ -47,6 +46,7 @@ from splitsync.ckpt.save import (
 from splitsync.ckpt.staging import Stager
 from splitsync.ckpt.state import Registered, register, restore_loader, split_state
 from splitsync.data.build import ResumableLoader
+from splitsync.distributed.rng import RngArrival
 from splitsync.distributed.seeding import Generators
 from splitsync.errors import CheckpointError, CheckpointWarning
 from splitsync.observe import Observer, chain_around, overriding, redirect
@@ -218,13 +218,11 @@ class Checkpointer:
             self.generators.restore(state.get("generators", {}))
         if self.arrival is not None:  # an earlier load's states, never set: superseded
             self.arrival.disarm()
-            self.arrival = None
+        self.arrival = None
         if per_rank is not None:  # ranks beyond the saved world size keep their fresh seeds
-            if self.generators is not None:  # the run's own streams: now
-                self.generators.restore(per_rank["rng"].get("generators", {}))
-            # the global generators: when the next training step starts (ckpt/arrival.py)
-            self.arrival = RngArrival(per_rank["rng"], reg.models, self.loader_hooks,
-                                      self._watch_steps, self._unwatch_steps)
+            # streams now; global generators when the next step starts (distributed/rng.py)
+            self.arrival = RngArrival(per_rank["rng"], self.generators, reg.models,
+                                      self.loader_hooks, self._watch_steps, self._unwatch_steps)
             generators = list(per_rank["generators"])
         self._pending = [(pos, generators[i] if i < len(generators) else None)
                          for i, pos in enumerate(body["loaders"])]
@@ -311,9 +309,8 @@ class Checkpointer:
             self._stager = self._stager if self._stager is not None else Stager()
         group = None if blocking else self._group
         self._counting = False  # DCP may step optimizers to build their state
-        due = self.arrival.as_set() if self.arrival is not None else contextlib.nullcontext()
-        try:
-            with due:  # states read by a resume and not set yet are what this step holds
+        try:  # states a resume read and has not set yet are what this step holds
+            with self.arrival.as_set() if self.arrival else contextlib.nullcontext():
                 job = build_job(reg, storage, self.loaders, step=step, epoch=epoch,
                                 extra=extra, blocking=blocking, group=group,
                                 stager=self._stager, call=self._call, window=self.window)

@@ -47,7 +47,7 @@ class LoaderHooks:
         self.collective: Callable[..., Any] = direct
         self.active: Any = None  # the loader whose pass is under way
         # set by a resume whose global RNG states wait for the next training step: called
-        # at a pass's first batch (see splitsync.ckpt.arrival)
+        # at a pass's first batch (see splitsync.distributed.rng)
         self.arrival: Callable[[], None] | None = None
 
 

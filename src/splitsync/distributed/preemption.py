@@ -28,7 +28,7 @@ from typing import Any, Protocol
 __all__ = [
     "PREEMPTED_EXIT_CODE", "DEFAULT_PREEMPT_SIGNALS", "DEFAULT_PREEMPT_GRACE", "NOTES_VAR",
     "Request", "Board", "LocalBoard", "StoreBoard", "make_board", "parse_signals",
-    "check_grace", "write_note", "read_notes",
+    "check_grace", "write_note", "read_notes", "FAILURE_NOTE", "failure_marked",
 ]
 
 #: The exit code of a process stopped by a preemption (EX_TEMPFAIL in sysexits.h: "a
@@ -214,6 +214,19 @@ def write_note(environ: Mapping[str, str], rank: int, record: Mapping[str, Any])
     part.write_text(json.dumps({**record, "rank": rank, "time": time.time()}))
     os.replace(part, path)
     return True
+
+
+#: Left in the notes folder by ``splitsync run`` while torchrun's agent stops the workers
+#: because one of them failed (to restart them, or for good): the SIGTERM the others then
+#: get is not a preemption, and waiting for a stop step a dead rank never reaches would only
+#: delay the restart by the grace period.
+FAILURE_NOTE = "failure"
+
+
+def failure_marked(environ: Mapping[str, str]) -> bool:
+    """Whether ``splitsync run`` is stopping the workers after a failure (see FAILURE_NOTE)."""
+    folder = environ.get(NOTES_VAR)
+    return bool(folder) and (Path(folder) / FAILURE_NOTE).exists()
 
 
 def read_notes(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import random
-import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import torch
 
 __all__ = ["seed_everything", "worker_init_fn", "draw_seed", "loader_seed", "stream_seed",
-           "Generators", "kept_rng"]
+           "Generators"]
 
 _MAX_SEED = 2**32 - 1
 
@@ -30,23 +28,6 @@ def seed_everything(seed: int) -> None:
     except ImportError:  # numpy is optional
         return
     np.random.seed(seed % (_MAX_SEED + 1))
-
-
-@contextlib.contextmanager
-def kept_rng() -> Iterator[None]:
-    """Global generators (Python, NumPy if imported, torch CPU) as they were before: for
-    splitsync's own work on one rank that may draw (a library opened on first use), so a
-    script's draws never depend on when that work happened."""
-    python, cpu = random.getstate(), torch.get_rng_state()
-    np = sys.modules.get("numpy")
-    numpy_state = np.random.get_state() if np is not None else None
-    try:
-        yield
-    finally:
-        random.setstate(python)
-        torch.set_rng_state(cpu)
-        if numpy_state is not None:
-            np.random.set_state(numpy_state)
 
 
 def loader_seed(seed: int, rank: int) -> int:

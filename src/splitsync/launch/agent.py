@@ -7,15 +7,23 @@ the workers' environment, the agent itself and a one-paragraph report of each fa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from splitsync.distributed.preemption import NOTES_VAR, PREEMPTED_EXIT_CODE, read_notes
+from splitsync.distributed.preemption import (
+    FAILURE_NOTE,
+    NOTES_VAR,
+    PREEMPTED_EXIT_CODE,
+    read_notes,
+)
 from splitsync.launch.argv import torchrun_argv, torchrun_command
 from splitsync.launch.spec import LaunchSpec
 
@@ -76,13 +84,44 @@ def run_agent(spec: LaunchSpec) -> int:
     os.environ[NOTES_VAR] = notes
     try:
         try:
-            torchrun_main(torchrun_argv(spec))
+            with _marking_failures(notes):
+                torchrun_main(torchrun_argv(spec))
         except Exception as exc:  # torchrun's failures, reported in one paragraph
             return report_stop(read_notes(notes), spec, exc)
         return report_stop(read_notes(notes), spec, None)
     finally:
         os.environ.pop(NOTES_VAR, None)
         shutil.rmtree(notes, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _marking_failures(folder: str) -> Iterator[None]:
+    """While the agent stops its workers because one failed (to restart them, or for
+    good), leave FAILURE_NOTE in ``folder``: the SIGTERM the survivors get is then no
+    preemption to wait out (``init(preempt_grace=...)``). A signal to the agent stops
+    them through another path and leaves no note. torchrun makes its agent itself, so
+    the agent's class is wrapped for the length of this call and put back after."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    original = LocalElasticAgent._stop_workers
+    mark = Path(folder) / FAILURE_NOTE
+
+    def stop_workers(agent: Any, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
+        failed = worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
+        if failed:
+            mark.write_text("a worker failed\n")
+        try:
+            return original(agent, worker_group, *args, **kwargs)
+        finally:
+            if failed:
+                mark.unlink(missing_ok=True)
+
+    LocalElasticAgent._stop_workers = stop_workers  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        LocalElasticAgent._stop_workers = original  # type: ignore[method-assign]
 
 
 def report_stop(notes: list[dict[str, Any]], spec: LaunchSpec,

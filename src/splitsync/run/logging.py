@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from splitsync.distributed.seeding import kept_rng
+from splitsync.distributed.rng import kept_rng
 from splitsync.observe import Observer, overriding
 from splitsync.output.metrics import (
     MetricsLog,

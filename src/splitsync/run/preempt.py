@@ -1,29 +1,25 @@
 """Preemption that loses no step: on a signal, every rank stops after one agreed step.
 
-Armed by ``run.resume`` for ``init(preempt_signals=...)``; docs/checkpoints.md#preemption
-has the whole story. The signal handler only notes the signal and wakes a thread, so a
-signal during ``run.save``, ``run.resume``, an evaluation or a loader's start changes
-nothing until the rank is between steps.
+Armed by ``run.resume`` for ``init(preempt_signals=...)`` (docs/checkpoints.md#preemption).
+The signal handler only notes the signal and wakes a thread, so a signal during a save,
+a resume, an evaluation or a loader's start changes nothing until the rank is between steps.
 
-1. **Request.** The thread writes it to the board (the job's store,
-   :mod:`splitsync.distributed.preemption`), or sees another rank's there (it looks twice
-   a second; nothing else runs per step until then), and adds a forward pre-hook, first in
-   line (before FSDP's all-gathers), to each model ``run.resume`` registered.
-2. **Post.** At its next forward, on the main thread, a rank posts its completed optimizer
-   steps and attaches a watch to ``run.step``.
+1. **Request.** The thread writes it to the board (:mod:`splitsync.distributed.preemption`)
+   or sees another rank's there (twice a second), and adds a forward pre-hook, first in
+   line, to each model ``run.resume`` registered. A SIGTERM ``splitsync run`` sends
+   because a worker failed is no request: the rank exits at once.
+2. **Post.** At its next forward a rank posts its completed optimizer steps and attaches a
+   watch to ``run.step``.
 3. **Agree.** S = max(posts) + 1. A rank posts before the backward of the step it is in,
-   and nobody completes step M + 1 before every rank's backward of it (the gradient
-   all-reduce or reduce-scatter): when any rank has completed S steps every post is in, so
-   each rank learns S by its own boundary S and none passes it unaware.
+   and nobody completes step M + 1 before every rank's backward of it: when any rank has
+   completed S steps every post is in, so each rank learns S by its own boundary S (and
+   says so then: a save follows).
 4. **Stop.** At boundary S the watch snapshots the RNG states and loader positions. At the
-   next forward of a registered model (after the script's own work for step S, before
-   step S + 1 touches the model) the rank finishes the save in flight, saves step S with
-   the snapshot (unless the script just saved it) and raises ``Preempted``.
+   next forward of a registered model the rank finishes the save in flight, saves step S
+   with the snapshot (unless the script just saved it) and raises ``Preempted``.
 5. **Grace.** No stop ``preempt_grace`` seconds after the signal: the thread says so and
    ends the process with the previous checkpoint intact.
 
-Micro-steps are not boundaries (the count moves when the optimizer steps); every rank
-reaches boundary S, so a stream loader's collective ``position()`` runs everywhere.
 ``run.close`` ends the thread, puts the handlers back and, on rank 0 of a SLURM job
 stopped by a signal other than SIGTERM, requeues it (:mod:`splitsync.distributed.requeue`).
 """
@@ -50,6 +46,7 @@ from splitsync.distributed.preemption import (
     PREEMPTED_EXIT_CODE,
     Board,
     Request,
+    failure_marked,
     make_board,
     parse_signals,
     write_note,
@@ -173,6 +170,11 @@ class Preemption:
             if self._closed:
                 return
             if self._signal is not None:
+                if failure_marked(self.environ):  # no preemption: exit as if unhandled
+                    get_logger().warning("%s came from splitsync run after another worker "
+                                         "failed: not a preemption; exiting without a stop.",
+                                         self._signal.name)
+                    _flushed_exit(128 + int(self._signal))
                 mine = Request(self.rank, self._signal.name, self._signal_time)
                 try:
                     request = self.board.request(mine)
@@ -199,10 +201,6 @@ class Preemption:
 
     def _seen(self, request: Request) -> None:
         self.request = request
-        if request.rank == self.rank or self.rank == 0:
-            get_logger().warning("%s reached rank %d: every rank stops after an agreed step "
-                                 "and saves it (within %gs).", request.signal, request.rank,
-                                 self.grace)
         self._hook_models()
 
     # --- the models' forward: post, and stop -----------------------------------------------
@@ -244,6 +242,10 @@ class Preemption:
             return
         if self.stop_step is None:
             self.stop_step = self.board.stop_step()
+            req = self.request  # agreed: a save follows (a dead peer never posts), so say so
+            if self.stop_step is not None and req and self.rank in (0, req.rank):
+                get_logger().warning("%s reached rank %d: every rank stops after step %d "
+                                     "and saves it.", req.signal, req.rank, self.stop_step)
         steps = self.ckpt.step
         if self.stop_step is not None and steps == self.stop_step:
             loaders = [loader_position(ld) for ld in self.ckpt.loaders]
@@ -307,7 +309,7 @@ class Preemption:
         try:
             noted = self._say_giving_up()
         finally:
-            os._exit(0 if noted else PREEMPTED_EXIT_CODE)
+            _flushed_exit(0 if noted else PREEMPTED_EXIT_CODE)
 
     def _say_giving_up(self) -> bool:
         handle = self.ckpt.inflight
@@ -325,17 +327,9 @@ class Preemption:
             self.grace, request.signal, self.ckpt.step, kept)
         if self.rank == 0 and requeue_wanted(request.signal, self.environ):
             get_logger().warning("%s", requeue(self.environ))
-        noted = write_note(self.environ, self.rank, {
+        return write_note(self.environ, self.rank, {
             "status": "deadline", "step": None if saved is None else saved[0],
             "path": None if saved is None else str(saved[1]), "signal": request.signal})
-        for handler in get_logger().handlers:
-            with contextlib.suppress(Exception):
-                handler.flush()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        logging.shutdown()
-        return noted
 
     # --- teardown ----------------------------------------------------------------------------
     def _unhook(self) -> None:
@@ -372,6 +366,18 @@ class Preemption:
         if (self.phase == _STOPPED and self.rank == 0 and request is not None
                 and requeue_wanted(request.signal, self.environ)):
             get_logger().warning("%s", requeue(self.environ))
+
+
+def _flushed_exit(code: int) -> None:
+    """End the process from the watching thread, what was logged written out first."""
+    for handler in get_logger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def preemption_for(config: RunConfig, rank: int, world_size: int, checkpoints: Checkpointer,

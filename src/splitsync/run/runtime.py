@@ -31,7 +31,7 @@ from splitsync.data.stream.loader import StreamLoader
 from splitsync.distributed.device import move_to
 from splitsync.distributed.env import DistEnv
 from splitsync.distributed.group import destroy_group
-from splitsync.distributed.logs import get_logger
+from splitsync.distributed.logs import forget_filter, get_logger, show_repeats_once
 from splitsync.distributed.preemption import parse_signals
 from splitsync.distributed.seeding import Generators
 from splitsync.errors import Preempted
@@ -69,6 +69,7 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         self.world_size = env.world_size
         self.is_main = env.rank == 0
         self.log_handler = handler
+        self._warnings_once = show_repeats_once()  # until close: a warning per step is noise
         self._owns_group = owns_group
         self._closed = False
         # backward/step functions for this precision and accumulation, chosen once
@@ -293,6 +294,7 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
             self._checkpoints.close(clean=False)  # also destroys the background group
             if self.log_handler is not None:
                 get_logger().removeHandler(self.log_handler)
+            forget_filter(self._warnings_once)
             if self._owns_group:
                 destroy_group()
             if preemption is not None:
