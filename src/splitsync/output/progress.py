@@ -37,13 +37,13 @@ def preload() -> None:
     Python's ``random`` at import, and imported by the first ``run.progress`` (after a
     resume, at another moment than in the run never stopped) it would shift the script's
     own draws."""
+    import importlib
     import importlib.util
 
     if importlib.util.find_spec("rich") is None:
         return
-    import rich.console
-    import rich.progress
-    import rich.text  # noqa: F401
+    for name in ("rich.console", "rich.progress", "rich.text"):
+        importlib.import_module(name)
 
 
 def _is_terminal(stream: TextIO) -> bool:
