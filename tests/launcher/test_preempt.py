@@ -52,10 +52,15 @@ class Stopped:
 
 
 def launch(args: list[str], *, nproc: int = 2, on: str | None = None, target: str = "",
-           delay: float = 0.0, restarts: int = 0, timeout: float = 240) -> Stopped:
-    """Run the script (``splitsync run -n nproc``, or ``python`` for ``nproc=0``); on the
-    line ``on`` send ``target`` ("agent:SIGTERM", "w1:SIGUSR1", ...) its signal."""
-    if nproc:
+           delay: float = 0.0, restarts: int = 0, timeout: float = 240,
+           torchrun: bool = False) -> Stopped:
+    """Run the script (``splitsync run -n nproc``, plain ``torchrun`` with ``torchrun``, or
+    ``python`` for ``nproc=0``); on the line ``on`` send ``target`` ("agent:SIGTERM",
+    "w1:SIGUSR1", "group:SIGTERM", ...) its signal."""
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", str(SCRIPT)]
+    elif nproc:
         extra = ["--max-restarts", str(restarts)] if restarts else []
         cmd = [sys.executable, "-m", "splitsync", "run", "-n", str(nproc), *extra, str(SCRIPT)]
     else:
@@ -163,6 +168,21 @@ def test_loader_workers_survive_a_sigterm_to_the_group_and_the_stop_saves(
     assert f"stopped after step {stopped.last_step}" in stopped.text, stopped.text
     finished = launch(args, nproc=nproc)
     assert finished.rc == 0, finished.text
+
+
+@pytest.mark.parametrize("nproc", [2, pytest.param(1, marks=pytest.mark.extended)])
+def test_loader_workers_survive_torchruns_sigterm_and_the_stop_saves(
+        tmp_path: Path, nproc: int) -> None:
+    # plain torchrun: its agent SIGTERMs each worker's process group; the workers stop,
+    # save and exit 75, which torchrun reports as a failure of its own
+    ck = tmp_path / "ck"
+    args = [str(ck), str(tmp_path / "out.safetensors"), "--epochs", "3", "--workers", "2",
+            "--eval-every", "0", "--step-seconds", "0.1"]
+    stopped = launch(args, nproc=nproc, on="step 3", target="agent:SIGTERM", torchrun=True)
+    assert stopped.rc != 0, stopped.text
+    assert "is killed by signal" not in stopped.text, stopped.text
+    assert f"stopped after step {stopped.last_step}" in stopped.text, stopped.text
+    assert newest(ck) == stopped.last_step >= 3, stopped.text
 
 
 def test_the_ledger_shows_every_sample_once_across_a_stop_before_the_first_step(
