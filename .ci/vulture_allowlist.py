@@ -20,5 +20,5 @@ _._has_rebuilt_buckets  # strategies/ddp.py: DDP's own flag, read by its ZeRO co
 HELP  # commands/*.py: each command's one-line help, read by cli.py with getattr
 _.writable  # ckpt/integrity.py HashingWriter: io.RawIOBase protocol
 _.replica_group  # ft/runtime.py FTRun: a public property, read by users' scripts
-_.per_timeline  # tools/goodput.py GoodputReport: a field of `splitsync goodput --json`
+_.per_timeline  # tools/goodput/report.py GoodputReport: a field of `splitsync goodput --json`
 grad_outputs  # train/empty.py _zeros: a backward hook's argument, by torch's calling convention

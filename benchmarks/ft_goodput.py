@@ -30,7 +30,7 @@ ROOT = HERE.parent
 SCRIPT = ROOT / "tests" / "launcher" / "ft_script.py"
 sys.path.insert(0, str(ROOT / "src"))
 
-from splitsync.tools.goodput import goodput, read_incarnations  # noqa: E402
+from splitsync.tools.goodput.report import goodput, read_incarnations  # noqa: E402
 from splitsync.tools.plan.failures import FailureInputs, ft_goodput, restart_goodput  # noqa: E402
 
 

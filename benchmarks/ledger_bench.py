@@ -44,7 +44,7 @@ def _rank(rank: int, world: int, workload: str, rounds: int, block: int, light_r
     from splitsync.bench.harness import interleave, median, median_ci, summarize
     from splitsync.bench.registry import build_loop
     from splitsync.bench.workloads import make_workload
-    from splitsync.observers.ledger.recorder import Ledger
+    from splitsync.tools.audit.ledger.recorder import Ledger
 
     torch.set_num_threads(1)
     with splitsync.init(seed=0, ledger=True, run_dir=run_dir) as run:
@@ -118,7 +118,7 @@ def _rank(rank: int, world: int, workload: str, rounds: int, block: int, light_r
         run.add_observer(ledger)  # closes its file at run.close
     if rank != 0:
         return None
-    from splitsync.observers.ledger.format import read_file
+    from splitsync.tools.audit.ledger.format import read_file
 
     files = list(Path(run_dir, "ledger").rglob("*.ledger"))
     size = sum(f.stat().st_size for f in files)

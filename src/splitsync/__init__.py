@@ -27,7 +27,7 @@ _EXPORTS = {
     "STRATEGY_NAMES": "splitsync.strategies",
     "gather_object": "splitsync.distributed.comm",
     "broadcast_object": "splitsync.distributed.comm",
-    "PREEMPTED_EXIT_CODE": "splitsync.distributed.preemption",
+    "PREEMPTED_EXIT_CODE": "splitsync.preemption.exit",
     **{name: "splitsync.errors" for name in (
         "CheckpointError", "EnvError", "GroupError", "DesyncError", "DeviceMismatchError",
         "ConfigMismatchError", "ParameterMismatchError", "CollectiveTimeoutError",
@@ -51,7 +51,6 @@ if TYPE_CHECKING:  # the lazy names, for type checkers (F401 is off for this fil
     from splitsync.distributed.comm import broadcast_object, gather_object
     from splitsync.distributed.device import move_to
     from splitsync.distributed.env import DistEnv, detect_env
-    from splitsync.distributed.preemption import PREEMPTED_EXIT_CODE
     from splitsync.distributed.seeding import seed_everything
     from splitsync.errors import (
         CheckpointError,
@@ -70,6 +69,7 @@ if TYPE_CHECKING:  # the lazy names, for type checkers (F401 is off for this fil
     )
     from splitsync.observe import Observer
     from splitsync.output.throughput import Throughput
+    from splitsync.preemption.exit import PREEMPTED_EXIT_CODE
     from splitsync.run.config import PRECISIONS, RunConfig
     from splitsync.run.runtime import Run
     from splitsync.strategies import STRATEGY_NAMES

@@ -21,11 +21,11 @@ from splitsync.distributed.device import choose_device, default_backend
 from splitsync.distributed.env import batch_note, detect_env
 from splitsync.distributed.group import destroy_group, init_group
 from splitsync.distributed.logs import attach_rank_handler, get_logger
-from splitsync.distributed.preemption import DEFAULT_PREEMPT_GRACE, DEFAULT_PREEMPT_SIGNALS
 from splitsync.distributed.seeding import draw_seed, seed_everything
 from splitsync.distributed.threads import cpu_counts, launcher_threads
 from splitsync.output.progress import preload as preload_progress
 from splitsync.output.trackers import require_packages
+from splitsync.preemption.defaults import DEFAULT_PREEMPT_GRACE, DEFAULT_PREEMPT_SIGNALS
 from splitsync.run.config import DEFAULT_STRAGGLER_THRESHOLD, RunConfig, accumulate_for
 from splitsync.run.runtime import Run
 from splitsync.strategies import check_options, resolve
@@ -45,7 +45,8 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
          ft_heartbeat_ms: int = 100, ft_timeout: float = 30.0,
          ft_lighthouse: str | None = None,
          preempt_signals: Sequence[str | int] | None = DEFAULT_PREEMPT_SIGNALS,
-         preempt_grace: float = DEFAULT_PREEMPT_GRACE, **strategy_options: Any) -> Run:
+         preempt_grace: float = DEFAULT_PREEMPT_GRACE, preempt_file: str | None = None,
+         **strategy_options: Any) -> Run:
     """Detect the launcher, pick the device, form the process group and seed every RNG.
 
     ``loggers`` picks the trackers ``run.log`` writes to ("jsonl", "csv", "tensorboard",
@@ -60,6 +61,8 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
     after one agreed optimizer step, saved, and the process exits with
     ``PREEMPTED_EXIT_CODE`` (75); ``preempt_grace`` seconds from the signal to reach that
     step, else the run exits with its previous checkpoint (docs/checkpoints.md#preemption).
+    ``preempt_file``: a path whose appearance (``touch``, e.g. from a Kubernetes preStop
+    hook) stops the run the same way.
 
     ``accumulate``: micro-batches per optimizer step on each process, or a function of the
     world size that returns it (``accumulate=lambda world_size: 40 // world_size`` keeps 40
@@ -111,7 +114,7 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
                        strategy_options=strategy_options, loggers=loggers,  # type: ignore[arg-type]
                        straggler_threshold=straggler_threshold, fault_tolerance=ft,
                        preempt_signals=preempt_signals,  # type: ignore[arg-type]
-                       preempt_grace=preempt_grace)
+                       preempt_grace=preempt_grace, preempt_file=preempt_file)
     config = attached.configure(config, os.environ)  # a tool may impose strategy, accumulate
     strategy = config.strategy
     if strategy_options:  # a misspelt keyword fails here, at every world size

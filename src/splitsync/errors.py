@@ -62,7 +62,7 @@ class CheckpointWarning(UserWarning):
 
 
 class Preempted(SystemExit):
-    """A preemption signal stopped the run after an agreed step (``splitsync.run.preempt``).
+    """A preemption signal stopped the run after an agreed step (``splitsync.preemption``).
 
     A ``SystemExit``: nothing catches it by accident, ``with splitsync.init()`` closes the
     run cleanly, and the process exits with ``code`` (``PREEMPTED_EXIT_CODE``, 75; 0 under

@@ -1,4 +1,5 @@
-"""Preemption on 1-3 gloo ranks: a rank signals itself (SIGTERM or SIGUSR1) at some point of
+"""Preemption on 1-3 gloo ranks: a rank signals itself (SIGTERM or SIGUSR1), or touches the
+stop file, at some point of
 the loop; every rank stops after the same step, which is the last one taken and the newest
 checkpoint, and a relaunch from it ends bit-equal to a run never stopped.
 
@@ -48,11 +49,14 @@ def train(rank: int, world: int, root: str, name: str, strategy: str, accumulate
 
     def maybe_kill(moment: str, step: int) -> None:
         if kill is not None and kill[0] == moment and kill[1] == step and kill[2] == rank:
-            os.kill(os.getpid(), getattr(signal, kill[3]))
+            if kill[3] == "FILE":  # what a Kubernetes preStop hook does
+                Path(root, "stop").touch()
+            else:
+                os.kill(os.getpid(), getattr(signal, kill[3]))
 
     try:
         with ss.init(seed=0, deterministic=True, accumulate=accumulate,
-                     preempt_grace=60) as run:
+                     preempt_grace=60, preempt_file=f"{root}/stop") as run:
             # FSDP2 keeps batch-norm statistics per rank and a checkpoint holds rank 0's,
             # so a resume changes the others' (a separate limitation): LayerNorm there
             norm = nn.BatchNorm1d(12) if strategy == "ddp" else nn.LayerNorm(12)
@@ -113,6 +117,8 @@ def newest(ck: Path) -> int:
     (3, ("ddp", 2, True), ("start", 0, 2, "SIGTERM")),  # before the first step
     (2, ("fsdp", 2, True), ("eval", 5, 0, "SIGTERM")),  # inside an evaluation, no step
     (1, ("ddp", 1, False), ("step", 3, 0, "SIGTERM")),
+    # a stop file (left in place: the relaunch ignores a file older than itself)
+    (2, ("ddp", 1, False), ("step", 4, 1, "FILE")),
 ])
 def test_every_rank_stops_after_the_same_step_and_the_relaunch_is_exact(
         tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, world: int,

@@ -17,7 +17,7 @@ import pytest
 from ftkit import SCRIPT, summary
 from launch_helpers import splitsync
 
-from splitsync.tools.goodput import goodput
+from splitsync.tools.goodput.report import goodput
 
 pytest.importorskip("torchft")
 

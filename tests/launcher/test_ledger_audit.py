@@ -20,7 +20,7 @@ import pytest
 from launchkit import launch
 
 from splitsync import cli
-from splitsync.tools.goodput import goodput
+from splitsync.tools.goodput.report import goodput
 
 SCRIPT = Path(__file__).with_name("ledger_script.py")
 N = 48

@@ -14,8 +14,8 @@ import pytest
 from splitsync import cli
 from splitsync.ft.cursor import DataCursor, GroupBatches
 from splitsync.ft.loader import Handed
-from splitsync.observers.ledger.ft import FTLedger
 from splitsync.tools.audit.ft import audit_ft
+from splitsync.tools.audit.ledger.ft import FTLedger
 
 N, BATCH = 23, 2  # 12 group-batches an epoch, the last padded
 

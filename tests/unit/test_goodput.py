@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from splitsync import cli
-from splitsync.tools.goodput import PARTS, goodput
+from splitsync.tools.goodput.report import PARTS, goodput
 
 
 def _write(folder: Path, name: str, events: list[dict]) -> None:

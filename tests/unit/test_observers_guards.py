@@ -22,9 +22,9 @@ from splitsync.observers.guards import (
 )
 from splitsync.observers.guards.consistency import reference_ranks
 from splitsync.observers.guards.desync import Recorder, debug_from_environ
-from splitsync.observers.verify.record import from_environ
 from splitsync.run.config import RunConfig
 from splitsync.tools.verify.compare import compare_runs, likely_cause
+from splitsync.tools.verify.record import from_environ
 
 
 def test_config_summary_ignores_per_rank_values() -> None:

@@ -14,9 +14,9 @@ from torch.utils.data import Dataset, IterableDataset
 import splitsync as ss
 from splitsync.data.stream import SHARD_SHIFT
 from splitsync.observe import Observer
-from splitsync.observers.ledger import recorder
-from splitsync.observers.ledger.format import MAGIC, rank_file, read_file
 from splitsync.tools.audit.audit import audit
+from splitsync.tools.audit.ledger import recorder
+from splitsync.tools.audit.ledger.format import MAGIC, rank_file, read_file
 
 
 class Indexed(Dataset):

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from splitsync import cli
-from splitsync.observers.ledger.format import (
+from splitsync.tools.audit.audit import audit
+from splitsync.tools.audit.ledger.format import (
     MAGIC,
     json_record,
     parse,
@@ -21,7 +22,6 @@ from splitsync.observers.ledger.format import (
     step_record,
     steps_record,
 )
-from splitsync.tools.audit.audit import audit
 
 SHIFT = 40
 

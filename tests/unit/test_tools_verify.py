@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from splitsync.observers.verify import agree
-from splitsync.observers.verify.record import ScriptRecorder, settings
+from splitsync.tools.verify import agree
 from splitsync.tools.verify.compare import _epochs, compare_runs, likely_cause
 from splitsync.tools.verify.pair import Side, compare_pair, pair_cause
+from splitsync.tools.verify.record import ScriptRecorder, settings
 
 
 def test_every_launch_trains_at_the_references_global_batch() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from splitsync.observers.verify.record import _step_loss
 from splitsync.tools.verify.compare import compare_runs, likely_cause, step_loss
+from splitsync.tools.verify.record import _step_loss
 from splitsync.tools.verify.script import token_mean_cause
 
 

@@ -13,6 +13,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from splitsync.tools.tables import markdown_table
+
 __all__ = ["median", "median_ci", "percentile", "interleave", "paired_ratios", "LoopSummary", "summarize",
            "markdown_table"]
 
@@ -113,12 +115,3 @@ def summarize(blocks: Mapping[str, Sequence[Sequence[float]]], baseline: str) ->
         out.append(LoopSummary(name, 1e3 * median(flat), 1e3 * percentile(flat, 90),
                                median(ratios), lo, hi, len(ratios), len(flat)))
     return out
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A GitHub markdown table; numbers are printed as given (format them first)."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(cells[0]), sep, *(line(r) for r in cells[1:])])

@@ -1,4 +1,5 @@
-"""What each rank runs: interleaved loop comparisons and the all-reduce sweep.
+"""What each rank runs: interleaved loop comparisons and the all-reduce sweep (the sweep
+between compute is ``splitsync plan``'s, :mod:`splitsync.tools.plan.measure`).
 
 ``measure_rank`` is started on N processes by :func:`splitsync.launch.spawn.spawn` (or any
 launcher); every rank runs the same schedule, and rank 0 returns the figures.
@@ -14,16 +15,12 @@ import torch
 from splitsync.bench.harness import interleave, median, percentile, summarize
 from splitsync.bench.registry import build_loop
 from splitsync.bench.workloads import make_workload
+from splitsync.tools.plan.measure import COMPUTE_GAP_S, comm_between_compute, train_rounds
 
-__all__ = ["measure_rank", "single_loop_rank", "comm_rank", "compare_loops", "comm_sweep",
-           "comm_between_compute", "train_rounds", "OPTIONAL_LOOPS", "COMPUTE_GAP_S"]
+__all__ = ["measure_rank", "single_loop_rank", "compare_loops", "comm_sweep", "OPTIONAL_LOOPS"]
 
 OPTIONAL_LOOPS = ("accelerate", "fabric")
 MIN_ROUNDS, MAX_ROUNDS = 6, 2000
-# Compute before each all-reduce in the training-pattern sweep when no step time is known;
-# otherwise the single-device step is used, as in training (on a loaded host the cost of
-# waking the idle peer grows with the time it spent idle).
-COMPUTE_GAP_S = 1e-3
 
 
 def _has_group() -> bool:
@@ -135,57 +132,6 @@ def comm_sweep(sizes: list[int], device: torch.device, budget: float) -> list[di
     return out
 
 
-def _busy(seconds: float, a: torch.Tensor, sync: Any) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        torch.mm(a, a)
-        sync()  # on a GPU, do not queue more work than the gap holds
-
-
-def train_rounds(gap_s: float, sizes: int, budget: float = 1.5) -> int:
-    """Rounds of :func:`comm_between_compute` filling about ``budget`` seconds (20 to 100)."""
-    return max(20, min(100, int(budget / (sizes * (gap_s + 1e-3)))))
-
-
-def comm_between_compute(sizes: list[int], device: torch.device, rounds: int = 100,
-                         gap_s: float = COMPUTE_GAP_S) -> list[dict]:
-    """All-reduce time per size when every rank computes ``gap_s`` seconds before each call.
-
-    This is the pattern of training: between two steps' all-reduces the ranks compute, the
-    backend's threads go idle and the first rank to arrive waits for the others. Per call
-    the time counted is that of the rank that arrived last (the smallest of the ranks' call
-    times), so waiting for a slower rank is left out: that belongs to the per-device step.
-    No clock is compared across processes. Each round visits every size (in rotating
-    order), so a machine whose load drifts affects all sizes alike and the fit stays sane.
-    """
-    import torch.distributed as dist
-
-    world = dist.get_world_size()
-    a = torch.randn(64, 64, device=device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    bufs = [torch.ones(max(1, nbytes // 4), device=device) for nbytes in sizes]
-    own: list[list[float]] = [[] for _ in sizes]
-    dist.barrier()
-    for buf in bufs:
-        dist.all_reduce(buf)
-    for r in range(rounds):
-        for k in range(len(sizes)):
-            i = (k + r) % len(sizes)
-            _busy(gap_s, a, sync)
-            sync()
-            t0 = time.perf_counter()
-            dist.all_reduce(bufs[i])
-            sync()
-            own[i].append(time.perf_counter() - t0)
-    mine = torch.tensor(own, dtype=torch.float64, device=device)
-    every = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(every, mine)
-    last = torch.stack([t.cpu() for t in every]).min(0).values  # the last rank to arrive
-    return [{"bytes": buf.numel() * 4, "allreduce_s": float(last[i].median()), "gap_s": gap_s,
-             "own_median_s": median(own[i]), "rounds": rounds, "world_size": world}
-            for i, buf in enumerate(bufs)]
-
-
 def measure_rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict | None:
     """Run ``spec`` on this rank: overhead comparisons, naive-vs-DDP, all-reduce sweep."""
     import splitsync
@@ -240,14 +186,3 @@ def single_loop_rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict |
         loop.run(spec["block"])  # warm-up
         times = loop.run(spec["steps"])
         return {"median_s": median(times), "steps": len(times)} if rank == 0 else None
-
-
-def comm_rank(rank: int, world_size: int, sizes: list[int],
-              gap_s: float = COMPUTE_GAP_S) -> list[dict] | None:
-    """All-reduce between compute, alone (for ``splitsync plan --network measured``)."""
-    import splitsync
-
-    torch.set_num_threads(1)
-    with splitsync.init(seed=0, guards=False) as run:
-        rows = comm_between_compute(sizes, run.device, train_rounds(gap_s, len(sizes)), gap_s)
-        return rows if rank == 0 else None

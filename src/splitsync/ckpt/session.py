@@ -19,14 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from splitsync.ckpt.find import find_checkpoint, locate
 from splitsync.ckpt.fs import Storage, newer_steps, open_dir, set_aside_newer
 from splitsync.ckpt.load import (
     Freeing,
     ResumeState,
-    find_checkpoint,
     load_models,
     load_objects,
-    locate,
     reopen_window,
     unregistered,
 )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 DESCRIPTION = """\
 Read the sample ledger a run wrote with splitsync.init(ledger=True, run_dir=RUN_DIR) across
@@ -31,6 +30,7 @@ def main(args: argparse.Namespace) -> int:
     """0: every epoch exactly once (or in progress); 1: a problem; 2: no ledger."""
     from splitsync.tools.audit.audit import audit
     from splitsync.tools.audit.ft import audit_ft, is_ft
+    from splitsync.tools.audit.report import render
 
     try:
         report = audit_ft(args.run_dir) if is_ft(args.run_dir) else audit(args.run_dir)
@@ -45,69 +45,3 @@ def main(args: argparse.Namespace) -> int:
     else:
         render(report)
     return 0 if report.ok else 1
-
-
-def render(report: Any) -> None:
-    """The report as rich tables on the terminal (plain text when piped)."""
-    import sys
-
-    from rich.console import Console
-    from rich.table import Table
-
-    # piped output keeps the tables whole instead of wrapping them at 80 columns
-    con = Console(highlight=False, soft_wrap=True,
-                  width=None if sys.stdout.isatty() else 110)
-    con.print(f"[bold]splitsync audit[/bold] {report.run_dir}")
-    lt = Table(title="launches", title_justify="left")
-    for col in ("launch", "world size", "restart", "seed", "resumed from", "last step",
-                "closed"):
-        lt.add_column(col, justify="right")
-    for la in report.launches:
-        start = la["resumed_from_step"]
-        lt.add_row(str(la["launch"]), str(la["world_size"]), str(la["restart_count"]),
-                   str(la["seed"]), "-" if start is None else f"step {start}",
-                   str(la["last_step"]),
-                   "yes" if la["clean"] else "on an error" if la["closed"] else "no")
-    con.print(lt)
-    for s in report.superseded:
-        con.print(f"superseded: launch {s['launch']} steps {s['first_step']}-{s['last_step']} "
-                  "(rolled back by a later resume)")
-    et = Table(title="epochs", title_justify="left")
-    for col in ("loader", "epoch", "samples", "once", "more than once", "never", "padded",
-                "status"):
-        et.add_column(col, justify="right" if col != "status" else "left")
-    for c in report.epochs:
-        style = {"exactly once": "green", "in progress": "yellow",
-                 "dropped by drop_last": "yellow"}.get(c.status, "bold red")
-        et.add_row(str(c.loader), str(c.epoch), str(c.samples), str(c.once), str(c.more),
-                   str(c.never), str(c.padded), f"[{style}]{c.status}[/{style}]")
-    con.print(et)
-    for note in report.extra.get("notes", []):
-        con.print(f"note: {note}")
-    for f in report.findings:
-        con.print(("[bold red]problem[/bold red]: " if f.error else "note: ") + f.message)
-    bad = report.first_bad
-    if bad is not None:
-        where = (f" at step {bad['step']}, rank {bad['rank']}, launch {bad['launch']}"
-                 if "step" in bad else "")
-        first = bad.get("first_trained")
-        also = (f" (first at step {first['step']}, rank {first['rank']}, launch "
-                f"{first['launch']})" if first else "")
-        con.print(f"[bold red]first bad sample[/bold red]: loader {bad['loader']} epoch "
-                  f"{bad['epoch']} {bad['name']}: {bad['problem']}{where}{also}")
-    _goodput(report.run_dir, con)
-    con.print(f"ledger: {report.bytes} bytes for {report.samples_recorded} samples "
-              f"({report.bytes_per_sample:.2f} bytes a sample)")
-    con.print("[bold green]OK[/bold green]: every epoch exactly once" if report.ok
-              else "[bold red]FAILED[/bold red]")
-
-
-def _goodput(run_dir: str, con: Any) -> None:
-    """The goodput lines, when the run kept its clock (splitsync goodput RUN_DIR)."""
-    from splitsync.tools.goodput import goodput, render
-
-    try:
-        report = goodput(run_dir)
-    except FileNotFoundError:
-        return
-    render(report, lambda line: con.print(line, markup=False))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-HELP = "Find data-parallel mistakes in scripts without running them."
 DESCRIPTION = (
     "Read training scripts (never run or import them) and report the classic data-parallel "
     "mistakes: hard-coded CUDA, model and data on different devices, DataParallel, DDP without "

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """0 with a report, 2 when RUN_DIR has no goodput records."""
-    from splitsync.tools.goodput import goodput, render
+    from splitsync.tools.goodput.report import goodput, render
 
     try:
         report = goodput(args.run_dir)

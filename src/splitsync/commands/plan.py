@@ -1,13 +1,9 @@
-"""``splitsync plan``: predict data-parallel step time and scaling at N devices."""
+"""``splitsync plan``: its options, and which report they ask for (the reports and the
+measuring code: ``splitsync.tools.plan``)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
-import os
-import sys
-from typing import Any
 
 DESCRIPTION = """\
 Predict step time, throughput and scaling efficiency of data-parallel (DDP) training at N
@@ -80,9 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="device memory in GB: whether FSDP would pay off; with --memory, "
                         "which strategies fit")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    from splitsync.commands.plan_failures import add_failure_arguments
-
-    add_failure_arguments(parser)
+    _failure_arguments(parser)
     m = parser.add_argument_group("memory (--memory: per-device bytes of each strategy)")
     m.add_argument("--memory", action="store_true",
                    help="predict parameter, gradient, optimizer-state and activation bytes "
@@ -101,212 +95,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="hsdp shards over this many devices (one node) (default: 8)")
 
 
-def _fail(msg: str) -> SystemExit:
-    return SystemExit(f"splitsync plan: {msg}")
-
-
-def _load_model(path: str) -> Any:
-    return _factory(path)()
-
-
-def measure_step(model: Any, shape: tuple[int, ...], batch: int, steps: int = 10) -> float:
-    """Median seconds of forward + backward + SGD step of ``model`` on random input."""
-    import time
-
-    import torch
-
-    from splitsync.bench.harness import median
-
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = model.to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(batch, *shape, device=dev)
-    times = []
-    for i in range(steps + 3):
-        t0 = time.perf_counter()
-        out = model(x)
-        (out if isinstance(out, torch.Tensor) else out[0]).float().mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= 3:
-            times.append(time.perf_counter() - t0)
-    return median(times)
-
-
-def _network(args: argparse.Namespace, step: float) -> Any:
-    from dataclasses import replace
-
-    from splitsync.tools.plan.costmodel import NETWORKS, Network
-
-    if args.network == "measured":
-        net = measure_network(gap_s=min(step, 0.05))
-    elif args.network in NETWORKS:
-        net = NETWORKS[args.network]
-    else:
-        raise _fail(f"--network {args.network!r}: choose one of {', '.join(NETWORKS)} or measured.")
-    if args.bandwidth is not None:
-        net = replace(net, name=f"{net.name}, custom", bandwidth=args.bandwidth * 1e9)
-    if args.latency is not None:
-        net = replace(net, name=f"{net.name}, custom", latency=args.latency * 1e-6)
-    return Network(net.name, net.bandwidth, net.latency, net.note)  # re-validated
-
-
-def measure_network(world: int = 2, gap_s: float = 1e-3) -> Any:
-    """Fit alpha and B to all-reduce times of ``world`` local gloo processes.
-
-    The all-reduces are timed between stretches of compute ``gap_s`` long (the step time),
-    as in training (see :func:`splitsync.bench.measure.comm_between_compute`), not back to
-    back.
-    """
-    from splitsync.bench.measure import comm_rank
-    from splitsync.launch.spawn import spawn
-    from splitsync.tools.plan.costmodel import TRAIN_COMM_SIZES, fit_network
-
-    rows = spawn(comm_rank, world, list(TRAIN_COMM_SIZES), gap_s, timeout=300)[0]
-    return fit_network([r["bytes"] for r in rows], [r["allreduce_s"] for r in rows], world,
-                       name=f"measured (gloo, {world} local processes, between compute)")
-
-
-def _factory(path: str) -> Any:
-    """``MODULE:FACTORY``, imported as ``python -m`` would: the working directory first on
-    the import path (the console script does not put it there by itself)."""
-    mod_name, _, attr = path.partition(":")
-    if not attr:
-        raise _fail(f"--model {path!r}: write MODULE:FACTORY, e.g. mypkg.nets:Net.")
-    here = os.getcwd()
-    if here not in sys.path and "" not in sys.path:
-        sys.path.insert(0, here)
-    try:
-        return getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise _fail(f"--model {path!r}: cannot import it ({exc}), from {here} or the "
-                    "installed packages.") from exc
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
-
-
-def memory_main(args: argparse.Namespace) -> int:
-    """``plan --memory``: the per-device bytes table (or JSON) of each strategy and size."""
-    import torch
-
-    from splitsync.bench.harness import markdown_table
-    from splitsync.tools.plan import memory
-
-    if args.model is None or args.input_shape is None or args.batch_size is None:
-        raise _fail("--memory needs --model MODULE:FACTORY, --input-shape D,... and "
-                    "--batch-size (per device).")
-    try:
-        shape = tuple(int(d) for d in args.input_shape.split(",") if d.strip())
-        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-        kwargs = json.loads(args.optimizer_args)
-        variants = memory.parse_strategies(args.strategies)
-        opt = memory.optimizer_class(args.optimizer)
-        dtype = getattr(torch, args.input_dtype, None)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"--input-dtype {args.input_dtype!r}: give a torch dtype name "
-                             "such as float32 or long.")
-        if not isinstance(kwargs, dict):
-            raise ValueError(f"--optimizer-args {args.optimizer_args!r}: give a JSON object.")
-        facts = memory.model_facts(_factory(args.model), shape, args.batch_size,
-                                   input_dtype=dtype, precision=args.precision,
-                                   optimizer=opt, optimizer_kwargs=kwargs)
-        plans = memory.plan(facts, variants, sizes, memory_gb=args.memory_gb,
-                            per_node=args.gpus_per_node)
-    except ValueError as exc:
-        raise _fail(str(exc)) from None
-    if args.json:
-        print(json.dumps([p.as_dict() for p in plans], indent=2))
-        return 0
-    rows = [[p.strategy, p.devices, *(_size(b) for b in (
-             p.params_bytes, p.grads_bytes, p.optimizer_bytes, p.activations_bytes,
-             p.peak_bytes, p.host_bytes)),
-             "" if p.fits is None else ("yes" if p.fits else "no")] for p in plans]
-    print(f"{facts.numel:,} parameters; batch {args.batch_size} x {shape} per device, "
-          f"precision {args.precision}, {opt.__name__}; bytes per device (the most loaded one)")
-    print()
-    print(markdown_table(["strategy", "N", "params", "grads", "optimizer", "activations",
-                          "peak", "host", f"fits {args.memory_gb:g} GB" if args.memory_gb
-                          else "fits"], rows))
-    if args.memory_gb:
-        fit = [f"{p.strategy} at {p.devices}" for p in plans if p.fits]
-        print()
-        print(f"- fit in {args.memory_gb:g} GB: " + (", ".join(fit) if fit else "none; add "
-              "devices, +act-ckpt, +offload or a smaller per-device batch"))
-    return 0
+def _failure_arguments(parser: argparse.ArgumentParser) -> None:
+    f = parser.add_argument_group(
+        "failures (--failures: goodput and the best checkpoint interval, restart-based and "
+        "fault tolerant)")
+    f.add_argument("--failures", action="store_true",
+                   help="predict goodput under failures instead of step time")
+    f.add_argument("--nodes", type=int, default=1, help="nodes (machines) in the job")
+    f.add_argument("--mtbf-hours", type=float, default=None, metavar="H",
+                   help="mean time between failures of one node, hours")
+    f.add_argument("--mtbf-s", type=float, default=None, metavar="S",
+                   help="the same in seconds (instead of --mtbf-hours)")
+    f.add_argument("--save-s", type=float, default=None, metavar="S",
+                   help="seconds a checkpoint stalls training")
+    f.add_argument("--restart-s", type=float, default=None, metavar="S",
+                   help="seconds from a failure until the restarted job trains again")
+    f.add_argument("--step-s", type=float, default=1.0, metavar="S", help="seconds per step")
+    f.add_argument("--replica-groups", type=int, default=2, metavar="G",
+                   help="replica groups of the fault-tolerant run (default: 2)")
+    f.add_argument("--heartbeat-s", type=float, default=1.0, metavar="S",
+                   help="the Lighthouse's heartbeat timeout (default: 1)")
+    f.add_argument("--heal-s", type=float, default=0.2, metavar="S",
+                   help="one live recovery (default: 0.2)")
+    f.add_argument("--rejoin-s", type=float, default=None, metavar="S",
+                   help="a failed group's restart and recovery (default: --restart-s)")
+    f.add_argument("--quorum-s", type=float, default=0.0, metavar="S",
+                   help="a quorum's cost per step (default: 0)")
+    f.add_argument("--startup-s", type=float, default=0.0, metavar="S",
+                   help="the first launch's start, paid once (with --work-s)")
+    f.add_argument("--work-s", type=float, default=None, metavar="S",
+                   help="the job's useful compute, seconds (default: long)")
+    f.add_argument("--interval-s", type=float, default=None, metavar="S",
+                   help="also predict at this checkpoint interval (training seconds)")
+    f.add_argument("--failure-pattern", default="poisson", choices=("poisson", "periodic"),
+                   help="failures at random (default) or at a fixed period")
 
 
 def main(args: argparse.Namespace) -> int:
-    from splitsync.bench.harness import markdown_table
-    from splitsync.tools.plan import costmodel
+    """Dispatch to the report asked for (``splitsync.tools.plan.report``)."""
+    from splitsync.tools.plan import report
 
     if args.memory:
-        return memory_main(args)
+        return report.memory_report(args)
     if args.failures:
-        from splitsync.commands.plan_failures import failures_main
-
-        return failures_main(args)
-
-    if (args.params is None) == (args.model is None):
-        raise _fail("give the gradient size as --params COUNT or --model MODULE:FACTORY.")
-    if (args.step_ms is None) == (not args.measure):
-        raise _fail("give the single-device step time as --step-ms MS or --measure.")
-    if args.dtype not in costmodel.DTYPE_BYTES:
-        raise _fail(f"--dtype {args.dtype!r}: choose one of {', '.join(costmodel.DTYPE_BYTES)}.")
-    try:
-        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-    except ValueError:
-        raise _fail(f"--sizes {args.sizes!r}: give comma-separated integers.") from None
-    model = _load_model(args.model) if args.model else None
-    params = (sum(p.numel() for p in model.parameters() if p.requires_grad) if model is not None
-              else costmodel.parse_count(args.params))
-    if args.measure:
-        if model is None or args.input_shape is None or args.batch_size is None:
-            raise _fail("--measure needs --model, --input-shape and --batch-size.")
-        shape = tuple(int(d) for d in args.input_shape.split(","))
-        step = measure_step(model, shape, args.batch_size)
-    else:
-        if args.step_ms <= 0:
-            raise _fail(f"--step-ms {args.step_ms}: give a positive time in milliseconds.")
-        step = args.step_ms / 1e3
-    if not args.ddp_overhead_ms >= 0:
-        raise _fail(f"--ddp-overhead-ms {args.ddp_overhead_ms}: give a time >= 0 in ms.")
-    if not args.compute_scale > 0:
-        raise _fail(f"--compute-scale {args.compute_scale}: give a factor > 0 (1 on separate "
-                    "devices; per-device step at N over the single-device step).")
-    net = _network(args, step)
-    grad = params * costmodel.DTYPE_BYTES[args.dtype]
-    kw = {"backward_fraction": args.backward_fraction, "overlap": not args.no_overlap,
-          "bucket_cap_mb": args.bucket_cap_mb, "batch_size": args.batch_size,
-          "compute_scale": args.compute_scale, "sync_overhead": args.ddp_overhead_ms / 1e3}
-    preds = costmodel.predict_many(step, grad, net, sizes, **kw)
-    notes = costmodel.advice(preds, params, grad, net=net, step_time=step,
-                             memory_gb=args.memory_gb, **kw)
-    if args.json:
-        print(json.dumps({"params": params, "grad_bytes": grad, "step_time_s": step,
-                          "network": net.__dict__, "predictions": [p.as_dict() for p in preds],
-                          "advice": notes}, indent=2))
-        return 0
-    unit = "samples/s" if args.batch_size else "steps/s x N"
-    rows = [[p.n, f"{1e3 * p.step_time:.2f}", f"{1e3 * p.comm_time:.2f}",
-             f"{1e3 * p.exposed:.2f}", f"{p.throughput:,.1f}", f"{100 * p.efficiency:.1f}%"]
-            for p in preds]
-    print(f"{params:,} parameters, {grad / 1e6:,.1f} MB of {args.dtype} gradients; "
-          f"single-device step {1e3 * step:.2f} ms; network {net.name}: "
-          f"{net.bandwidth / 1e9:g} GB/s, {net.latency * 1e6:g} us"
-          + (f" ({net.note})" if net.note else ""))
-    if args.compute_scale != 1.0 or args.ddp_overhead_ms:
-        print(f"at N > 1: per-device compute x{args.compute_scale:g} (--compute-scale), "
-              f"DDP's own work {args.ddp_overhead_ms:g} ms per step (--ddp-overhead-ms)")
-    print()
-    print(markdown_table(["N", "step ms", "all-reduce ms", "exposed ms", unit, "efficiency"], rows))
-    print()
-    for note in notes:
-        print(f"- {note}")
-    return 0
+        return report.failures_report(args)
+    return report.step_report(args)

@@ -122,7 +122,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         spec = spec_from_args(args)
         if args.replica_groups is not None:
-            return _replica_groups(args, spec)
+            from splitsync.launch.replica_groups import from_command
+
+            return from_command(args, spec)
         if args.dry_run:
             return dry_run(spec)
         import torch.distributed.run  # noqa: F401  (slow; before waiting, so a node joins at once)
@@ -134,35 +136,3 @@ def main(args: argparse.Namespace) -> int:
     except (LaunchError, EnvError) as exc:
         say(f"error: {exc}")
         return 2
-
-
-def _replica_groups(args: argparse.Namespace, spec: LaunchSpec) -> int:
-    """``--replica-groups R``: R groups on this machine under one Lighthouse."""
-    from splitsync.launch.agent import say
-    from splitsync.launch.replica_groups import ReplicaGroups, group_command, run_replica_groups
-
-    if not spec.single_node or args.rdzv_endpoint or args.node_rank is not None:
-        raise LaunchError(
-            "--replica-groups runs every group on this machine; on a cluster run one job per "
-            "group (`splitsync run -n N` with REPLICA_GROUP_ID, NUM_REPLICA_GROUPS and "
-            "TORCHFT_LIGHTHOUSE set) and one Lighthouse: see docs/fault-tolerance.md.")
-    try:
-        rg = ReplicaGroups(groups=args.replica_groups, nproc=spec.nproc_per_node,
-                           max_restarts=spec.max_restarts,
-                           heartbeat_timeout_ms=args.ft_heartbeat_timeout_ms,
-                           min_replicas=args.ft_min_replicas, grace=args.ft_grace,
-                           monitor_interval=spec.monitor_interval, module=spec.module)
-    except ValueError as exc:
-        raise LaunchError(str(exc)) from None
-    if args.dry_run:
-        for g in range(rg.groups):
-            print(f"REPLICA_GROUP_ID={g} NUM_REPLICA_GROUPS={rg.groups} "
-                  "TORCHFT_LIGHTHOUSE=http://127.0.0.1:PORT "
-                  + " ".join(group_command(rg, spec.script, spec.script_args)), flush=True)
-        return 0
-    import importlib.util
-
-    if importlib.util.find_spec("torchft") is None:  # a clear error before any group starts
-        say("error: --replica-groups needs torchft: pip install 'splitsync[ft]'")
-        return 2
-    return run_replica_groups(rg, spec.script, spec.script_args)

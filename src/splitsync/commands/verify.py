@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import Console
 
-HELP = "Self-test the installation, or check that a script is data-parallel-correct."
 DESCRIPTION = (
     "Without a script: run collectives on every available backend, train a tiny model with 1 "
     "and with N processes and check the parameters are equal, and round-trip a checkpoint.\n"

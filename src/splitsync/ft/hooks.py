@@ -69,7 +69,7 @@ def install_ddp_hook(model: nn.parallel.DistributedDataParallel, state: HookStat
 def install_fsdp_hook(model: nn.Module, session: Any) -> int:
     """Average every FSDP2 unit's reduce-scattered gradient shard across groups (FSDP's own
     reduce-scatter already took the mean inside the group). Returns the units hooked."""
-    from torch.distributed.fsdp import FSDPModule
+    from splitsync.strategies.fsdp import sharded_units
 
     def across_groups(shard: torch.Tensor) -> None:
         scale = session.scale  # 0 for a group without a batch at the end of the run
@@ -77,7 +77,7 @@ def install_fsdp_hook(model: nn.Module, session: Any) -> int:
             shard.mul_(scale)
         session.manager.allreduce(shard).wait()  # on failure: the Manager is errored, step discarded
 
-    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    units = sharded_units(model)
     for unit in units:
         unit.set_all_reduce_hook(across_groups)
     return len(units)

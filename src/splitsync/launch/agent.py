@@ -18,14 +18,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from splitsync.distributed.preemption import (
-    FAILURE_NOTE,
-    NOTES_VAR,
-    PREEMPTED_EXIT_CODE,
-    read_notes,
-)
 from splitsync.launch.argv import torchrun_argv, torchrun_command
 from splitsync.launch.spec import LaunchSpec
+from splitsync.preemption.exit import FAILURE_NOTE, NOTES_VAR, PREEMPTED_EXIT_CODE, read_notes
 
 __all__ = ["say", "accelerators", "dry_run", "run_agent", "report_failure", "report_children",
            "report_stop", "report_preempted", "explain_rendezvous"]

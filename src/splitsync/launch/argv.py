@@ -5,14 +5,13 @@ from __future__ import annotations
 import shlex
 
 from splitsync.launch.spec import LaunchSpec
+from splitsync.preemption.defaults import AGENT_SIGNALS
 
 __all__ = ["torchrun_argv", "torchrun_command", "MAX_READ_TIMEOUT", "AGENT_SIGNALS"]
 
 MAX_READ_TIMEOUT = 60  # torchrun's default store read timeout
-# The signals the agent passes on to its workers, then waits --shutdown-timeout for them:
-# torchrun's own list plus SIGUSR1, which SLURM's --signal=USR1@N sends to every process of
-# the step (left to its default, it would end the agent at once).
-AGENT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# AGENT_SIGNALS (the signals the agent passes on to its workers) comes from the preemption
+# defaults: torchrun's own list plus every signal a run stops on by default.
 
 
 def _rdzv_conf(spec: LaunchSpec) -> str:

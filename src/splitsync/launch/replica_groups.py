@@ -14,6 +14,7 @@ running once one is done.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -23,8 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from splitsync.launch.agent import say
+from splitsync.launch.spec import LaunchError, LaunchSpec
 
-__all__ = ["ReplicaGroups", "run_replica_groups", "group_command", "group_env"]
+__all__ = ["ReplicaGroups", "run_replica_groups", "group_command", "group_env", "from_command"]
 
 
 @dataclass(frozen=True)
@@ -162,3 +164,33 @@ def _watch(rg: ReplicaGroups, procs: dict[int, subprocess.Popen[bytes]],
     first = min(failures) if failures else 0
     say(f"every replica group failed; first: group {first} (exit status {failures[first]}).")
     return failures[first] if 0 < failures[first] < 256 else 1
+
+
+def from_command(args: argparse.Namespace, spec: LaunchSpec) -> int:
+    """``splitsync run --replica-groups R``: R groups on this machine under one Lighthouse
+    (or, with ``--dry-run``, each group's command line)."""
+    if not spec.single_node or args.rdzv_endpoint or args.node_rank is not None:
+        raise LaunchError(
+            "--replica-groups runs every group on this machine; on a cluster run one job per "
+            "group (`splitsync run -n N` with REPLICA_GROUP_ID, NUM_REPLICA_GROUPS and "
+            "TORCHFT_LIGHTHOUSE set) and one Lighthouse: see docs/fault-tolerance.md.")
+    try:
+        rg = ReplicaGroups(groups=args.replica_groups, nproc=spec.nproc_per_node,
+                           max_restarts=spec.max_restarts,
+                           heartbeat_timeout_ms=args.ft_heartbeat_timeout_ms,
+                           min_replicas=args.ft_min_replicas, grace=args.ft_grace,
+                           monitor_interval=spec.monitor_interval, module=spec.module)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
+    if args.dry_run:
+        for g in range(rg.groups):
+            print(f"REPLICA_GROUP_ID={g} NUM_REPLICA_GROUPS={rg.groups} "
+                  "TORCHFT_LIGHTHOUSE=http://127.0.0.1:PORT "
+                  + " ".join(group_command(rg, spec.script, spec.script_args)), flush=True)
+        return 0
+    import importlib.util
+
+    if importlib.util.find_spec("torchft") is None:  # a clear error before any group starts
+        say("error: --replica-groups needs torchft: pip install 'splitsync[ft]'")
+        return 2
+    return run_replica_groups(rg, spec.script, spec.script_args)

@@ -31,6 +31,7 @@ from typing import Any
 from splitsync.distributed.env import TORCHRUN, launched_env
 from splitsync.distributed.group import free_port
 from splitsync.errors import SpawnError
+from splitsync.preemption.defaults import DUMP_SIGNAL_NAME
 
 __all__ = ["spawn", "SpawnError", "clean_env", "LAUNCHER_PREFIXES", "FORKSERVER_PRELOAD"]
 
@@ -62,8 +63,8 @@ def clean_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 
 # Where a hung rank's stacks come from: the parent sends this signal on timeout, and the rank
 # (and any worker it forked, which inherits the handler) writes every thread's Python stack.
-# SIGUSR2: SIGUSR1 is one of the preemption signals run.resume catches (init's default).
-_DUMP_SIGNAL = getattr(signal, "SIGUSR2", None)
+# One no run stops on by default (the preemption defaults choose it).
+_DUMP_SIGNAL = getattr(signal, DUMP_SIGNAL_NAME, None)
 
 
 def _child(call: bytes, rank: int, world: int, port: int, env: dict[str, str], out: Any,

@@ -27,7 +27,7 @@ __all__ = ["configure", "attach", "collective_timeout"]
 def configure(config: RunConfig, environ: Mapping[str, str]) -> RunConfig:
     """``config`` as the tools that launched this script impose it (``splitsync verify
     --strategies/--accumulate`` sets the strategy and the accumulation)."""
-    from splitsync.observers.verify.record import settings
+    from splitsync.tools.verify.record import settings
 
     strategy, accumulate = settings(environ, config.strategy, config.accumulate)
     if (strategy, accumulate) == (config.strategy, config.accumulate):
@@ -50,7 +50,7 @@ def attach(config: RunConfig, env: DistEnv, device: torch.device, seed: int, led
     Collective when guards or debug mode are on (they form a side group)."""
     from splitsync.observe import redirect
     from splitsync.observers.guards.session import start as start_guards
-    from splitsync.observers.verify.record import from_environ
+    from splitsync.tools.verify.record import from_environ
 
     observers: list[Observer] = list(start_guards(config, env.rank, env.world_size, device))
     verify = from_environ(environ, env.rank, env.world_size, config.accumulate)
@@ -64,7 +64,7 @@ def attach(config: RunConfig, env: DistEnv, device: torch.device, seed: int, led
     if config.run_dir is not None:  # an observer may move it (verify's own folder)
         config = replace(config, run_dir=str(redirect(observers, Path(config.run_dir))))
     if config.run_dir is not None and env.rank == 0:  # where the run's time went
-        from splitsync.observers.goodput import GoodputClock
+        from splitsync.tools.goodput.clock import GoodputClock
 
         ft = config.fault_tolerance
         observers.append(GoodputClock(config.run_dir, world_size=env.world_size,
@@ -72,13 +72,13 @@ def attach(config: RunConfig, env: DistEnv, device: torch.device, seed: int, led
                                       group=None if ft is None else ft.group,
                                       fault_tolerant=ft is not None))
     if ledger and config.fault_tolerance is not None:
-        from splitsync.observers.ledger.ft import FTLedger
+        from splitsync.tools.audit.ledger.ft import FTLedger
 
         ft = config.fault_tolerance
         observers.append(FTLedger(config.run_dir, env.rank, env.world_size,
                                   env.restart_count, seed, ft.group, ft.groups))
     elif ledger:
-        from splitsync.observers.ledger.recorder import Ledger
+        from splitsync.tools.audit.ledger.recorder import Ledger
 
         observers.append(Ledger(config.run_dir, env.rank, env.world_size, env.restart_count,
                                 seed))

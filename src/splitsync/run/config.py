@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from splitsync.distributed.preemption import (
+from splitsync.output.trackers import check_loggers
+from splitsync.preemption.defaults import (
     DEFAULT_PREEMPT_GRACE,
     DEFAULT_PREEMPT_SIGNALS,
     check_grace,
     parse_signals,
 )
-from splitsync.output.trackers import check_loggers
+from splitsync.preemption.sources import check_stop_file
 from splitsync.strategies import check_name
 from splitsync.train.precision import PRECISIONS, check_precision_name
 
@@ -46,6 +47,7 @@ class RunConfig:
     # signals that stop the run after an agreed step, once run.resume has a directory
     preempt_signals: tuple[str, ...] = DEFAULT_PREEMPT_SIGNALS
     preempt_grace: float = DEFAULT_PREEMPT_GRACE  # seconds from the signal to the stop
+    preempt_file: str | None = None  # a file whose appearance stops the run likewise
 
     def __post_init__(self) -> None:
         check_name(self.strategy)  # the one unknown-strategy message
@@ -68,6 +70,7 @@ class RunConfig:
         object.__setattr__(self, "preempt_signals",
                            tuple(s.name for s in parse_signals(self.preempt_signals)))
         object.__setattr__(self, "preempt_grace", check_grace(self.preempt_grace))
+        object.__setattr__(self, "preempt_file", check_stop_file(self.preempt_file))
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed={self.seed!r}: give a non-negative integer or None.")
 

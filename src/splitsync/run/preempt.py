@@ -1,27 +1,35 @@
-"""Preemption that loses no step: on a signal, every rank stops after one agreed step.
+"""The Run's side of preemption: on a stop request, every rank stops after one agreed step.
 
-Armed by ``run.resume`` for ``init(preempt_signals=...)`` (docs/checkpoints.md#preemption).
-The signal handler only notes the signal and wakes a thread, so a signal during a save,
-a resume, an evaluation or a loader's start changes nothing until the rank is between steps.
+Armed by ``run.resume`` for ``init(preempt_signals=..., preempt_file=...)``;
+docs/checkpoints.md#preemption has the whole story. Where requests come from, the board,
+the watching thread, the exit protocol and requeue live in :mod:`splitsync.preemption`. A
+source only notes the request and wakes the thread, so a signal during ``run.save``,
+``run.resume``, an evaluation or a loader's start changes nothing until the rank is between
+steps.
 
-1. **Request.** The thread writes it to the board (:mod:`splitsync.distributed.preemption`)
-   or sees another rank's there (twice a second), and adds a forward pre-hook, first in
-   line, to each model ``run.resume`` registered. A SIGTERM ``splitsync run`` sends
-   because a worker failed is no request: the rank exits at once.
-2. **Post.** At its next forward a rank posts its completed optimizer steps and attaches a
-   watch to ``run.step``.
+1. **Request.** The thread (:mod:`splitsync.preemption.watch`) writes it to the board (the
+   job's store, :mod:`splitsync.preemption.board`), or sees another rank's there (it looks
+   twice a second; nothing else runs per step until then), and adds a forward pre-hook, first in
+   line (before FSDP's all-gathers), to each model ``run.resume`` registered. A SIGTERM
+   ``splitsync run`` sends because a worker failed is no request: the rank exits at once.
+2. **Post.** At its next forward, on the main thread, a rank posts its completed optimizer
+   steps and attaches a watch to ``run.step``.
 3. **Agree.** S = max(posts) + 1. A rank posts before the backward of the step it is in,
-   and nobody completes step M + 1 before every rank's backward of it: when any rank has
-   completed S steps every post is in, so each rank learns S by its own boundary S (and
-   says so then: a save follows).
+   and nobody completes step M + 1 before every rank's backward of it (the gradient
+   all-reduce or reduce-scatter): when any rank has completed S steps every post is in, so
+   each rank learns S by its own boundary S and none passes it unaware (and says so then:
+   a save follows, which a dead peer would prevent).
 4. **Stop.** At boundary S the watch snapshots the RNG states and loader positions. At the
-   next forward of a registered model the rank finishes the save in flight, saves step S
-   with the snapshot (unless the script just saved it) and raises ``Preempted``.
+   next forward of a registered model (after the script's own work for step S, before
+   step S + 1 touches the model) the rank finishes the save in flight, saves step S with
+   the snapshot (unless the script just saved it) and raises ``Preempted``.
 5. **Grace.** No stop ``preempt_grace`` seconds after the signal: the thread says so and
    ends the process with the previous checkpoint intact.
 
+Micro-steps are not boundaries (the count moves when the optimizer steps); every rank
+reaches boundary S, so a stream loader's collective ``position()`` runs everywhere.
 ``run.close`` ends the thread, puts the handlers back and, on rank 0 of a SLURM job
-stopped by a signal other than SIGTERM, requeues it (:mod:`splitsync.distributed.requeue`).
+stopped by a signal other than SIGTERM, requeues it (:mod:`splitsync.preemption.requeue`).
 """
 
 from __future__ import annotations
@@ -29,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import signal
 import sys
 import threading
@@ -42,24 +49,19 @@ from splitsync.ckpt.session import Checkpointer
 from splitsync.ckpt.state import capture_rng, loader_position, restore_rng
 from splitsync.distributed.group import default_store
 from splitsync.distributed.logs import get_logger
-from splitsync.distributed.preemption import (
-    PREEMPTED_EXIT_CODE,
-    Board,
-    Request,
-    failure_marked,
-    make_board,
-    parse_signals,
-    write_note,
-)
-from splitsync.distributed.requeue import requeue, requeue_wanted
 from splitsync.distributed.seeding import Generators
 from splitsync.errors import Preempted
 from splitsync.observe import Observer
+from splitsync.preemption.board import Board, Request, make_board
+from splitsync.preemption.defaults import parse_signals
+from splitsync.preemption.exit import PREEMPTED_EXIT_CODE, failure_marked, write_note
+from splitsync.preemption.requeue import requeue, requeue_wanted
+from splitsync.preemption.sources import FileSource, SignalSource, Source
+from splitsync.preemption.watch import POLL_SECONDS, Watcher
 from splitsync.run.config import RunConfig
 
 __all__ = ["Preemption", "preemption_for", "POLL_SECONDS", "COMMIT_SECONDS"]
 
-POLL_SECONDS = 0.5  # how often a rank looks for another rank's request
 COMMIT_SECONDS = 5.0  # at the deadline, how long a background save may still take to commit
 
 _WATCHING, _STOPPING, _STOPPED = "watching", "stopping", "stopped"
@@ -95,7 +97,8 @@ class Preemption:
     def __init__(self, *, rank: int, world_size: int, signals: Sequence[signal.Signals],
                  grace: float, checkpoints: Checkpointer, generators: Generators | None,
                  watch: Callable[[Observer], None], unwatch: Callable[[Observer], None],
-                 store: Any | None, environ: Mapping[str, str] | None = None) -> None:
+                 store: Any | None, environ: Mapping[str, str] | None = None,
+                 sources: Sequence[Source] = ()) -> None:
         self.rank = rank
         self.signals = tuple(signals)
         self.grace = grace
@@ -107,100 +110,24 @@ class Preemption:
         self.request: Request | None = None
         self.stop_step: int | None = None
         self.phase = _WATCHING
-        self._pid = os.getpid()
-        self._signal: signal.Signals | None = None  # the first signal this process got
-        self._signal_time = 0.0
         self._posted = False
         self._snapshot: tuple[int, dict[str, Any], list[tuple[Any, Any]]] | None = None
         self._step_watch = _StepWatch(self)
         self._hooks: list[Any] = []
         self._lock = threading.Lock()  # hooking models: the thread and run.resume
         self._closed = False
-        self._previous: dict[signal.Signals, Any] = {}
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
-        self._install()
-        self._thread = threading.Thread(target=self._serve, name="splitsync-preempt",
-                                        daemon=True)
-        self._thread.start()
-
-    # --- signals ---------------------------------------------------------------------------
-    def _install(self) -> None:
-        for sig in self.signals:
-            try:
-                self._previous[sig] = signal.signal(sig, self._on_signal)
-            except ValueError:  # not the main thread: other ranks' requests still reach us
-                get_logger().warning(
-                    "run.resume was called outside the main thread: %s will not stop this "
-                    "run at an agreed step (requests from other ranks still do).", sig.name)
-                return
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        # A signal handler: no locks, no store, no logging; note it and wake the thread.
-        if os.getpid() != self._pid or self._closed:
-            return  # a forked child (a DataLoader worker): its parent ends it
-        if self._signal is None:
-            self._signal, self._signal_time = signal.Signals(signum), time.time()
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"!")
-
-    def _restore(self) -> None:
-        for sig, previous in self._previous.items():
-            with contextlib.suppress(ValueError, TypeError):
-                signal.signal(sig, signal.SIG_DFL if previous is None else previous)
-        self._previous = {}
-
-    # --- the thread --------------------------------------------------------------------------
-    def _sleep(self, seconds: float) -> None:
-        ready, _, _ = select.select([self._wake_r], [], [], max(0.0, seconds))
-        if ready:
-            with contextlib.suppress(OSError):
-                os.read(self._wake_r, 64)
-
-    def _serve(self) -> None:
-        try:
-            self._watch_for_a_request()
-        except Exception:  # the store went away (its host ended): nobody left to stop with
-            return
-
-    def _watch_for_a_request(self) -> None:
-        request = None
-        while request is None:
-            self._sleep(POLL_SECONDS)
-            if self._closed:
-                return
-            if self._signal is not None:
-                if failure_marked(self.environ):  # no preemption: exit as if unhandled
-                    get_logger().warning("%s came from splitsync run after another worker "
-                                         "failed: not a preemption; exiting without a stop.",
-                                         self._signal.name)
-                    _flushed_exit(128 + int(self._signal))
-                mine = Request(self.rank, self._signal.name, self._signal_time)
-                try:
-                    request = self.board.request(mine)
-                except Exception:  # the store is gone with its host: decide alone
-                    request = mine
-            else:
-                request = self.board.requested()
-        self._seen(request)
-        # the deadline counts from the signal, as the killer's does (clamped against clocks
-        # of other nodes that disagree with ours)
-        now = time.time()
-        deadline = now + self.grace - min(max(now - request.time, 0.0), self.grace)
-        while not self._closed and time.time() < deadline:
-            self._sleep(deadline - time.time())
-        if self._closed:
-            return
-        if self.phase != _WATCHING:  # the stop's save is under way: give it the same again
-            end = time.time() + self.grace
-            while not self._closed and time.time() < end:
-                self._sleep(end - time.time())
-            if self._closed:
-                return
-        self._give_up()
+        self._watcher = Watcher(rank=rank, board=self.board, grace=grace, seen=self._seen,
+                                sources=(SignalSource(self.signals), *sources),
+                                stopping=lambda: self.phase != _WATCHING,
+                                give_up=self._give_up)
 
     def _seen(self, request: Request) -> None:
-        self.request = request
+        if failure_marked(self.environ):  # splitsync run stops us: a worker failed
+            get_logger().warning("%s came from splitsync run after another worker failed: "
+                                 "not a preemption; exiting without a stop.", request.signal)
+            sig = getattr(signal, request.signal, None)
+            _flushed_exit(128 + int(sig) if isinstance(sig, signal.Signals) else 1)
+        self.request = request  # said once the stop step is agreed (a save follows then)
         self._hook_models()
 
     # --- the models' forward: post, and stop -----------------------------------------------
@@ -349,16 +276,8 @@ class Preemption:
         if clean and self.request is not None and self.phase == _WATCHING:
             write_note(self.environ, self.rank, {"status": "finished", "step": self.ckpt.step,
                                                  "signal": self.request.signal})
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"!")
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=2 * POLL_SECONDS)
-        if threading.current_thread() is threading.main_thread():
-            self._restore()
+        self._watcher.close()  # the thread ends, the signal handlers go back
         self._unhook()
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
     def after_close(self) -> None:
         """``run.close`` ended: rank 0 of a stopped SLURM job asks to be queued again."""
@@ -385,15 +304,17 @@ def preemption_for(config: RunConfig, rank: int, world_size: int, checkpoints: C
                    unwatch: Callable[[Observer], None]) -> Preemption | None:
     """The run's preemption handling, armed by its first ``run.resume``: None when
     ``init(preempt_signals=())``, or where the ranks have no store to agree through (said)."""
-    if not config.preempt_signals:
+    if not config.preempt_signals and config.preempt_file is None:
         return None
     store = default_store() if world_size > 1 else None
     if world_size > 1 and store is None:
         get_logger().warning("the process group has no store to agree on a stop step through: "
                              "%s will not stop this run at an agreed step.",
-                             "/".join(config.preempt_signals))
+                             "/".join(config.preempt_signals) or "the stop file")
         return None
     return Preemption(rank=rank, world_size=world_size,
                       signals=parse_signals(config.preempt_signals),
                       grace=config.preempt_grace, checkpoints=checkpoints,
-                      generators=generators, watch=watch, unwatch=unwatch, store=store)
+                      generators=generators, watch=watch, unwatch=unwatch, store=store,
+                      sources=() if config.preempt_file is None
+                      else (FileSource(config.preempt_file),))

@@ -32,11 +32,11 @@ from splitsync.distributed.device import move_to
 from splitsync.distributed.env import DistEnv
 from splitsync.distributed.group import destroy_group
 from splitsync.distributed.logs import forget_filter, get_logger, show_repeats_once
-from splitsync.distributed.preemption import parse_signals
 from splitsync.distributed.seeding import Generators
 from splitsync.errors import Preempted
 from splitsync.observe import Observer, appended, overriding
 from splitsync.output.progress import progress as _progress
+from splitsync.preemption.defaults import parse_signals
 from splitsync.run.checkpoints import CheckpointVerbs
 from splitsync.run.collectives import Collectives, CollectiveVerbs
 from splitsync.run.config import RunConfig

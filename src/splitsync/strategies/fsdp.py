@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 OPTIONS = ("blocks", "reshard_after_forward", "offload")
 
-__all__ = ["FSDP", "STRATEGY", "OPTIONS", "mixed_precision_policy", "offload_policy",
+__all__ = ["FSDP", "STRATEGY", "OPTIONS", "sharded_units", "mixed_precision_policy", "offload_policy",
            "compile_blocks", "default_blocks"]
 
 _log = logging.getLogger("splitsync")
@@ -179,6 +179,14 @@ def _fsdp_params(model: nn.Module) -> dict[str, Any]:
             prefix = names[info.module]
             out[f"{prefix}.{info.param_name}" if prefix else info.param_name] = fp
     return out
+
+
+def sharded_units(model: nn.Module) -> list[nn.Module]:
+    """The FSDP2 units in ``model`` (itself included), outermost first: what a caller hooks
+    per unit (e.g. fault tolerance's all-reduce across replica groups)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
 def _is_fsdp(model: nn.Module) -> bool:

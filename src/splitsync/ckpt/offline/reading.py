@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from splitsync.ckpt.find import check_size
 from splitsync.ckpt.fs import ObjectStorage, Storage, is_url, open_storage
-from splitsync.ckpt.load import check_size, read_part, verify_files
+from splitsync.ckpt.load import read_part, verify_files
 from splitsync.ckpt.store import LATEST, MANIFEST, STEP_RE, parse_manifest
 from splitsync.errors import CheckpointError
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from splitsync.observers.ledger.format import LEDGER_DIR
 from splitsync.tools.audit.history import Entry, Finding, History, read_history
+from splitsync.tools.audit.ledger.format import LEDGER_DIR
 from splitsync.tools.audit.padding import padding_problem
 
 __all__ = ["EpochCount", "Report", "audit", "describe_sample"]

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from splitsync.ft.cursor import lineage_problems
-from splitsync.observers.ledger.format import ParsedFile, Step, read_file
 from splitsync.tools.audit.audit import EpochCount, Report
 from splitsync.tools.audit.history import Finding
+from splitsync.tools.audit.ledger.format import ParsedFile, Step, read_file
 
 __all__ = ["audit_ft", "is_ft"]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from splitsync.observers.ledger.format import ParsedFile, Step, read_file
+from splitsync.tools.audit.ledger.format import ParsedFile, Step, read_file
 
 __all__ = ["Entry", "Launch", "History", "Finding", "read_history"]
 

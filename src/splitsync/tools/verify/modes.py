@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from splitsync.observers.verify import agree, record
+from splitsync.tools.verify import agree, record
 from splitsync.tools.verify.checks import Result, not_checkable
 from splitsync.tools.verify.launch import Launch, Outcome, run_all
 from splitsync.tools.verify.pair import Side, compare_pair, pair_cause

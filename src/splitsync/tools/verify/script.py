@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from splitsync.launch.spawn import clean_env
-from splitsync.observers.verify import agree, record
+from splitsync.tools.verify import agree, record
 from splitsync.tools.verify.checks import Result
 from splitsync.tools.verify.compare import compare_runs, likely_cause
 from splitsync.tools.verify.launch import Launch, Outcome, run_all

@@ -13,16 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitsync import RunConfig
-from splitsync.distributed.preemption import (
-    NOTES_VAR,
-    LocalBoard,
-    Request,
-    make_board,
-    parse_signals,
-    read_notes,
-    write_note,
-)
-from splitsync.distributed.requeue import requeue, requeue_wanted, slurm_job_id
+from splitsync.preemption.board import LocalBoard, Request, make_board
+from splitsync.preemption.defaults import parse_signals
+from splitsync.preemption.exit import NOTES_VAR, read_notes, write_note
+from splitsync.preemption.requeue import requeue, requeue_wanted, slurm_job_id
 
 
 @pytest.fixture()
@@ -114,3 +108,61 @@ def test_notes_only_under_a_launcher_that_asked(tmp_path: Path) -> None:
     (tmp_path / "rank-00002.json").write_text("{torn")
     notes = read_notes(tmp_path)
     assert [(n["rank"], n["step"]) for n in notes] == [(0, 6), (1, 6)]
+
+
+def test_the_launcher_passes_on_every_default_signal_and_dumps_on_another() -> None:
+    from splitsync.launch.argv import AGENT_SIGNALS as used
+    from splitsync.preemption.defaults import (
+        AGENT_SIGNALS,
+        DEFAULT_PREEMPT_SIGNALS,
+        DUMP_SIGNAL_NAME,
+    )
+
+    assert used is AGENT_SIGNALS
+    assert set(DEFAULT_PREEMPT_SIGNALS) <= set(AGENT_SIGNALS.split(","))
+    assert {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"} <= set(AGENT_SIGNALS.split(","))
+    assert DUMP_SIGNAL_NAME not in DEFAULT_PREEMPT_SIGNALS
+
+
+def test_a_stop_file_fires_once_touched_and_not_for_an_old_one(tmp_path: Path) -> None:
+    import os
+    import time
+
+    from splitsync.preemption.sources import FileSource
+
+    path = tmp_path / "stop"
+    path.touch()
+    os.utime(path, (time.time() - 60, time.time() - 60))  # left by an earlier run
+    source = FileSource(path)
+    source.start(lambda: None)
+    assert source.fired() is None
+    path.unlink()
+    assert source.fired() is None
+    path.touch()
+    fired = source.fired()
+    assert fired is not None and fired[0] == FileSource.NAME
+    assert Request.decode(Request(1, *fired).encode()) == Request(1, *fired)
+    with pytest.raises(ValueError, match="preempt_file=3: give the path"):
+        RunConfig(preempt_file=3)  # type: ignore[arg-type]
+    assert RunConfig(preempt_file=path).preempt_file == str(path)  # type: ignore[arg-type]
+
+
+def test_the_watcher_hands_a_source_s_request_to_the_board(tmp_path: Path) -> None:
+    import threading
+
+    from splitsync.preemption.sources import FileSource
+    from splitsync.preemption.watch import Watcher
+
+    seen: list[Request] = []
+    got = threading.Event()
+    board = LocalBoard()
+    watcher = Watcher(rank=0, board=board, sources=[FileSource(tmp_path / "stop")],
+                      grace=60.0, seen=lambda r: (seen.append(r), got.set()),
+                      stopping=lambda: False, give_up=lambda: None)
+    try:
+        assert not got.wait(0.7)  # nothing asked yet
+        (tmp_path / "stop").touch()
+        assert got.wait(10)
+        assert seen[0].signal == FileSource.NAME and board.requested() == seen[0]
+    finally:
+        watcher.close()

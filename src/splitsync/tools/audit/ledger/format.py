@@ -7,7 +7,7 @@ A ledger file (``ledger/launch-NNNNN/rank-NNNNN.ledger``) is a magic line, then 
 Kinds: ``M`` the launch (JSON), ``P`` a loader pass begins (JSON), ``R`` ``run.resume``
 (JSON), ``S`` the samples of one or more optimizer steps from one loader (binary), ``C``
 ``run.close`` (JSON); fault-tolerant runs add ``F`` (a step's group-batch, JSON) and ``L``
-(the lineage of committed steps, JSON), see :mod:`splitsync.observers.ledger.ft`. Each write is one ``os.write`` of whole records, so a killed process
+(the lineage of committed steps, JSON), see :mod:`splitsync.tools.audit.ledger.ft`. Each write is one ``os.write`` of whole records, so a killed process
 leaves whole records behind; a record cut short or altered fails its length or checksum and
 the file is reported unreadable from that byte on. A write holds the passes begun since the
 previous one, then the steps taken since (an ``S`` record per loader), then the ``R`` or

@@ -13,7 +13,7 @@ at ``run.close``. ``splitsync audit`` takes the longest lineage, checks that it 
 group-batches exactly once, and counts, per epoch, the samples of the records it names.
 
 Files: ``run_dir/ledger/ft/group-GGGGG/launch-NNNNN/rank-NNNNN.ledger`` (same format as
-the ordinary ledger, :mod:`splitsync.observers.ledger.format`).
+the ordinary ledger, :mod:`splitsync.tools.audit.ledger.format`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 
 from splitsync.distributed import comm
 from splitsync.observe import Observer
-from splitsync.observers.ledger.format import (
+from splitsync.tools.audit.ledger.format import (
     LEDGER_DIR,
     MAGIC,
     json_record,
@@ -36,7 +36,7 @@ from splitsync.observers.ledger.format import (
     rank_file,
     steps_record,
 )
-from splitsync.observers.ledger.recorder import next_launch
+from splitsync.tools.audit.ledger.recorder import next_launch
 
 __all__ = ["FTLedger", "FT_DIR", "group_root"]
 

@@ -6,7 +6,7 @@
 
 - writes ``<dir>/rank<r>.json`` at once (so verify knows the script reached ``init``);
 - trains each shuffled ``run.loader`` (the training data) at the global batch agreed with
-  the reference launch (:mod:`splitsync.observers.verify.agree`), and limits its dataset to
+  the reference launch (:mod:`splitsync.tools.verify.agree`), and limits its dataset to
   ``steps`` optimizer steps of it, so every launch's epoch is the same samples;
 - writes checkpoints, exports and ``run_dir`` under ``<dir>/files/`` instead of where the
   script asked (:meth:`ScriptRecorder.redirect_path`);
@@ -35,7 +35,7 @@ from torch import nn
 from torch.utils.data import Subset
 
 from splitsync.observe import Observer
-from splitsync.observers.verify import agree
+from splitsync.tools.verify import agree
 
 __all__ = ["ScriptRecorder", "from_environ", "settings", "ENV_DIR"]
 

@@ -5,7 +5,7 @@ delivered to the optimizer step that follows (``on_step_end`` once the accumulat
 steps). A map-style loader costs it no call per batch: at a step it reads how far the pass
 got (``loader.batches_seen``) and keeps a range of the pass's positions; the sampler's
 order for the pass turns ranges into ids when they are written (see
-:mod:`splitsync.observers.ledger.passes`). A stream's batches bring their ids
+:mod:`splitsync.tools.audit.ledger.passes`). A stream's batches bring their ids
 (``on_stream_batch``), kept in a flat list. Per step it appends four numbers (step, epoch,
 how many ids, how many padded) to a list: no object kept and nothing encoded per step.
 The buffered passes and steps are encoded together (per loader two numpy conversions and
@@ -31,7 +31,7 @@ import torch
 
 from splitsync.distributed import comm
 from splitsync.observe import Observer
-from splitsync.observers.ledger.format import (
+from splitsync.tools.audit.ledger.format import (
     LEDGER_DIR,
     MAGIC,
     json_record,
@@ -39,7 +39,7 @@ from splitsync.observers.ledger.format import (
     rank_file,
     steps_record,
 )
-from splitsync.observers.ledger.passes import MapPass, ids_of
+from splitsync.tools.audit.ledger.passes import MapPass, ids_of
 
 __all__ = ["Ledger", "LEDGER_DIR", "FLUSH_STEPS", "FLUSH_IDS", "next_launch"]
 

@@ -1,6 +1,6 @@
 """``splitsync goodput``: where a run's wall time went, across every restart and relaunch.
 
-Reads what :mod:`splitsync.observers.goodput` wrote. Each process incarnation's time is cut
+Reads what :mod:`splitsync.tools.goodput.clock` wrote. Each process incarnation's time is cut
 at its step ends: a step's share is the time since the previous step ended (or since
 ``run.resume`` returned), less what it spent in its quorum, in a live recovery and in a
 save. The parts of a timeline (the launches of one job one after the other; under
