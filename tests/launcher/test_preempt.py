@@ -53,18 +53,19 @@ class Stopped:
 
 def launch(args: list[str], *, nproc: int = 2, on: str | None = None, target: str = "",
            delay: float = 0.0, restarts: int = 0, timeout: float = 240,
-           torchrun: bool = False) -> Stopped:
+           torchrun: bool = False, script: Path = SCRIPT) -> Stopped:
     """Run the script (``splitsync run -n nproc``, plain ``torchrun`` with ``torchrun``, or
     ``python`` for ``nproc=0``); on the line ``on`` send ``target`` ("agent:SIGTERM",
-    "w1:SIGUSR1", "group:SIGTERM", ...) its signal."""
+    "w1:SIGUSR1", "group:SIGTERM", ...) its signal. ``script``: another script that prints
+    the same lines (``pid <rank> <pid>`` to aim at a worker, ``step <n>``)."""
     if torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", str(SCRIPT)]
+               f"--nproc-per-node={nproc}", str(script)]
     elif nproc:
         extra = ["--max-restarts", str(restarts)] if restarts else []
-        cmd = [sys.executable, "-m", "splitsync", "run", "-n", str(nproc), *extra, str(SCRIPT)]
+        cmd = [sys.executable, "-m", "splitsync", "run", "-n", str(nproc), *extra, str(script)]
     else:
-        cmd = [sys.executable, str(SCRIPT)]
+        cmd = [sys.executable, str(script)]
     proc = subprocess.Popen([*cmd, *args], env=clean_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     result, pids, fired = Stopped(rc=-1), {}, threading.Event()
