@@ -170,7 +170,7 @@ def test_a_finished_run_relaunched_stays_finished(tmp_path: Path, relauncher: st
     # launch finished stay finished (the audit read only the newest launch's passes, and
     # showed the last epoch "in progress"); goodput counts the relaunch the same way under
     # either launcher
-    args = (str(tmp_path), "--map-only", "--n", "8")
+    args = (str(tmp_path), "--map-only")
     launch(SCRIPT, 1, *args, timeout=200)
     finished, _, _ = audit(tmp_path)
     assert finished == 0

@@ -91,32 +91,40 @@ def run_agent(spec: LaunchSpec) -> int:
 
 @contextlib.contextmanager
 def _marking_failures(folder: str) -> Iterator[None]:
-    """While the agent stops its workers because one failed (to restart them, or for
-    good), leave FAILURE_NOTE in ``folder``: the SIGTERM the survivors get is then no
-    preemption to wait out (``init(preempt_grace=...)``). A signal to the agent stops
-    them through another path and leaves no note. torchrun makes its agent itself, so
-    the agent's class is wrapped for the length of this call and put back after."""
+    """While torchrun stops the workers because one failed (its process context, at once,
+    then the agent, to restart them or for good), leave FAILURE_NOTE in ``folder``: the
+    SIGTERM the survivors get is then no preemption to wait out (``preempt_grace``). A
+    signal to the agent stops them through another path and leaves no note. torchrun
+    makes its agent and process context itself, so their classes are wrapped for the
+    length of this call and put back after."""
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import PContext
 
-    original = LocalElasticAgent._stop_workers
     mark = Path(folder) / FAILURE_NOTE
 
-    def stop_workers(agent: Any, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
-        failed = worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
-        if failed:
+    def marking(original: Any, failed: Any) -> Any:
+        def call(owner: Any, *args: Any, **kwargs: Any) -> Any:
+            if not failed(owner, *args):
+                return original(owner, *args, **kwargs)
             mark.write_text("a worker failed\n")
-        try:
-            return original(agent, worker_group, *args, **kwargs)
-        finally:
-            if failed:
+            try:
+                return original(owner, *args, **kwargs)
+            finally:
                 mark.unlink(missing_ok=True)
+        return call
 
-    LocalElasticAgent._stop_workers = stop_workers  # type: ignore[method-assign]
+    originals = (PContext.close, LocalElasticAgent._stop_workers)
+    # a process context closes the others when one has failed (``_failures``, set first)
+    PContext.close = marking(PContext.close,  # type: ignore[method-assign]
+                             lambda ctx, *_: bool(getattr(ctx, "_failures", None)))
+    LocalElasticAgent._stop_workers = marking(  # type: ignore[method-assign]
+        LocalElasticAgent._stop_workers,
+        lambda agent, group, *_: group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY))
     try:
         yield
     finally:
-        LocalElasticAgent._stop_workers = original  # type: ignore[method-assign]
+        PContext.close, LocalElasticAgent._stop_workers = originals  # type: ignore[method-assign]
 
 
 def report_stop(notes: list[dict[str, Any]], spec: LaunchSpec,
