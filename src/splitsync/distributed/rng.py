@@ -96,8 +96,16 @@ class RngArrival:
         self._hooks = hooks  # the run's LoaderHooks (None: no loader to tell)
         self._unwatch = unwatch
         self._handles = []
+        ids = {id(m) for m in models.values()}
+
+        def at_forward(module: Any, args: Any) -> None:
+            # a plain function, which deepcopy shares: an EMA copied from a hooked model
+            # copies the hook, not this object; its forward is no training step
+            if id(module) in ids:
+                self.arrive()
+
         for module in models.values():
-            hook = self._at_forward
+            hook = at_forward
             if getattr(module, "_compiled_call_impl", None) is not None:
                 import torch._dynamo  # its forward, hooks included, runs compiled
 
@@ -138,9 +146,6 @@ class RngArrival:
             yield
         finally:
             restore_rng(now)
-
-    def _at_forward(self, module: Any, args: Any) -> None:
-        self.arrive()
 
     def on_backward(self, loss: Any, loader: Any, count: Any = None) -> None:
         self.arrive()
