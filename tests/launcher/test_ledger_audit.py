@@ -164,7 +164,8 @@ def test_audit_catches_and_names_each_fault(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("relauncher", ["python", "splitsync run"])
+@pytest.mark.parametrize("relauncher", [pytest.param("python", marks=pytest.mark.extended),
+                                        "splitsync run"])
 def test_a_finished_run_relaunched_stays_finished(tmp_path: Path, relauncher: str) -> None:
     # the relaunch resumes after the last epoch and runs no pass: the epochs the first
     # launch finished stay finished (the audit read only the newest launch's passes, and

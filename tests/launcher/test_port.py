@@ -74,6 +74,7 @@ def _assert_same(folder: Path, clean: Path, why: str) -> None:
         assert json.loads(report)["epochs"], report  # the ledger was written and read
 
 
+@pytest.mark.extended  # the suite keeps the preemption below and test_preempt's crash restart
 def test_a_killed_worker_is_restarted_and_the_port_ends_bit_equal(
         tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     clean = _clean(tmp_path_factory.getbasetemp())

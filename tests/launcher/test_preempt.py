@@ -149,7 +149,7 @@ def test_a_stop_saves_the_last_step_taken_and_the_relaunch_is_exact(
 
 @pytest.mark.parametrize(("nproc", "workers", "target", "extra"), [
     (2, 1, "agent:SIGTERM", ()),
-    (2, 2, "group:SIGTERM", ("--persistent",)),
+    pytest.param(2, 2, "group:SIGTERM", ("--persistent",), marks=pytest.mark.extended),
     pytest.param(1, 2, "agent:SIGTERM", (), marks=pytest.mark.extended),
     pytest.param(1, 1, "group:SIGTERM", ("--persistent",), marks=pytest.mark.extended),
     pytest.param(0, 2, "group:SIGTERM", (), marks=pytest.mark.extended),
