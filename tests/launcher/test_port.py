@@ -88,6 +88,7 @@ def test_a_killed_worker_is_restarted_and_the_port_ends_bit_equal(
 def test_a_preempted_port_saves_its_last_step_and_the_relaunch_ends_bit_equal(
         tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     clean = _clean(tmp_path_factory.getbasetemp())
+    _assert_same(clean, clean, "the clean run's own audit")
     args = _args(tmp_path, "--step-seconds", "0.1")
     stopped = signalled(args, on="step 11", target="group:SIGTERM", script=SCRIPT,
                         timeout=400)
