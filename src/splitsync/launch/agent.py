@@ -120,7 +120,7 @@ def _marking_failures(folder: str) -> Iterator[None]:
                              lambda ctx, *_: bool(getattr(ctx, "_failures", None)))
     LocalElasticAgent._stop_workers = marking(  # type: ignore[method-assign]
         LocalElasticAgent._stop_workers,
-        lambda agent, group, *_: group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY))
+        lambda _agent, group, *_: group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY))
     try:
         yield
     finally:
