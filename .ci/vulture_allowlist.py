@@ -17,8 +17,8 @@ _.to_device  # run/runtime.py Run: a public verb
 _.main_process_first  # run/collectives.py CollectiveVerbs: a public verb of the Run
 _.require_backward_grad_sync  # strategies/ddp.py: DDP's own flag, read by DDP in forward
 _._has_rebuilt_buckets  # strategies/ddp.py: DDP's own flag, read by its ZeRO comm hook
-HELP  # commands/*.py: each command's one-line help, read by cli.py with getattr
+_.__doc__  # api.py: init's keyword reference, set after the function so that init fits a screen
 _.writable  # ckpt/integrity.py HashingWriter: io.RawIOBase protocol
-_.replica_group  # ft/runtime.py FTRun: a public property, read by users' scripts
+_.replica_group  # run/runtime.py Run: a public property, read by users' scripts
 _.per_timeline  # tools/goodput/report.py GoodputReport: a field of `splitsync goodput --json`
 grad_outputs  # train/empty.py _zeros: a backward hook's argument, by torch's calling convention

@@ -49,9 +49,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mirrors", type=Path, required=True,
                         help="folder of git mirrors, one per repository")
+    parser.add_argument("--split", action="append",
+                        help="rebuild only the files of this split (repeatable) and the context "
+                             "files of their repositories")
     args = parser.parse_args()
+    rows = corpus_rows()
+    if args.split:
+        repos = {r["repo"] for r in rows if r["split"] in args.split}
+        rows = [r for r in rows if r["repo"] in repos
+                and (r["split"] in args.split or r["split"] == "context")]
     written = 0
-    for row in corpus_rows():
+    for row in rows:
         mirror = _mirror(args.mirrors, row["repo"])
         try:
             text = subprocess.run(["git", "-C", str(mirror), "show",

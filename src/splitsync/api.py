@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch
 from splitsync import observers as attached
 from splitsync.distributed import comm
 from splitsync.distributed.device import choose_device, default_backend
-from splitsync.distributed.env import batch_note, detect_env
+from splitsync.distributed.env import DistEnv, batch_note, detect_env
 from splitsync.distributed.group import destroy_group, init_group
 from splitsync.distributed.logs import attach_rank_handler, get_logger
 from splitsync.distributed.seeding import draw_seed, seed_everything
@@ -47,81 +48,19 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
          preempt_signals: Sequence[str | int] | None = DEFAULT_PREEMPT_SIGNALS,
          preempt_grace: float = DEFAULT_PREEMPT_GRACE, preempt_file: str | None = None,
          **strategy_options: Any) -> Run:
-    """Detect the launcher, pick the device, form the process group and seed every RNG.
-
-    ``loggers`` picks the trackers ``run.log`` writes to ("jsonl", "csv", "tensorboard",
-    "wandb", "mlflow"; None: JSONL, CSV and TensorBoard under ``run_dir``). ``run.log``
-    reports the slowest rank when the others wait for it more than ``straggler_threshold``
-    of each step (None: no report, and no clock). ``save_blocking=False`` makes ``run.save``
-    write checkpoints in the background. ``ledger=True`` records which samples every
-    optimizer step trained on every rank under ``run_dir/ledger`` (``splitsync audit``).
-
-    ``preempt_signals`` (default SIGTERM and SIGUSR1; None or () for none): once
-    ``run.resume`` has a checkpoint directory, any of them on any rank stops every rank
-    after one agreed optimizer step, saved, and the process exits with
-    ``PREEMPTED_EXIT_CODE`` (75); ``preempt_grace`` seconds from the signal to reach that
-    step, else the run exits with its previous checkpoint (docs/checkpoints.md#preemption).
-    ``preempt_file``: a path whose appearance (``touch``, e.g. from a Kubernetes preStop
-    hook) stops the run the same way.
-
-    ``accumulate``: micro-batches per optimizer step on each process, or a function of the
-    world size that returns it (``accumulate=lambda world_size: 40 // world_size`` keeps 40
-    micro-batches per step in all, as nanoGPT does), called once the launcher is known.
-    ``fault_tolerance="torchft"``: this process is one rank of one replica group, and the
-    job trains on through the loss of a group (docs/fault-tolerance.md; ``splitsync run
-    --replica-groups R``). ``ft_min_replicas``: groups a step needs to count;
-    ``ft_heartbeat_ms``: how often the group tells the Lighthouse it is alive;
-    ``ft_timeout``: seconds a cross-group all-reduce, commit or recovery may take;
-    ``ft_lighthouse``: the Lighthouse's address (default: ``TORCHFT_LIGHTHOUSE``).
-
-    Any other keyword is a strategy option (DDP's ``find_unused_parameters``, ...): one
-    that the strategy does not take is refused here, naming the nearest valid keyword.
-    """
-    if not isinstance(timeout, timedelta):
-        timeout = timedelta(seconds=float(timeout))
-    if ledger and run_dir is None:
-        raise ValueError("init(ledger=True) writes the sample ledger under run_dir; pass "
-                         "run_dir=... (the folder splitsync audit reads).")
+    """Detect the launcher, pick the device, form the process group and seed every RNG;
+    returns the :class:`Run`. Every keyword is described below (``help(splitsync.init)``)."""
     env = detect_env()  # validated before any network call
-    threads = launcher_threads(env, os.environ, *cpu_counts())  # srun, mpirun: unset
-    if threads is not None:
-        # torch sized its thread pool at `import torch`, before init could export the
-        # variable: resize the pool itself, and export it for the processes this one starts
-        torch.set_num_threads(threads.count)
-        os.environ["OMP_NUM_THREADS"] = str(threads.count)
-    ft = None
-    if fault_tolerance is not None:
-        from splitsync.ft.options import ft_options
-
-        ft = ft_options(fault_tolerance, os.environ, min_replicas=ft_min_replicas,
-                        heartbeat_ms=ft_heartbeat_ms, timeout=ft_timeout,
-                        lighthouse=ft_lighthouse)
-        if accumulate_for(accumulate, env.world_size) != 1:
-            raise ValueError(
-                "fault_tolerance='torchft' takes accumulate=1 for now: each optimizer step is "
-                "one quorum and one batch of the training loader.")
-        if env.launcher not in ("torchrun", "env"):
-            raise ValueError(
-                "fault_tolerance='torchft' runs each replica group under torchrun's agent (its "
-                "store is the group's): launch with `splitsync run --replica-groups R -n N "
-                "script.py`, or with `splitsync run -n N` per group (docs/fault-tolerance.md).")
-    accumulate = accumulate_for(accumulate, env.world_size)
-    config = RunConfig(seed=seed, strategy=strategy, precision=precision,
-                       device=None if device is None else str(device), backend=backend,
-                       accumulate=accumulate, timeout=timeout, debug=debug, guards=guards,
-                       run_dir=run_dir, deterministic=deterministic,
-                       save_blocking=save_blocking,
-                       strategy_options=strategy_options, loggers=loggers,  # type: ignore[arg-type]
-                       straggler_threshold=straggler_threshold, fault_tolerance=ft,
-                       preempt_signals=preempt_signals,  # type: ignore[arg-type]
-                       preempt_grace=preempt_grace, preempt_file=preempt_file)
-    config = attached.configure(config, os.environ)  # a tool may impose strategy, accumulate
-    strategy = config.strategy
-    if strategy_options:  # a misspelt keyword fails here, at every world size
-        check_options(strategy, resolve(strategy, env.world_size), strategy_options,
-                      where="splitsync.init()", parameters=_keywords())
-    if config.loggers is not None:
-        require_packages(config.loggers)  # a missing package fails now, not mid-run
+    chosen = _settings(env, dict(  # every setting, checked once; "auto" resolved once
+        seed=seed, strategy=strategy, precision=precision, device=device, backend=backend,
+        accumulate=accumulate, timeout=timeout, debug=debug, guards=guards, run_dir=run_dir,
+        deterministic=deterministic, loggers=loggers, straggler_threshold=straggler_threshold,
+        save_blocking=save_blocking, ledger=ledger, fault_tolerance=fault_tolerance,
+        ft_min_replicas=ft_min_replicas, ft_heartbeat_ms=ft_heartbeat_ms, ft_timeout=ft_timeout,
+        ft_lighthouse=ft_lighthouse, preempt_signals=preempt_signals,
+        preempt_grace=preempt_grace, preempt_file=preempt_file,
+        strategy_options=strategy_options))
+    config = chosen.config
     dev = choose_device(env, device)
     policy = get_precision(precision, dev)  # "16-mixed" on a CPU fails here, before the network
     chosen_backend = backend or default_backend(dev)
@@ -139,27 +78,107 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
             preload_progress()  # before the seeding: its draws at import change nothing
         seed_everything(final_seed)
         handler = attach_rank_handler(env.rank, env.world_size)
-        for note in (threads and threads.note, batch_note(os.environ, env)):
+        for note in (chosen.threads_note, batch_note(os.environ, env)):
             if note and env.rank == 0:
                 get_logger().info(note)
-        config, observers = attached.attach(config, env, dev, final_seed, ledger, os.environ)
+        config, observers = attached.attach(config, env, dev, final_seed, os.environ)
     except BaseException:
         if owns:
             destroy_group()
         raise
-    if ft is not None:
-        from splitsync.ft.runtime import FTRun
-
-        run: Run = FTRun(config, env, dev, chosen_backend, final_seed, owns, handler,
-                         precision=policy, observers=observers, ft=ft)
-    else:
-        run = Run(config, env, dev, chosen_backend, final_seed, owns, handler,
-                  precision=policy, observers=observers)
+    # under fault tolerance the Run builds its part from config.fault_tolerance
+    run = Run(config, env, dev, chosen_backend, final_seed, owns, handler, precision=policy,
+              observers=observers, strategy=chosen.strategy)
     # A run never closed (``run = ss.init()`` without ``with`` or ``run.close()``) closes
     # itself at interpreter exit, before torch's own exit work and the teardown of its
     # threads and stores; ``run.close()`` takes this back.
     atexit.register(run._close_at_exit)
     return run
+
+
+init.__doc__ = """Detect the launcher, pick the device, form the process group and seed every RNG.
+
+``loggers`` picks the trackers ``run.log`` writes to ("jsonl", "csv", "tensorboard",
+"wandb", "mlflow"; None: JSONL, CSV and TensorBoard under ``run_dir``). ``run.log``
+reports the slowest rank when the others wait for it more than ``straggler_threshold``
+of each step (None: no report, and no clock). ``save_blocking=False`` makes ``run.save``
+write checkpoints in the background. ``ledger=True`` records which samples every
+optimizer step trained on every rank under ``run_dir/ledger`` (``splitsync audit``).
+
+``preempt_signals`` (default SIGTERM and SIGUSR1; None or () for none): once
+``run.resume`` has a checkpoint directory, any of them on any rank stops every rank
+after one agreed optimizer step, saved, and the process exits with
+``PREEMPTED_EXIT_CODE`` (75); ``preempt_grace`` seconds from the signal to reach that
+step, else the run exits with its previous checkpoint (docs/checkpoints.md#preemption).
+``preempt_file``: a path whose appearance (``touch``, e.g. from a Kubernetes preStop
+hook) stops the run the same way.
+
+``accumulate``: micro-batches per optimizer step on each process, or a function of the
+world size that returns it (``accumulate=lambda world_size: 40 // world_size`` keeps 40
+micro-batches per step in all, as nanoGPT does), called once the launcher is known.
+``fault_tolerance="torchft"``: this process is one rank of one replica group, and the
+job trains on through the loss of a group (docs/fault-tolerance.md; ``splitsync run
+--replica-groups R``). ``ft_min_replicas``: groups a step needs to count;
+``ft_heartbeat_ms``: how often the group tells the Lighthouse it is alive;
+``ft_timeout``: seconds a cross-group all-reduce, commit or recovery may take;
+``ft_lighthouse``: the Lighthouse's address (default: ``TORCHFT_LIGHTHOUSE``).
+
+Any other keyword is a strategy option (DDP's ``find_unused_parameters``, ...): one
+that the strategy does not take is refused here, naming the nearest valid keyword.
+
+"""  # the keyword reference, kept out of the body so that init fits on a screen
+
+
+@dataclass(frozen=True)
+class _Chosen:
+    """What :func:`_settings` made of init's keywords."""
+
+    config: RunConfig
+    strategy: str  # config.strategy resolved for this world size ("auto" -> "ddp"/"single")
+    threads_note: str | None  # what init set OMP_NUM_THREADS to, and why
+
+
+def _settings(env: DistEnv, given: dict[str, Any]) -> _Chosen:
+    """init's keywords as one checked :class:`RunConfig` (its sub-settings parsed once:
+    checkpointing, preemption, fault tolerance, guards, ledger), in the order init checks
+    them; the strategy resolved, once."""
+    threads = launcher_threads(env, os.environ, *cpu_counts())  # srun, mpirun: unset
+    if threads is not None:
+        # torch sized its thread pool at `import torch`, before init could export the
+        # variable: resize the pool itself, and export it for the processes this one starts
+        torch.set_num_threads(threads.count)
+        os.environ["OMP_NUM_THREADS"] = str(threads.count)
+    ft = None
+    if given["fault_tolerance"] is not None:
+        from splitsync.ft.options import check_launch, ft_options
+
+        ft = ft_options(given["fault_tolerance"], os.environ,
+                        min_replicas=given["ft_min_replicas"],
+                        heartbeat_ms=given["ft_heartbeat_ms"], timeout=given["ft_timeout"],
+                        lighthouse=given["ft_lighthouse"])
+        check_launch(accumulate_for(given["accumulate"], env.world_size), env.launcher)
+    timeout = given["timeout"]
+    device = given["device"]
+    options = given["strategy_options"]
+    config = RunConfig(
+        seed=given["seed"], strategy=given["strategy"], precision=given["precision"],
+        device=None if device is None else str(device), backend=given["backend"],
+        accumulate=accumulate_for(given["accumulate"], env.world_size),
+        timeout=timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout)),
+        debug=given["debug"], guards=given["guards"], run_dir=given["run_dir"],
+        deterministic=given["deterministic"], save_blocking=given["save_blocking"],
+        strategy_options=options, loggers=given["loggers"],
+        straggler_threshold=given["straggler_threshold"], fault_tolerance=ft,
+        preempt_signals=given["preempt_signals"], preempt_grace=given["preempt_grace"],
+        preempt_file=given["preempt_file"], ledger=given["ledger"])
+    config = attached.configure(config, os.environ)  # a tool may impose strategy, accumulate
+    strategy = resolve(config.strategy, env.world_size)
+    if options:  # a misspelt keyword fails here, at every world size
+        check_options(config.strategy, strategy, options, where="splitsync.init()",
+                      parameters=_keywords())
+    if config.loggers is not None:
+        require_packages(config.loggers)  # a missing package fails now, not mid-run
+    return _Chosen(config, strategy, threads and threads.note)
 
 
 def _keywords() -> tuple[str, ...]:

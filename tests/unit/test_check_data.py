@@ -28,7 +28,7 @@ def test_ss301_flags_dataloader_without_sampler_in_ddp_script() -> None:
     """, DDP_HEAD)
     assert len(found) == 1
     f = found[0]
-    assert f.line == 9 and f.severity == "warning"  # depends on sharding the checker may not see
+    assert f.line == 9 and f.severity == "error"  # every rank trains on the same data
     assert "no `sampler=`" in f.message and "every rank" in f.message
     assert "DistributedSampler(dataset" in f.fix and "`shuffle=` moves to the sampler" in f.fix
 

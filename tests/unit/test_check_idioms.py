@@ -188,7 +188,7 @@ def test_model_never_wrapped_on_the_cpu_path() -> None:
                 model.cuda()
                 model = DDP(model, device_ids=[args.gpu])
     """)
-    assert len(found) == 1 and found[0].severity == "warning" and "CPU path" in found[0].message
+    assert len(found) == 1 and found[0].severity == "error" and "CPU path" in found[0].message
 
 
 def test_model_wrapped_under_a_distributed_test_is_fine() -> None:

@@ -68,7 +68,7 @@ def test_multi_line_expression_can_be_silenced_on_its_last_line() -> None:
 
 def test_select_and_ignore_by_code_and_prefix() -> None:
     assert [r.code for r in select_rules(["SS5"])] == ["SS501", "SS502", "SS503", "SS504", "SS505",
-                                                     "SS506", "SS508", "SS509"]
+                                                     "SS506", "SS508", "SS509", "SS510"]
     assert "SS601" not in {r.code for r in select_rules(None, ["ss6"])}
     assert len(select_rules()) == len(all_rules()) >= 16
     with pytest.raises(ValueError, match="SS9.*matches no rule"):

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from splitsync.data.workers import ShieldedInit, shielded
 from splitsync.distributed.seeding import worker_init_fn
+from splitsync.preemption.workers import ShieldedInit, shielded
 from splitsync.testing import clean_env
 
 # A process that iterates a slow loader with 2 workers, prints "ready" after its first
@@ -25,7 +25,7 @@ _SCRIPT = textwrap.dedent("""
     import signal, sys, time
     import torch
     from torch.utils.data import DataLoader, Dataset
-    from splitsync.data.workers import shielded
+    from splitsync.preemption.workers import shielded
     from splitsync.distributed.seeding import worker_init_fn
 
     class Slow(Dataset):

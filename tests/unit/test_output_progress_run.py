@@ -17,7 +17,8 @@ def _run(rank: int, world_size: int) -> Run:
     env = DistEnv(launcher="env", rank=rank, local_rank=rank, world_size=world_size,
                   local_world_size=world_size)
     return Run(RunConfig(seed=0), env, torch.device("cpu"), "gloo", 0, owns_group=False,
-               handler=None, precision=get_precision("32", torch.device("cpu")))
+               handler=None, precision=get_precision("32", torch.device("cpu")),
+               strategy="ddp" if world_size > 1 else "single")
 
 
 def test_rank_one_is_silent_and_pays_nothing() -> None:

@@ -166,3 +166,24 @@ def test_the_watcher_hands_a_source_s_request_to_the_board(tmp_path: Path) -> No
         assert seen[0].signal == FileSource.NAME and board.requested() == seen[0]
     finally:
         watcher.close()
+
+
+def test_preemption_stays_in_its_room() -> None:
+    """Outside preemption/, only these modules mention it: the settings (init, RunConfig,
+    the exception, the top-level export), the Run's arm and stop (run/), the part that
+    turns it off under fault tolerance, and the launcher's use of the shared defaults and
+    exit protocol. A new mention elsewhere belongs in preemption/ (or on this list, with
+    why)."""
+    import splitsync
+
+    root = Path(splitsync.__file__).resolve().parent
+    found = {str(p.relative_to(root)) for p in root.rglob("*.py")
+             if "preempt" in p.read_text().lower() and p.parts[-2] != "preemption"}
+    assert found == {
+        "__init__.py", "api.py", "errors.py", "run/config.py",  # the settings, the exception
+        "run/preempt.py", "run/runtime.py", "run/checkpoints.py",  # arm, stop, close
+        "run/tolerance.py", "ft/part.py",  # not armed under fault tolerance
+        "launch/argv.py", "launch/spawn.py", "launch/agent.py",  # the shared defaults, exit
+        "launch/spec.py", "commands/run.py",  # --shutdown-timeout's help: the grace to save
+        "data/build.py",  # a loader's workers outlive the stop signals (preemption/workers)
+    }, found

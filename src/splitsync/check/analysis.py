@@ -14,7 +14,14 @@ from pathlib import Path
 from splitsync.check.facts import Facts
 from splitsync.check.index import TreeIndex, index_tree
 from splitsync.check.model import Finding, Project, Rule
-from splitsync.check.project import Disk, file_project, local_imports, merge, with_project
+from splitsync.check.project import (
+    Disk,
+    file_project,
+    local_imports,
+    merge,
+    unseen_imports,
+    with_project,
+)
 from splitsync.check.reading import parse, read_source, run_rules
 
 #: Siblings parsed while looking for a helper's importers: resolved path -> (text, index).
@@ -78,17 +85,20 @@ def importers_in(folder: Path, named: set[Path], disk: Disk,
 
 
 def load(path: Path, key: Path, disk: Disk,
-         parsed: Parsed) -> tuple[Facts | Finding, set[Path]]:
-    """One file's facts (or why it cannot be read) and the local modules it imports."""
+         parsed: Parsed) -> tuple[Facts | Finding, set[Path], Project | None]:
+    """One file's facts (or why it cannot be read), the local modules it imports, and its
+    part of the project (with the imports of modules that could not be read)."""
     source = read_source(path)
     if isinstance(source, Finding):
-        return source, set()
+        return source, set(), None
     text, index = parsed.pop(key, ("", None))
     # a sibling read as UTF-8 is parsed once; another encoding reads differently: parse again
     facts = parse(source, str(path), index if text == source else None)
     if isinstance(facts, Finding):
-        return facts, set()
-    return facts, local_imports(facts.tree, key, facts.of(ast.Import, ast.ImportFrom), disk)
+        return facts, set(), None
+    imports = facts.of(ast.Import, ast.ImportFrom)
+    unseen = unseen_imports(facts.tree, key, imports, disk, facts.of(ast.Try))
+    return facts, local_imports(facts.tree, key, imports, disk), file_project(facts, unseen)
 
 
 def projects_of(edges: dict[Path, set[Path]], parts: dict[Path, Project]) -> dict[Path, Project]:
@@ -134,6 +144,7 @@ def analyse(files: list[Path], rules: tuple[Rule, ...], context: list[Path] = ()
     files = [*files, *context]
     shown = {disk.resolve(f): f for f in files}
     facts: dict[Path, Facts] = {}
+    parts: dict[Path, Project] = {}
     failed: dict[Path, list[Finding]] = {}
     edges: dict[Path, set[Path]] = {}
     queue = list(shown)
@@ -141,13 +152,13 @@ def analyse(files: list[Path], rules: tuple[Rule, ...], context: list[Path] = ()
         key = queue.pop()
         if key in facts or key in failed:
             continue
-        loaded, edges[key] = load(shown.get(key, key), key, disk, parsed)
-        if isinstance(loaded, Finding):
-            failed[key] = [loaded]
+        loaded, edges[key], part = load(shown.get(key, key), key, disk, parsed)
+        if isinstance(loaded, Finding) or part is None:
+            failed[key] = [loaded]  # type: ignore[list-item]
             continue
-        facts[key] = loaded
+        facts[key], parts[key] = loaded, part
         queue.extend(edges[key] - facts.keys())
-    projects = projects_of(edges, {key: file_project(f) for key, f in facts.items()})
+    projects = projects_of(edges, parts)
     results = {k: v for k, v in failed.items() if k not in hidden}
     for key, f in facts.items():
         if key not in hidden:

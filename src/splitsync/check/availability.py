@@ -47,7 +47,7 @@ def availability_guarded(facts: Facts, node: ast.AST) -> bool:
         if isinstance(parent, ast.If | ast.IfExp | ast.While) and child is not parent.test:
             text = ast.unparse(parent.test).lower()
             if any(word in text for word in _AVAILABILITY) and not (
-                    isinstance(parent, ast.If) and not any(w in text for w in _STRONG)
+                    isinstance(parent, ast.If) and not _strong(facts, parent.test, text)
                     and _no_cpu_alternative(parent.orelse if child in parent.body
                                             else parent.body)):
                 return True
@@ -58,6 +58,20 @@ def availability_guarded(facts: Facts, node: ast.AST) -> bool:
             return False
         child = parent
     return False
+
+
+def _strong(facts: Facts, test: ast.AST, text: str) -> bool:
+    """Does ``test`` ask whether a GPU exists: in words (``torch.cuda.is_available()``), or
+    through a name bound to such a call (``num_gpus = torch.cuda.device_count()``, then
+    ``if num_gpus >= 2:``)?"""
+    if any(w in text for w in _STRONG):
+        return True
+    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    return bool(names) and any(
+        isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id in names
+                                          for t in a.targets)
+        and any(w in ast.unparse(a.value) for w in _STRONG)
+        for a in facts.of(ast.Assign))
 
 
 def _no_cpu_alternative(block: list[ast.stmt]) -> bool:

@@ -18,8 +18,8 @@ from splitsync.check.facts import Facts, dotted, last_name
 from splitsync.check.flow import is_rank_like, nonmain_test, rank0_test
 from splitsync.check.ranks import rank_in
 
-__all__ = ["world_size_one", "cuda_only_reason", "test_or_benchmark", "parameterless", "launcher_functions", "logging_rank_limited",
-           "logging_configured", "framework_of"]
+__all__ = ["world_size_one", "cuda_only_reason", "test_or_benchmark", "parameterless", "launcher_functions", "logging_rank_limited", "forced_prints",
+           "logging_configured", "framework_of", "unseen_source", "calls_unseen"]
 
 #: Imports that need an NVIDIA GPU whatever the script does (kernels, GPU-only engines).
 _CUDA_ONLY = ("triton", "flash_attn", "vllm", "transformer_engine", "apex.contrib",
@@ -39,6 +39,8 @@ _PARAMLESS = re.compile(r"(Loss|ReLU|GELU|SiLU|Sigmoid|Tanh|Softmax|LogSoftmax|I
                         r"Dropout|Flatten|Criterion|Similarity|Distance)$|^(build_)?(loss|criterion)", re.I)
 _SPAWN_CALLS = frozenset({"spawn", "start_processes", "elastic_launch", "Popen", "check_call",
                           "launch_agent"})
+#: Launcher calls that run a command line rather than a function of the script.
+_COMMANDS = frozenset({"Popen", "check_call"})
 _LEVEL_CALLS = frozenset({"setLevel", "basicConfig", "set_verbosity", "disable"})
 
 
@@ -82,17 +84,21 @@ def parameterless(facts: Facts, expr: ast.AST) -> bool:
 
 
 @lru_cache(maxsize=8)  # asked once per print; Facts compare by identity
-def launcher_functions(facts: Facts) -> frozenset[str]:
+def launcher_functions(facts: Facts, spawning: bool = False) -> frozenset[str]:
     """Functions that start the ranks (``mp.spawn(...)``, ``p.start()`` on a Process,
     ``subprocess.Popen``): their own lines run once, in the parent process. A start under a
-    rank test is a rank's own helper process (open_clip's remote sync), not the launcher."""
+    rank test is a rank's own helper process (open_clip's remote sync), not the launcher.
+    ``spawning``: only those that start Python processes running a function of the script
+    (``mp.spawn``, ``Process(...).start()``, ``elastic_launch``), not a command line."""
     found: set[str] = set()
     processes = {dotted(t) for n in facts.of(ast.Assign) if isinstance(n, ast.Assign)
                  and isinstance(n.value, ast.Call) and last_name(n.value) == "Process"
                  for t in n.targets}
     for call, full in facts.calls:
         name = last_name(call)
-        starts = name in _SPAWN_CALLS or (full.startswith("subprocess.") and name == "run") or (
+        commands = not spawning and (name in _COMMANDS or (
+            full.startswith("subprocess.") and name == "run"))
+        starts = name in _SPAWN_CALLS - _COMMANDS or commands or (
             name == "start" and isinstance(call.func, ast.Attribute)
             and (dotted(call.func.value) in processes or "proc" in (
                 dotted(call.func.value) or "").lower() or dotted(call.func.value) == "p"))
@@ -267,4 +273,55 @@ def world_size_one(facts: Facts, node: ast.AST) -> bool:
         if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef | ast.Module):
             return False
         child = parent
+    return False
+
+
+def forced_prints(facts: Facts) -> bool:
+    """Does the file print with ``force=`` (builtins.print has no such argument): print is
+    replaced by a rank-0 one that prints everywhere when forced (DeiT's
+    ``setup_for_distributed``), even if the module that installs it was not read."""
+    return any(full == "print" and any(k.arg == "force" for k in call.keywords)
+               for call, full in facts.calls)
+
+
+def _binds_unseen(facts: Facts, expr: ast.AST) -> bool:
+    names = facts.project.unseen_names
+    return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(expr))
+
+
+def unseen_source(facts: Facts, expr: ast.AST | None) -> bool:
+    """Does ``expr`` come from a module the checker could not read: it uses a name an unseen
+    import binds (``make_loader()`` from ``helpers``), directly or through a name assigned
+    from one in this file (``loader = make_loader(); for x in loader``)?"""
+    if expr is None or not facts.project.unseen_names:
+        return False
+    if _binds_unseen(facts, expr):
+        return True
+    used = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+    used |= {n.attr for n in ast.walk(expr) if isinstance(n, ast.Attribute)}
+    return any(isinstance(a, ast.Assign) and _binds_unseen(facts, a.value)  # type: ignore[attr-defined]
+               and any((dotted(x) or "").rsplit(".", 1)[-1] in used
+                       for t in a.targets for x in ast.walk(t))  # type: ignore[attr-defined]
+               for a in facts.of(ast.Assign))
+
+
+def calls_unseen(facts: Facts, *names: str, before: ast.AST | None = None,
+                 hint: re.Pattern[str] | None = None) -> bool:
+    """Does the file call a function an unseen import binds (handing it one of ``names``, if
+    given; ``before``: above that node; ``hint``: whose name says it may do the thing in
+    question, ``init_seeds``): what that function does could not be read."""
+    unseen = facts.project.unseen_names
+    if not unseen:
+        return False
+    for call, _ in facts.calls:
+        if before is not None and call.lineno >= getattr(before, "lineno", 0):
+            continue
+        if hint is not None and not hint.search(last_name(call) or ""):
+            continue
+        root = call.func
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if isinstance(root, ast.Name) and root.id in unseen and (not names or any(
+                (dotted(a) or "") in names for a in (*call.args, *(k.value for k in call.keywords)))):
+            return True
     return False

@@ -71,6 +71,12 @@ class Project:
 
     #: The files analysed together with this one (itself included).
     files: tuple[str, ...] = ()
+    #: ``path<TAB>line<TAB>module`` of each import of a project module the checker could not
+    #: read (not among the files given, not found beside them): rules do not claim what
+    #: depends on it, and the report lists it once.
+    unseen: frozenset[str] = frozenset()
+    #: The names those imports bind (``init_distributed_mode``, ``utils``).
+    unseen_names: frozenset[str] = frozenset()
     #: Some module replaces ``builtins.print`` (``setup_for_distributed(is_master)``).
     print_override: bool = False
     #: The last name of every call made anywhere in those files (``set_epoch``, ``no_sync``).

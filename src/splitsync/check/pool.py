@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 from splitsync.check.analysis import Parsed, importers_in, load, projects_of
 from splitsync.check.facts import Facts
 from splitsync.check.model import Finding, Project, Rule
-from splitsync.check.project import Disk, file_project, with_project
+from splitsync.check.project import Disk, with_project
 from splitsync.check.reading import run_rules
 from splitsync.check.registry import all_rules
 
@@ -273,13 +273,12 @@ class _Worker:
             return {"importers": [str(p) for p in found],
                     "parsed": [str(p) for p in set(self.parsed) - before]}
         if request["op"] == "load":
-            loaded, edges = load(Path(request["path"]), Path(request["key"]), self.disk,
-                                 self.parsed)
-            if isinstance(loaded, Finding):
-                return {"failed": loaded.as_dict(), "edges": []}
+            loaded, edges, part = load(Path(request["path"]), Path(request["key"]), self.disk,
+                                       self.parsed)
+            if isinstance(loaded, Finding) or part is None:
+                return {"failed": loaded.as_dict(), "edges": []}  # type: ignore[union-attr]
             self.facts[request["key"]] = loaded
-            return {"edges": sorted(str(p) for p in edges),
-                    "part": _project_data(file_project(loaded))}
+            return {"edges": sorted(str(p) for p in edges), "part": _project_data(part)}
         if request["op"] == "rules":
             known = {r.code: r for r in all_rules(gated=False)}
             rules = tuple(replace(known[code], severity=severity)

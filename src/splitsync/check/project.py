@@ -9,22 +9,29 @@ root; everything else (torch, third-party packages) is ignored. Nothing is impor
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
+import sys
 import unicodedata
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 
-from splitsync.check.evidence import framework_of, logging_configured, logging_rank_limited
+from splitsync.check.evidence import (
+    forced_prints,
+    framework_of,
+    logging_configured,
+    logging_rank_limited,
+)
 from splitsync.check.facts import Facts, last_name
+from splitsync.check.groups import collective_functions, optional_group
 from splitsync.check.model import Project
 from splitsync.check.ranks import is_rank_like, rank_in
-from splitsync.check.reach import call_graph, reached, resolve
-from splitsync.check.rules.collectives import collective_functions, optional_group
-from splitsync.check.rules.data import sharded
+from splitsync.check.reach import FOREIGN, call_graph, reached, resolve
+from splitsync.check.sharding import sharded
 
-__all__ = ["Disk", "local_imports", "project_of", "file_project", "merge", "with_project", "overrides_print", "same_seed",
-           "is_seed_call"]
+__all__ = ["Disk", "local_imports", "unseen_imports", "project_of", "file_project", "merge",
+           "with_project", "overrides_print", "same_seed", "is_seed_call"]
 
 _WRAPS = frozenset({"DistributedDataParallel", "FullyShardedDataParallel", "fully_shard"})
 _BUILTINS = frozenset({"builtins", "__builtin__", "__builtins__"})
@@ -131,8 +138,10 @@ def _candidates(path: Path, folder: str, level: int, name: str,
     for base in bases:
         if head and not (disk.may_hold(base, head) or disk.may_hold(base, head + ".py")):
             continue  # neither `head/` nor `head.py` here: no candidate can be a file
-        if base in ancestors and not disk.is_file(base / name.split(".")[0] / "__init__.py"):
+        if base in ancestors and "." not in name \
+                and not disk.is_file(base / name.split(".")[0] / "__init__.py"):
             continue  # an ancestor folder resolves packages only, never a stray file
+        # (a dotted name may be in a namespace package: a folder with no __init__.py)
         hit = _module_file(base, name, disk)
         if hit is not None:
             hits.append(disk.resolve(hit))
@@ -165,6 +174,71 @@ def local_imports(tree: ast.Module, path: Path,
             if hit is not None:
                 found.add(hit)
     return found
+
+
+def _installed(top: str, disk: Disk) -> bool:
+    """Is ``top`` a module of the standard library or an installed package (found on
+    ``sys.path`` without importing it)? A lookup that fails counts as installed: no claim."""
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names or top in FOREIGN:
+        return True  # (a well-known package counts even where it is not installed)
+    key = ("installed", top)
+    if key not in disk.answers:
+        try:
+            disk.answers[key] = importlib.util.find_spec(top) is not None
+        except (ImportError, ValueError):
+            disk.answers[key] = True
+    return disk.answers[key]  # type: ignore[return-value]
+
+
+def _optional_imports(tries: Iterable[ast.AST]) -> set[int]:
+    """Ids of the imports inside ``try: ... except ImportError:`` (optional dependencies)."""
+    found: set[int] = set()
+    for node in tries:
+        if not isinstance(node, ast.Try):
+            continue
+        caught = {last_name(h.type) for h in node.handlers if h.type is not None}
+        caught |= {last_name(e) for h in node.handlers if isinstance(h.type, ast.Tuple)
+                   for e in h.type.elts}
+        if caught & {"ImportError", "ModuleNotFoundError", "Exception"} or any(
+                h.type is None for h in node.handlers):
+            found.update(id(n) for s in node.body for n in ast.walk(s)
+                         if isinstance(n, ast.Import | ast.ImportFrom))
+    return found
+
+
+def unseen_imports(tree: ast.Module, path: Path, nodes: Iterable[ast.AST] | None = None,
+                   disk: Disk | None = None, tries: Iterable[ast.AST] | None = None
+                   ) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
+    """Imports of ``tree`` (read from ``path``) that name a module of the project the checker
+    could not read: ``(line, module, names it binds)`` for a relative import that resolves to
+    no file, or an absolute one that is neither a file of the project, the standard library
+    nor an installed package. Optional imports (under ``except ImportError``) are left out
+    (``tries``: the file's ``try`` statements, if already listed)."""
+    disk = Disk() if disk is None else disk
+    folder = str(path.parent)
+    found: list[tuple[int, str, tuple[str, ...]]] = []
+    optional: set[int] | None = None  # walked once, and only if some import is not found
+    for node in ast.walk(tree) if nodes is None else nodes:
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            tries = [module, *(f"{module}.{a.name}" if module else a.name for a in node.names)]
+            if any(_candidates(path, folder, node.level, t, disk) for t in tries if t):
+                continue
+            if not node.level and (not module or _installed(module.split(".")[0], disk)):
+                continue
+            bound = tuple(a.asname or a.name for a in node.names if a.name != "*")
+            optional = _optional_imports(ast.walk(tree) if tries is None else tries) if optional is None else optional
+            if id(node) not in optional:
+                found.append((node.lineno, "." * node.level + module, bound))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                top = alias.name.split(".")[0]
+                if _candidates(path, folder, 0, alias.name, disk) or _installed(top, disk):
+                    continue
+                optional = _optional_imports(ast.walk(tree) if tries is None else tries) if optional is None else optional
+                if id(node) not in optional:
+                    found.append((node.lineno, alias.name, (alias.asname or top,)))
+    return tuple(found)
 
 
 def overrides_print(facts: Facts) -> bool:
@@ -224,13 +298,17 @@ def _wraps(facts: Facts) -> bool:
     return bool(facts.torch_calls(*_WRAPS) or facts.run_calls("model"))
 
 
-def file_project(f: Facts) -> Project:
-    """What one file contributes to its project (read once per file, then merged)."""
+def file_project(f: Facts, unseen: Iterable[tuple[int, str, tuple[str, ...]]] = ()) -> Project:
+    """What one file contributes to its project (read once per file, then merged);
+    ``unseen``: its imports of modules the checker could not read (:func:`unseen_imports`)."""
     entry, main_entry, edges, (outside, api), referenced = call_graph(f)
     framework = framework_of(f)
+    unseen = tuple(unseen)
     return Project(
         files=(f.path,),
-        print_override=overrides_print(f),
+        unseen=frozenset(f"{f.path}\t{line}\t{module}" for line, module, _ in unseen),
+        unseen_names=frozenset(n for _, _, names in unseen for n in names),
+        print_override=overrides_print(f) or forced_prints(f),
         called=f.call_names() - {""},
         mentioned=f.loaded_names,
         wrapped=_wraps(f),
@@ -273,6 +351,8 @@ def merge(parts: Iterable[Project], imported: Collection[str] = ()) -> Project:
             edges[name] = edges[name] | called if name in edges else called
     return Project(
         files=tuple(p for part in parts for p in part.files),
+        unseen=frozenset().union(*(p.unseen for p in parts)),
+        unseen_names=frozenset().union(*(p.unseen_names for p in parts)),
         print_override=any(p.print_override for p in parts),
         called=frozenset().union(*(p.called for p in parts)),
         mentioned=mentioned,

@@ -11,6 +11,11 @@ it errs towards "reached". Functions are reached from the code that runs on impo
 and class bodies), from functions handed to another call (``mp.spawn(main_worker, ...)``),
 and by being decorated (a decorator may register the function with a framework), a dunder
 or ``forward`` (called implicitly).
+
+The launching process is not a rank: a function that starts the ranks (``mp.spawn``, a
+``Process`` started, a launcher call), and a ``__main__`` block that does, run once in the
+parent. What they call themselves is not reached through them; only the functions they hand
+over (``mp.spawn(worker, ...)``, ``Process(target=train)``, ``partial(train, ...)``) are.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from bisect import bisect_right
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import PurePath
 
+from splitsync.check.evidence import launcher_functions
 from splitsync.check.facts import Facts, last_name
 from splitsync.check.flow import nonmain_test, rank0_flags, rank0_test
 
-__all__ = ["call_graph", "resolve", "reached", "runs_everywhere"]
+__all__ = ["FOREIGN", "call_graph", "resolve", "reached", "runs_everywhere"]
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 #: Decorators that only change how a function is called, not who calls it.
@@ -32,7 +38,7 @@ _PLAIN_DECORATORS = frozenset({"staticmethod", "classmethod", "property", "cache
                                "lru_cache", "cache", "setter", "getter", "overload"})
 #: Packages that never call into the project: `torch.load(...)` is no call of the project's
 #: own `load`, and does not make it reached.
-_FOREIGN = frozenset({
+FOREIGN = frozenset({
     "torch", "numpy", "os", "sys", "math", "json", "time", "shutil", "logging", "re",
     "random", "pickle", "subprocess", "argparse", "collections", "itertools", "functools",
     "glob", "datetime", "copy", "pathlib", "io", "warnings", "typing", "tqdm", "yaml", "PIL",
@@ -42,6 +48,16 @@ _FOREIGN = frozenset({
     "requests", "urllib", "threading", "multiprocessing", "contextlib", "dataclasses",
     "inspect", "traceback", "signal", "socket", "uuid", "hashlib", "tempfile", "zipfile",
     "tarfile", "csv", "struct", "platform", "psutil", "omegaconf", "hydra", "submitit",
+    "torchaudio", "torchtext", "torchmetrics", "apex", "fairscale", "mmcv", "mmengine",
+    "detectron2", "sklearn", "skimage", "kornia", "lpips", "clip", "open_clip", "peft",
+    "bitsandbytes", "neptune", "mlflow", "comet_ml", "lightning_fabric", "ray", "horovod",
+    "mpi4py", "xformers", "flash_attn", "triton", "sentencepiece", "tokenizers", "tiktoken",
+    "pycocotools", "albumentations", "imageio", "soundfile", "librosa", "fire", "tyro",
+    "jsonargparse", "rich", "click", "absl", "ml_collections", "jax", "tensorflow", "gym",
+    "gymnasium", "dgl", "torch_geometric", "networkx", "numba", "cupy", "pynvml", "evaluate",
+    "nltk", "spacy", "visdom", "termcolor", "loguru", "setproctitle", "decouple", "friendlywords", "typing_extensions", "packaging", "filelock", "seaborn",
+    "torchdata", "webdataset", "opt_einsum", "simple_parsing", "dotenv", "jsonlines", "msgpack",
+    "lmdb", "zarr", "pyarrow", "polars", "orjson", "ujson", "regex", "ftfy", "braceexpand",
 })
 _IMPLICIT = frozenset({"forward", "__call__", "__init__", "__post_init__", "__iter__",
                        "__next__", "__getitem__", "__len__", "__enter__", "__exit__", "run"})
@@ -106,7 +122,7 @@ def _refs(facts: Facts, expr: ast.AST) -> tuple[str, ...]:
         full = facts.aliases.get(expr.id)
         if full is None or "." not in full:
             return (expr.id,)
-        if full.split(".")[0] in _FOREIGN:
+        if full.split(".")[0] in FOREIGN:
             return ()
         module, name = full.rsplit(".", 1)
         return (f"{module.rsplit('.', 1)[-1]}:{name}",)
@@ -166,7 +182,7 @@ def _foreign(facts: Facts, expr: ast.AST) -> bool:
         expr = expr.value if isinstance(expr, ast.Attribute) else expr.func
     if not isinstance(expr, ast.Name) or expr.id not in facts.aliases:
         return False
-    return facts.aliases[expr.id].split(".")[0] in _FOREIGN
+    return facts.aliases[expr.id].split(".")[0] in FOREIGN
 
 
 def call_graph(facts: Facts) -> tuple[frozenset[str], frozenset[str], dict[str, frozenset[str]],
@@ -201,6 +217,8 @@ def call_graph(facts: Facts) -> tuple[frozenset[str], frozenset[str], dict[str, 
         for base in cls.bases:  # type: ignore[attr-defined]
             edges[cls.name].update(_refs(facts, base))  # and its bases' (`super().__init__()`)
     mentioned: set[str] = {n.id for n in facts.of(ast.Name)}  # type: ignore[attr-defined]
+    launchers = launcher_functions(facts, spawning=True)
+    spawning_main = block is not None and facts.uses_spawn
     for call, _ in facts.calls:
         at = position.get(call)
         if at is None:
@@ -208,7 +226,11 @@ def call_graph(facts: Facts) -> tuple[frozenset[str], frozenset[str], dict[str, 
         j = bisect_right(starts, at) - 1
         while j >= 0 and ends[starts[j]] <= at:
             j -= 1  # the nearest function that contains the call
-        names = set(_refs(facts, call.func))
+        # in the launching process only what is handed over runs on the ranks
+        once = (getattr(functions[j], "name", None) in launchers if j >= 0
+                else spawning_main and main_span[0] <= at < main_span[1])
+        names = (set() if once and last_name(call) not in launchers
+                 else set(_refs(facts, call.func)))
         args = call.args + [k.value for k in call.keywords] if call.keywords else call.args
         for arg in args:
             if isinstance(arg, ast.Name):

@@ -144,6 +144,15 @@ def run_rules(facts: Facts, rules: tuple[Rule, ...]) -> list[Finding]:
             found.setdefault((rule.code, line, col), Finding(
                 rule.code, rule.name, _weaker(hit.severity, rule.severity), hit.message, hit.fix, path,
                 line, col, end))
+    for entry in sorted(facts.project.unseen):
+        where, line_text, module = entry.split("\t")
+        if where == path and not quiet.silences("SS003", int(line_text), int(line_text)):
+            found[("SS003", int(line_text), 1)] = Finding(
+                "SS003", META_CODES["SS003"], "info",
+                f"`{module}` is imported here but was not read (not among the files given, and "
+                "no such file beside them): findings that depend on what it does are not "
+                "claimed.", "pass that module too (or the folder that holds it).", path,
+                int(line_text), 1, int(line_text))
     if "SS001" not in quiet.whole_file:
         for line, col, code in quiet.unknown:
             found[("SS001", line, col)] = Finding(

@@ -8,30 +8,48 @@ from dataclasses import replace
 from splitsync.check.gating import MIN_PRECISION, gate, measured_text
 from splitsync.check.model import SEVERITIES, Rule
 from splitsync.check.rules import (
+    collectives,
     data,
     devices,
     drift,
+    guards,
     indices,
     loop,
     metrics,
     moves,
     output,
+    overrides,
+    padding,
     parallel,
+    paths,
+    placement,
     seeds,
+    setup,
     tokens,
+    wrappers,
+    writes,
 )
 
-__all__ = ["all_rules", "get_rule", "select_rules", "gate", "measured_text", "META_CODES",
-           "META_HELP", "MIN_PRECISION"]
+__all__ = ["RULE_MODULES", "all_rules", "get_rule", "select_rules", "gate", "measured_text",
+           "META_CODES", "META_HELP", "MIN_PRECISION"]
+
+#: Every module of ``splitsync.check.rules`` that defines rules, each listing its own in
+#: ``RULES`` (docs/check.md maps each code to its module).
+RULE_MODULES = (devices, moves, indices, placement, parallel, collectives, drift, wrappers, guards,
+                setup, data, padding, seeds, output, writes, metrics, overrides, paths, loop,
+                tokens)
 
 #: Codes the runner itself reports: a file that does not parse, a bad suppression comment,
-#: a rule that crashed on a file.
-META_CODES = {"SS000": "syntax-error", "SS001": "bad-suppression", "SS002": "rule-failed"}
+#: a rule that crashed on a file, an imported module of the project it could not read.
+META_CODES = {"SS000": "syntax-error", "SS001": "bad-suppression", "SS002": "rule-failed",
+              "SS003": "not-read"}
 #: (severity, what it means) of each runner code, for ``--list-rules``.
 META_HELP = {
     "SS000": ("error", "the file cannot be read or parsed as Python; no rule ran on it"),
     "SS001": ("warning", "a `# splitsync: ignore[...]` comment names no rule"),
     "SS002": ("warning", "a rule failed on this file (the other rules still ran)"),
+    "SS003": ("info", "an imported module of the project that could not be read (listed once "
+                      "per run; rules do not claim what depends on it)"),
 }
 
 
@@ -44,9 +62,7 @@ def _gated(rule: Rule) -> Rule:
 
 def all_rules(gated: bool = True) -> tuple[Rule, ...]:
     """All rules, sorted by code; ``gated`` caps each severity by its measured precision."""
-    rules = (*devices.RULES, *indices.RULES, *moves.RULES, *parallel.RULES, *drift.RULES,
-             *data.RULES, *seeds.RULES, *output.RULES, *metrics.RULES, *loop.RULES,
-             *tokens.RULES)
+    rules = tuple(rule for module in RULE_MODULES for rule in module.RULES)
     if gated:
         rules = tuple(_gated(r) for r in rules)
     return tuple(sorted(rules, key=lambda r: r.code))

@@ -13,9 +13,22 @@ from splitsync.check.registry import META_CODES, META_HELP
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["summary", "render_text", "render_json", "render_rules", "rules_json"]
+__all__ = ["summary", "not_read", "render_text", "render_json", "render_rules", "rules_json"]
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+#: The runner's code for an imported module of the project it could not read: listed once
+#: per run after the findings, not as a finding of its own.
+NOT_READ = "SS003"
+
+
+def not_read(findings: Iterable[Finding]) -> dict[str, list[str]]:
+    """Each module the run could not read, with where it is imported (``path:line``)."""
+    out: dict[str, list[str]] = {}
+    for f in findings:
+        if f.code == NOT_READ:
+            module = f.message.split("`", 2)[1]
+            out.setdefault(module, []).append(f"{f.path}:{f.line}")
+    return out
 
 
 def summary(findings: Iterable[Finding]) -> dict[str, int]:
@@ -42,6 +55,8 @@ def render_text(findings: Sequence[Finding], files: int, stream: TextIO | None =
     from rich.text import Text
 
     console = _console(stream)
+    unread = not_read(findings)
+    findings = [f for f in findings if f.code != NOT_READ]
     for f in findings:
         head = Text()
         head.append(f"{f.path}:{f.line}:{f.column}: ", style="bold")
@@ -55,17 +70,25 @@ def render_text(findings: Sequence[Finding], files: int, stream: TextIO | None =
     checked = _plural(files, "file") + " checked"
     if not findings:
         console.print(Text(f"No problems found ({checked}).", style="bold green"))
-        return
-    flagged = len({f.path for f in findings})
-    parts = ", ".join(_plural(n, s) for s, n in counts.items() if n)
-    console.print(Text(f"Found {parts} in {_plural(flagged, 'file')} ({checked}).",
-                       style="bold red" if counts["error"] else "bold yellow"))
+    else:
+        flagged = len({f.path for f in findings})
+        parts = ", ".join(_plural(n, s) for s, n in counts.items() if n)
+        console.print(Text(f"Found {parts} in {_plural(flagged, 'file')} ({checked}).",
+                           style="bold red" if counts["error"] else "bold yellow"))
+    if unread:
+        listed = "; ".join(f"{m} (imported at {', '.join(w)})" for m, w in unread.items())
+        console.print(Text(f"Not read: {listed}. Findings that depend on what these modules do "
+                           "were not claimed; pass them too (or the folder that holds them).",
+                           style="dim"))
 
 
 def render_json(findings: Sequence[Finding], files: int) -> str:
-    """A JSON document: version, files checked, counts per severity, the findings."""
-    return json.dumps({"version": 1, "files_checked": files, "summary": summary(findings),
-                       "findings": [f.as_dict() for f in findings]}, indent=2)
+    """A JSON document: version, files checked, counts per severity, the findings, and the
+    imported modules that could not be read (``not_read``: module -> where imported)."""
+    shown = [f for f in findings if f.code != NOT_READ]
+    return json.dumps({"version": 1, "files_checked": files, "summary": summary(shown),
+                       "findings": [f.as_dict() for f in shown],
+                       "not_read": not_read(findings)}, indent=2)
 
 
 def rules_json(rules: Sequence[Rule]) -> str:

@@ -4,7 +4,8 @@
 ``Checkpointer``: registration, the step count, the one place that waits for a save). Then:
 
 - :mod:`.save`: what a save collects, and its write (blocking, or on a background thread);
-- :mod:`.load`: finding the checkpoint to resume from, reading it verified, loading it;
+- :mod:`.find`: which checkpoint to resume from; :mod:`.load`: reading it verified, and
+  loading it into the registered objects;
 - :mod:`.store` (directories, manifest, commit, keep-last-k) and :mod:`.fs` (a local
   directory or an fsspec object store);
 - :mod:`.integrity`: checksums, and writes and reads that check them on the way;

@@ -61,7 +61,7 @@ class Checkpointer:
 
     def __init__(self, rank: int, world_size: int, loaders: Sequence[ResumableLoader], *,
                  generators: Generators | None = None, timeout: Any = None,
-                 blocking: bool = True, watch: Callable[[Observer], Any] | None = None,
+                 save_blocking: bool = True, watch: Callable[[Observer], Any] | None = None,
                  unwatch: Callable[[Observer], None] | None = None,
                  wrapped: Callable[[], dict[str, Any]] = dict,
                  window: Window | None = None, loader_hooks: Any = None) -> None:
@@ -71,8 +71,8 @@ class Checkpointer:
         self.window = window  # the run's accumulation window: a save inside one keeps it
         self.generators = generators  # the run's run.generator streams, part of its RNG state
         self.timeout = timeout
-        self.default_blocking = blocking  # init(save_blocking=...)
-        self.blocking = blocking  # run.save's default: init's, or run.resume's save_blocking
+        self.init_save_blocking = save_blocking  # init(save_blocking=...)
+        self.save_blocking = save_blocking  # run.save's default: init's, or run.resume's
         self._watch_steps, self._unwatch_steps = watch, unwatch
         self.wrapped = wrapped
         self.loader_hooks = loader_hooks  # the run's LoaderHooks: a loader's first batch
@@ -148,12 +148,12 @@ class Checkpointer:
         self.where, self.storage = where, storage
         self.registered = registered if objects else None
         self.keep = keep
-        self.blocking = self.default_blocking if save_blocking is None else save_blocking
+        self.save_blocking = self.init_save_blocking if save_blocking is None else save_blocking
         self._reserved = False
         state = self._load(storage, registered, step=step, check=not objects)
         self._ahead = newer_steps(storage, step) if state.resumed and self.rank == 0 else []
         self._start_counting(registered)
-        if not self.blocking:
+        if not self.save_blocking:
             self.reserve()  # on a thread, and only once the optimizers have state
         return self._resumed(state)
 
@@ -260,7 +260,7 @@ class Checkpointer:
     def _on_step(self, *_: Any) -> None:
         if self._counting:
             self.step += 1
-            if not self.blocking and not self._reserved:
+            if not self.save_blocking and not self._reserved:
                 self.reserve()  # the optimizer has state now: its shapes are known
 
     # --- save ----------------------------------------------------------------------------
@@ -296,7 +296,7 @@ class Checkpointer:
             obs.before_save(step)
         ahead, self._ahead = self._ahead, []
         set_aside_newer(self.storage, ahead)
-        blocking = self.blocking if blocking is None else blocking
+        blocking = self.save_blocking if blocking is None else blocking
         if step is None:
             if self._hook is None and not reg.optims:
                 raise TypeError("run.save(...) names checkpoints after optimizer steps, and "

@@ -20,7 +20,7 @@ from splitsync.errors import CheckpointError
 
 __all__ = [
     "MANIFEST", "LATEST", "FORMAT", "step_dirname", "tmp_dirname",
-    "fsync_file", "fsync_dir", "write_manifest", "read_manifest", "verify",
+    "fsync_file", "fsync_dir", "write_manifest", "read_manifest",
     "commit", "prune", "set_aside", "committed_steps", "clear_stale",
     "manifest_text", "parse_manifest", "STEP_RE",
 ]
@@ -126,28 +126,6 @@ def read_manifest(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{MANIFEST} is unreadable ({type(e).__name__}: {e})") from None
     return parse_manifest(text)
-
-
-def verify(path: Path) -> dict[str, Any]:
-    """Check every file against the manifest; return the manifest body or raise CheckpointError."""
-    from splitsync.ckpt.integrity import verify_fd  # it imports this module
-
-    body = read_manifest(path)
-    for rel, info in body["files"].items():
-        f = path / rel
-        if not f.is_file():
-            raise CheckpointError(f"{rel} is missing")
-        size = f.stat().st_size
-        if size != info["size"]:
-            what = "zero bytes" if size == 0 else f"{size} bytes"
-            raise CheckpointError(f"{rel} is {what}, the manifest says {info['size']} "
-                                  "(truncated or overwritten)")
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            verify_fd(fd, rel, info)
-        finally:
-            os.close(fd)
-    return body
 
 
 def committed_steps(root: Path) -> list[tuple[int, Path]]:

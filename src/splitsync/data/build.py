@@ -31,8 +31,8 @@ from splitsync.data.loader import (
 from splitsync.data.stream.loader import StreamLoader
 from splitsync.data.stream.readers import StreamReaders
 from splitsync.data.stream.sources import HFSource, IterSource, Shards, Source, from_webdataset
-from splitsync.data.workers import shielded
 from splitsync.distributed.seeding import loader_seed, worker_init_fn
+from splitsync.preemption.workers import shielded
 
 __all__ = ["LoaderHooks", "ResumableLoader", "make_loader", "is_stream", "as_source", "direct",
            "DEFAULT_BUFFER"]
@@ -76,8 +76,8 @@ def make_loader(data: Dataset | DataLoader | Any, batch_size: int | None, *, shu
                 shield: Sequence[signal.Signals] = (),
                 **extra: Any) -> DeviceLoader | StreamLoader:
     """What ``run.loader(data, batch_size, ...)`` returns; ``batch_size`` is per process.
-    Its workers ignore ``shield`` (the run's preemption signals) sent to their process
-    group: see :mod:`splitsync.data.workers`."""
+    Its workers ignore ``shield`` (the signals the run stops on) sent to their process
+    group: see :mod:`splitsync.preemption.workers`."""
     inner = data.dataset if isinstance(data, DataLoader) else data
     if is_stream(inner):
         if isinstance(data, DataLoader):  # keep the DataLoader's own batching options

@@ -1,6 +1,7 @@
 """Training through a failure without a restart: replica groups under torchft.
 
-``init(fault_tolerance="torchft")`` makes a :class:`~splitsync.ft.runtime.FTRun`: this process
+``init(fault_tolerance="torchft")`` gives the Run a :class:`~splitsync.ft.part.FaultTolerance`
+part (the Run delegates what differs to it, see ``splitsync.run.tolerance``): this process
 is one rank of one replica group (its torchrun world); the groups agree on each step through
 torchft's Lighthouse and a :class:`torchft.Manager` per group, a dead group's peers discard
 the step it spoiled and train on without it, and a restarted group receives the weights, the
@@ -15,5 +16,5 @@ Rooms:
 - ``ft.cursor``: the global data cursor and the lineage of committed steps (pure);
 - ``ft.session``: one step's quorum and commit;
 - ``ft.loader``: batches handed out from the cursor after each quorum;
-- ``ft.runtime``: the Run that ties them together.
+- ``ft.part``: the part of the Run that ties them together.
 """

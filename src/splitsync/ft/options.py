@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FTOptions", "FAULT_TOLERANCE", "ft_options", "ENV_GROUP", "ENV_GROUPS",
+__all__ = ["FTOptions", "FAULT_TOLERANCE", "ft_options", "check_launch", "ENV_GROUP", "ENV_GROUPS",
            "ENV_LIGHTHOUSE", "TORCHFT_VERSION"]
 
 FAULT_TOLERANCE = ("torchft",)
@@ -90,3 +90,16 @@ def ft_options(fault_tolerance: str, environ: Mapping[str, str], *, min_replicas
                          f"group(s) of the job: no step could ever count.")
     return FTOptions(group=group, groups=groups, lighthouse=address, min_replicas=min_replicas,
                      heartbeat_ms=heartbeat_ms, timeout=float(timeout))
+
+
+def check_launch(accumulate: int, launcher: str) -> None:
+    """What a fault-tolerant run needs of the rest of init's settings and its launcher."""
+    if accumulate != 1:
+        raise ValueError(
+            "fault_tolerance='torchft' takes accumulate=1 for now: each optimizer step is "
+            "one quorum and one batch of the training loader.")
+    if launcher not in ("torchrun", "env"):
+        raise ValueError(
+            "fault_tolerance='torchft' runs each replica group under torchrun's agent (its "
+            "store is the group's): launch with `splitsync run --replica-groups R -n N "
+            "script.py`, or with `splitsync run -n N` per group (docs/fault-tolerance.md).")

@@ -43,7 +43,7 @@ def collective_timeout(config: RunConfig, world_size: int) -> timedelta:
     return guarded(config, world_size)
 
 
-def attach(config: RunConfig, env: DistEnv, device: torch.device, seed: int, ledger: bool,
+def attach(config: RunConfig, env: DistEnv, device: torch.device, seed: int,
            environ: Mapping[str, str]) -> tuple[RunConfig, list[Observer]]:
     """The observers ``config`` and ``environ`` ask for, in the order they are called, and
     the config with ``run_dir`` where they want it (verify gives each run its own folder).
@@ -71,13 +71,13 @@ def attach(config: RunConfig, env: DistEnv, device: torch.device, seed: int, led
                                       restart_count=env.restart_count,
                                       group=None if ft is None else ft.group,
                                       fault_tolerant=ft is not None))
-    if ledger and config.fault_tolerance is not None:
+    if config.ledger and config.fault_tolerance is not None:
         from splitsync.tools.audit.ledger.ft import FTLedger
 
         ft = config.fault_tolerance
         observers.append(FTLedger(config.run_dir, env.rank, env.world_size,
                                   env.restart_count, seed, ft.group, ft.groups))
-    elif ledger:
+    elif config.ledger:
         from splitsync.tools.audit.ledger.recorder import Ledger
 
         observers.append(Ledger(config.run_dir, env.rank, env.world_size, env.restart_count,

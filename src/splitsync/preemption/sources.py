@@ -44,12 +44,13 @@ class Source(Protocol):
 
 
 class SignalSource:
-    """Signals: the handler only notes the first one and wakes the thread (no locks, no
-    store, no logging in a handler). A forked child (a DataLoader worker) ignores them:
-    its parent ends it."""
+    """Signals, by the names ``RunConfig`` keeps (checked there, by
+    :func:`~splitsync.preemption.defaults.parse_signals`): the handler only notes the first
+    one and wakes the thread (no locks, no store, no logging in a handler). A forked child
+    (a DataLoader worker) ignores them: its parent ends it."""
 
-    def __init__(self, signals: Sequence[signal.Signals]) -> None:
-        self.signals = tuple(signals)
+    def __init__(self, signals: Sequence[str]) -> None:
+        self.signals = tuple(signal.Signals[name] for name in signals)
         self._pid = os.getpid()
         self._got: tuple[str, float] | None = None
         self._wake: Callable[[], None] = lambda: None

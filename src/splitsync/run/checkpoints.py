@@ -26,6 +26,7 @@ from splitsync.run.training import Training
 if TYPE_CHECKING:
     from splitsync.ckpt import SaveHandle
     from splitsync.run.preempt import Preemption
+    from splitsync.run.tolerance import Tolerance
 
 __all__ = ["CheckpointVerbs"]
 
@@ -43,6 +44,7 @@ class CheckpointVerbs:
     _training: Training
     is_main: bool
     _arm_preemption: Callable[[], Preemption | None]
+    _tolerance: Tolerance
 
     def _wrapped(self) -> dict[str, Any]:
         """What the run wrapped, by the names a save without registration gives them:
@@ -73,7 +75,8 @@ class CheckpointVerbs:
         if objects:
             objects = self._emas.with_emas(objects)
         preemption = self._arm_preemption()
-        state = self._checkpoints.resume(dir, step=step, keep=keep, save_blocking=save_blocking, **objects)
+        state = self._tolerance.resume(objects, lambda objs: self._checkpoints.resume(
+            dir, step=step, keep=keep, save_blocking=save_blocking, **objs))
         if preemption is not None:
             preemption.resumed()
         if state.resumed and self.is_main:  # one line, so a log shows where a run went on
@@ -92,7 +95,10 @@ class CheckpointVerbs:
         Fabric's style, its objects saved instead and its other values as extras. ``step``
         defaults to the optimizer steps the run took. ``blocking=False`` returns a
         :class:`~splitsync.ckpt.SaveHandle` once the state is staged in host memory (the next
-        save, ``run.step`` or ``close`` raise a background failure). Collective."""
+        save, ``run.step`` or ``close`` raise a background failure). Collective. Under
+        fault tolerance one replica group writes; the others' call returns None."""
+        if not self._tolerance.writes():
+            return None  # type: ignore[return-value]
         return self._checkpoints.save(dir, step=step, epoch=epoch, blocking=blocking,
                                       state=state, **extra)
 

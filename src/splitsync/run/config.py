@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from splitsync.output.trackers import check_loggers
 from splitsync.preemption.defaults import (
@@ -17,6 +17,9 @@ from splitsync.preemption.defaults import (
 from splitsync.preemption.sources import check_stop_file
 from splitsync.strategies import check_name
 from splitsync.train.precision import PRECISIONS, check_precision_name
+
+if TYPE_CHECKING:
+    from splitsync.ft.options import FTOptions
 
 __all__ = ["RunConfig", "PRECISIONS", "DEFAULT_STRAGGLER_THRESHOLD", "accumulate_for"]
 
@@ -43,13 +46,17 @@ class RunConfig:
     strategy_options: dict[str, Any] = field(default_factory=dict)
     loggers: tuple[str, ...] | None = None  # None: the default trackers (see splitsync.output.trackers)
     straggler_threshold: float | None = DEFAULT_STRAGGLER_THRESHOLD  # None: no report
-    fault_tolerance: Any = None  # splitsync.ft.options.FTOptions under torchft, else None
+    fault_tolerance: FTOptions | None = None  # parsed by splitsync.ft.options.ft_options
     # signals that stop the run after an agreed step, once run.resume has a directory
     preempt_signals: tuple[str, ...] = DEFAULT_PREEMPT_SIGNALS
     preempt_grace: float = DEFAULT_PREEMPT_GRACE  # seconds from the signal to the stop
     preempt_file: str | None = None  # a file whose appearance stops the run likewise
+    ledger: bool = False  # record the samples of every step under run_dir/ledger
 
     def __post_init__(self) -> None:
+        for name in ("debug", "guards", "deterministic", "save_blocking", "ledger"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}={getattr(self, name)!r}: give True or False.")
         check_name(self.strategy)  # the one unknown-strategy message
         check_precision_name(self.precision)
         if not isinstance(self.accumulate, int) or self.accumulate < 1:
@@ -73,6 +80,9 @@ class RunConfig:
         object.__setattr__(self, "preempt_file", check_stop_file(self.preempt_file))
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed={self.seed!r}: give a non-negative integer or None.")
+        if self.ledger and self.run_dir is None:
+            raise ValueError("init(ledger=True) writes the sample ledger under run_dir; pass "
+                             "run_dir=... (the folder splitsync audit reads).")
 
 
 def accumulate_for(accumulate: int | Callable[[int], int], world_size: int) -> int:

@@ -16,6 +16,7 @@ from splitsync.run.step import StepPlan
 from splitsync.strategies import (
     Strategy,
     WrapContext,
+    check_name,
     check_options,
     for_model,
     get_strategy,
@@ -49,13 +50,14 @@ class Models:
 
     def __init__(self, device: torch.device, world_size: int, rank: int, plan: StepPlan,
                  default_strategy: str, strategy_options: Mapping[str, Any],
-                 local_world_size: int | None = None) -> None:
+                 local_world_size: int | None = None, *, resolved: str) -> None:
         self.device = device
         self.world_size = world_size
         self.rank = rank
         self.local_world_size = local_world_size
         self.plan = plan
-        self.default_strategy = default_strategy
+        self.default_strategy = default_strategy  # init(strategy=...), "auto" kept
+        self.resolved = resolved  # what init resolved it to, once (strategies.resolve)
         self.strategy_options = dict(strategy_options)
         self._strategies: WeakKeyDictionary[nn.Module, Strategy] = WeakKeyDictionary()
         self._made: WeakKeyDictionary[nn.Module, Wrapped] = WeakKeyDictionary()
@@ -71,8 +73,10 @@ class Models:
              compile: bool | dict[str, Any], autocast: bool, options: Mapping[str, Any],
              activation_checkpointing: Any = None) -> nn.Module:
         """See ``Run.model``."""
-        requested = strategy or self.default_strategy
-        name = resolve(requested, self.world_size)
+        if strategy is None:  # init's strategy, resolved by init
+            requested, name = self.default_strategy, self.resolved
+        else:  # run.model's own: checked and resolved here, once
+            requested, name = check_name(strategy), resolve(strategy, self.world_size)
         # checked against the strategy asked for, so a typo fails at every world size
         check_options(requested, name, options, where="run.model()", parameters=MODEL_KEYWORDS)
         strat = get_strategy(name)

@@ -53,7 +53,6 @@ from splitsync.distributed.seeding import Generators
 from splitsync.errors import Preempted
 from splitsync.observe import Observer
 from splitsync.preemption.board import Board, Request, make_board
-from splitsync.preemption.defaults import parse_signals
 from splitsync.preemption.exit import PREEMPTED_EXIT_CODE, failure_marked, write_note
 from splitsync.preemption.requeue import requeue, requeue_wanted
 from splitsync.preemption.sources import FileSource, SignalSource, Source
@@ -94,7 +93,7 @@ class _StepWatch(Observer):
 class Preemption:
     """One run's preemption handling (see the module doc)."""
 
-    def __init__(self, *, rank: int, world_size: int, signals: Sequence[signal.Signals],
+    def __init__(self, *, rank: int, world_size: int, signals: Sequence[str],
                  grace: float, checkpoints: Checkpointer, generators: Generators | None,
                  watch: Callable[[Observer], None], unwatch: Callable[[Observer], None],
                  store: Any | None, environ: Mapping[str, str] | None = None,
@@ -313,7 +312,7 @@ def preemption_for(config: RunConfig, rank: int, world_size: int, checkpoints: C
                              "/".join(config.preempt_signals) or "the stop file")
         return None
     return Preemption(rank=rank, world_size=world_size,
-                      signals=parse_signals(config.preempt_signals),
+                      signals=config.preempt_signals,  # names, checked by RunConfig
                       grace=config.preempt_grace, checkpoints=checkpoints,
                       generators=generators, watch=watch, unwatch=unwatch, store=store,
                       sources=() if config.preempt_file is None

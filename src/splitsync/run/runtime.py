@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import signal
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -36,7 +37,6 @@ from splitsync.distributed.seeding import Generators
 from splitsync.errors import Preempted
 from splitsync.observe import Observer, appended, overriding
 from splitsync.output.progress import progress as _progress
-from splitsync.preemption.defaults import parse_signals
 from splitsync.run.checkpoints import CheckpointVerbs
 from splitsync.run.collectives import Collectives, CollectiveVerbs
 from splitsync.run.config import RunConfig
@@ -46,6 +46,7 @@ from splitsync.run.logging import Logging, run_settings
 from splitsync.run.models import Models
 from splitsync.run.preempt import Preemption, preemption_for
 from splitsync.run.step import StepPlan
+from splitsync.run.tolerance import PLAIN, Tolerance
 from splitsync.run.training import Training, TrainingVerbs
 from splitsync.strategies import Strategy, unwrap
 from splitsync.train.precision import Precision
@@ -58,8 +59,12 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
 
     def __init__(self, config: RunConfig, env: DistEnv, device: torch.device, backend: str,
                  seed: int, owns_group: bool, handler: logging.Handler | None, *,
-                 precision: Precision, observers: Sequence[Observer] = ()) -> None:
+                 precision: Precision, observers: Sequence[Observer] = (),
+                 strategy: str) -> None:
         self.config = config
+        # what a loader's workers outlive when sent to the whole process group: the signals
+        # the run stops on (names, checked by RunConfig)
+        self._worker_signals = tuple(signal.Signals[n] for n in config.preempt_signals)
         self.env = env
         self.device = device
         self.backend = backend
@@ -75,8 +80,9 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         # backward/step functions for this precision and accumulation, chosen once
         self._plan = StepPlan(precision, config.accumulate)
         self._data = Loaders()
+        # strategy: config.strategy as init resolved it for this world size ("auto" -> ...)
         self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
-                              config.strategy_options, env.local_world_size)
+                              config.strategy_options, env.local_world_size, resolved=strategy)
         self._collectives = Collectives(device, self._data)
         self._training = Training(self._plan, self._data, self.world_size,
                                   self._new_optimizer, partial(self._collectives.reduce, op="sum"))
@@ -87,7 +93,7 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         self._step_watch: tuple[Observer, ...] = ()
         self._checkpoints = Checkpointer(self.rank, self.world_size, self._data.all,
                                          generators=self._generators, timeout=config.timeout,
-                                         blocking=config.save_blocking,
+                                         save_blocking=config.save_blocking,
                                          watch=self._watch_steps, unwatch=self._unwatch_steps,
                                          wrapped=self._wrapped, window=self._training,
                                          loader_hooks=self._data.hooks)
@@ -97,6 +103,9 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         self._emas = Emas(self._plan, self._models, self.add_observer)
         self._preemption: Preemption | None = None  # made by the first run.resume
         self._preempt_tried = False
+        # what differs under fault tolerance, as a part (config.fault_tolerance: FTOptions)
+        ft = config.fault_tolerance
+        self._tolerance: Tolerance = PLAIN if ft is None else self._fault_tolerance(ft)
         for obs in observers:
             self.add_observer(obs)
 
@@ -123,9 +132,37 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
             part.set_observers(observers)
         self._training.set_observers((*observers, *self._step_watch))
 
+    def _fault_tolerance(self, ft: Any) -> Tolerance:
+        from splitsync.ft.part import FaultTolerance  # torchft's side, only when asked for
+
+        return FaultTolerance(ft, env=self.env, device=self.device, backend=self.backend,
+                              seed=self.seed, data=self._data, checkpoints=self._checkpoints,
+                              observers=lambda: self._observers)
+
+    # --- fault tolerance ---------------------------------------------------------------
+    @property
+    def replica_group(self) -> int:
+        """This process's replica group under ``fault_tolerance="torchft"`` (else 0)."""
+        return self._tolerance.group
+
+    @property
+    def replica_groups(self) -> int:
+        """Replica groups in the job (1 without fault tolerance)."""
+        return self._tolerance.groups
+
+    @property
+    def session(self) -> Any:
+        """The group's torchft session (its Manager, cursor and the step under way) under
+        ``fault_tolerance="torchft"``; None without fault tolerance."""
+        return self._tolerance.session
+
     def _arm_preemption(self) -> Preemption | None:
         """At the first ``run.resume`` (before it loads: a signal from then on stops the run
-        too), the preemption handling ``init(preempt_signals=...)`` asked for."""
+        too), the preemption handling ``init(preempt_signals=...)`` asked for (none under
+        fault tolerance: a group told to stop is a group lost, which the others train
+        through; its signals keep their usual effect, and its agent restarts it)."""
+        if not self._tolerance.preemptible:
+            return None
         if not self._preempt_tried:
             self._preempt_tried = True
             self._preemption = preemption_for(self.config, self.rank, self.world_size,
@@ -162,9 +199,14 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         (``fsdp``/``hsdp``: ``blocks``, ``reshard_after_forward``, ``offload``; ``hsdp``:
         ``replicate`` or ``shard``; DDP's are ignored when "auto" runs one process). Build
         the optimizer on the returned model's parameters."""
-        return self._models.wrap(module, strategy, sync_batchnorm=sync_batchnorm,
-                                 compile=compile, autocast=autocast, options=options,
-                                 activation_checkpointing=activation_checkpointing)
+        def wrap(name: str | None, opts: dict[str, Any]) -> nn.Module:
+            return self._models.wrap(module, name, sync_batchnorm=sync_batchnorm,
+                                     compile=compile, autocast=autocast, options=opts,
+                                     activation_checkpointing=activation_checkpointing)
+
+        if self._tolerance is PLAIN:
+            return wrap(strategy, options)
+        return self._tolerance.model(strategy or self.config.strategy, options, wrap)
 
     def ema(self, model: nn.Module, decay: float = 0.999) -> nn.Module:
         """A frozen copy of ``model``'s weights and floating-point buffers that becomes
@@ -194,18 +236,24 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         docs/streams.md) gets a :class:`~splitsync.data.stream.StreamLoader`, anything
         indexable a :class:`~splitsync.data.loader.DeviceLoader`; both keep a position
         (``position()``, ``restore()``) that ``run.save``/``run.resume`` carry."""
-        loader = make_loader(data, batch_size, shuffle=shuffle, drop_last=drop_last,
-                             num_workers=num_workers, collate_fn=collate_fn, rank=self.rank,
-                             world_size=self.world_size, seed=self.seed, device=self.device,
-                             hooks=self._data.hooks,
-                             shield=parse_signals(self.config.preempt_signals), **extra)
-        self._data.all.append(loader)
-        self._checkpoints.attach_loader(loader)  # made after run.resume: continue from it
-        return loader
+        def plain() -> DeviceLoader | StreamLoader:
+            loader = make_loader(data, batch_size, shuffle=shuffle, drop_last=drop_last,
+                                 num_workers=num_workers, collate_fn=collate_fn, rank=self.rank,
+                                 world_size=self.world_size, seed=self.seed,
+                                 device=self.device, hooks=self._data.hooks,
+                                 shield=self._worker_signals, **extra)
+            self._data.all.append(loader)
+            self._checkpoints.attach_loader(loader)  # made after run.resume: continue from it
+            return loader
+
+        return self._tolerance.loader(data, batch_size, {
+            "shuffle": shuffle, "drop_last": drop_last, "num_workers": num_workers,
+            "collate_fn": collate_fn, **extra}, plain)
 
     def epochs(self, n: int, start: int = 0) -> Iterator[int]:
-        """Yield epoch numbers start..n-1, calling set_epoch on every loader first."""
-        return self._data.epochs(n, start)
+        """Yield epoch numbers start..n-1, calling set_epoch on every loader first (under
+        fault tolerance: as the job's data cursor reaches them)."""
+        return self._tolerance.epochs(n, start, self._data.epochs)
 
     def generator(self, per_rank: bool = True, *, name: str | None = None,
                   device: str | torch.device = "cpu") -> torch.Generator:
@@ -235,8 +283,10 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
 
     def progress(self, iterable: Iterable[Any], *, total: int | None = None, desc: str = "",
                  every: int | None = None) -> Iterable[Any]:
-        """``iterable`` with a progress bar on rank 0 (plain lines when not a terminal)."""
-        return _progress(iterable, show=self.is_main, total=total, desc=desc, every=every)
+        """``iterable`` with a progress bar on rank 0 (plain lines when not a terminal); under
+        fault tolerance, over the training loader, the batches committed steps took."""
+        return self._tolerance.progress(iterable, desc, every, lambda: _progress(
+            iterable, show=self.is_main, total=total, desc=desc, every=every))
 
     def log(self, count: Any = None, **metrics: Any) -> dict[str, int | float]:
         """Average ``metrics`` over ranks (one all-reduce) and return the averages on every
@@ -244,8 +294,11 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         ``init(loggers=...)``. A collective: every rank calls it, with the same names (not
         Fabric's ``log_dict``, which logs rank 0's own values). ``count=n``: each rank's
         numbers weigh by its ``n`` items (the mean over all items), and the record's
-        ``count`` is their total."""
-        return self._logging.log(metrics, count)
+        ``count`` is their total. Under fault tolerance a record is written for committed
+        steps only, numbered by them."""
+        if self._tolerance is PLAIN:
+            return self._logging.log(metrics, count)
+        return self._tolerance.log(metrics, count, self._logging.log)
 
     def log_config(self, params: dict[str, Any]) -> None:
         """Record ``params`` (nested dicts allowed) once as hyperparameters with every
@@ -299,6 +352,7 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
                 destroy_group()
             if preemption is not None:
                 preemption.after_close()  # e.g. requeue a stopped SLURM job
+            self._tolerance.close()
 
     def _close_at_exit(self) -> None:
         """``close()`` at interpreter exit for a run never closed (``init`` registers it):

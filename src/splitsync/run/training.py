@@ -25,6 +25,7 @@ from splitsync.run.counting import observed_count
 from splitsync.run.data import Loaders
 from splitsync.run.result import StepResult
 from splitsync.run.step import StepPlan
+from splitsync.run.tolerance import PLAIN, Tolerance
 
 __all__ = ["TrainingVerbs", "Training", "StepResult"]
 
@@ -33,6 +34,7 @@ class TrainingVerbs:
     """The Run's training verbs (a mixin: the Run owns ``_training``)."""
 
     _training: Training
+    _tolerance: Tolerance
 
     def backward(self, loss: torch.Tensor, count: Any = None) -> None:
         """``loss.backward()``, scaled under "16-mixed" and divided by ``accumulate``.
@@ -40,10 +42,13 @@ class TrainingVerbs:
         ``count=n``: ``loss`` is the mean over ``n`` items (tokens, samples; an int or a
         tensor); the optimizer step then uses the mean over every item of the step on
         every rank, as one process on the global batch would (docs/token-losses.md).
-        Give it on every backward of a step or on none; ``n == 0`` contributes nothing."""
+        Give it on every backward of a step or on none; ``n == 0`` contributes nothing.
+        Under ``fault_tolerance="torchft"``, ``count=`` is refused (torchft reduces the
+        gradients itself)."""
         if count is None:
             self._training.backward(loss)
         else:
+            self._tolerance.backward(count)
             self._training.backward_count(loss, count)
 
     def step(self, optimizer: torch.optim.Optimizer, clip: float | None = None) -> StepResult:
@@ -63,9 +68,15 @@ class TrainingVerbs:
         without ``clip`` and when the optimizer did not reach it); ``float(result)`` is the
         norm. The first call per optimizer raises :class:`splitsync.StaleOptimizerError` if
         it holds parameters ``run.model`` replaced (e.g. built before an FSDP ``run.model``).
+
+        Under ``fault_tolerance="torchft"`` the optimizer steps only when the step commits,
+        and the result is a :class:`~splitsync.ft.session.StepOutcome` (truthy then).
         """
         training = self._training  # a known optimizer: one dict lookup, then its step
-        return training.steps.get(optimizer, training.first_step)(optimizer, clip)
+        if self._tolerance is PLAIN:
+            return training.steps.get(optimizer, training.first_step)(optimizer, clip)
+        return self._tolerance.step(optimizer, clip, lambda o, c: training.steps.get(
+            o, training.first_step)(o, c))
 
     def autocast(self) -> AbstractContextManager[Any]:
         """The precision's autocast context (models from ``run.model`` already use it)."""

@@ -48,8 +48,9 @@ def check_name(name: object) -> str:
 
 
 def resolve(name: str, world_size: int) -> str:
-    """Validate a strategy name and turn "auto" into a concrete one."""
-    if check_name(name) == "auto":
+    """Turn "auto" into a concrete strategy for ``world_size`` (``name`` was checked by
+    :func:`check_name` where it was given: ``RunConfig``, or ``run.model``)."""
+    if name == "auto":
         return "ddp" if world_size > 1 else "single"
     return name
 
@@ -71,8 +72,8 @@ def taking(option: str) -> list[str]:
 def known_options(name: str) -> tuple[str, ...]:
     """The keyword options strategy ``name`` takes. "auto" takes DDP's: they are ignored
     at one process (so a script runs unchanged at every world size) but still known, so a
-    misspelt one is refused at every world size."""
-    if check_name(name) == "auto":
+    misspelt one is refused at every world size. ``name`` is checked already."""
+    if name == "auto":
         return tuple(dict.fromkeys((*get_strategy("single").options,
                                     *get_strategy("ddp").options)))
     return get_strategy(name).options

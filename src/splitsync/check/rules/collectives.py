@@ -18,59 +18,24 @@ from pathlib import PurePath
 
 from splitsync.check.facts import Facts, dotted, last_name
 from splitsync.check.flow import loops_of, nonmain_test, rank0_guards
+from splitsync.check.groups import COLLECTIVES, collective_call
 from splitsync.check.model import Hit, Rule
 
-__all__ = ["RULES", "COLLECTIVES", "collective_functions", "optional_group"]
+__all__ = ["RULES"]
 
-#: Calls that every rank must make together (torch.distributed, MPI, Accelerate, Fabric).
-COLLECTIVES = frozenset({
-    "barrier", "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
-    "broadcast", "broadcast_object_list", "reduce", "gather", "gather_object", "scatter",
-    "scatter_object_list", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
-    "all_to_all_single", "monitored_barrier", "bcast", "Bcast", "allreduce", "Allreduce",
-    "allgather", "Allgather", "Barrier", "wait_for_everyone"})
-#: Receivers whose methods of those names are collectives.
-_GROUPS = re.compile(r"^(dist|torch\.distributed|tdist|comm|COMM_WORLD|MPI\.COMM_WORLD|"
-                     r"accelerator|fabric|self\.accelerator|self\.fabric|xm|idist|run)$")
 _NONFINITE = frozenset({"isnan", "isinf", "isfinite"})
 #: Handlers broad enough to swallow a failed rendezvous (a bare `except:` is None).
 _BROAD = frozenset({None, "Exception", "BaseException", "RuntimeError", "DistBackendError",
                     "DistNetworkError", "DistStoreError"})
 _SKIPS = (ast.Continue, ast.Break)
-_DIST_TEST = re.compile(r"distributed|is_initialized|is_dist|world_size|num_tasks|ddp|"
+_DIST_TEST = re.compile(r"distributed|is_initialized|is_dist|world_size|num_tasks|ddp|fsdp|"
                         r"num_gpus|n_gpu|is_available", re.I)
 
 
-def _collective_call(facts: Facts, call: ast.Call) -> bool:
-    """``dist.barrier()``, ``MPI.COMM_WORLD.bcast(x)``, ``accelerator.wait_for_everyone()``."""
-    if last_name(call) not in COLLECTIVES or not isinstance(call.func, ast.Attribute):
-        return False
-    receiver = facts.resolve(call.func.value) or dotted(call.func.value) or ""
-    return bool(_GROUPS.match(receiver)) or receiver.startswith("torch.distributed") or (
-        receiver.endswith("COMM_WORLD"))
 
 
-def collective_functions(facts: Facts) -> frozenset[str]:
-    """``stem:name`` of the module-level functions of this file that enter a collective
-    (guided-diffusion's ``dist_util.load_state_dict`` broadcasts the file over MPI)."""
-    stem = PurePath(facts.path).stem
-    found = set()
-    for fn in facts.tree.body:
-        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) and any(
-                _collective_call(facts, c) for c in facts.inside(fn, ast.Call)):  # type: ignore[arg-type]
-            found.add(f"{stem}:{fn.name}")
-    return frozenset(found)
 
 
-def optional_group(facts: Facts) -> bool:
-    """Does this file set up the process group on some paths only (``args.distributed =
-    False; return`` in ``init_distributed_mode`` when no launcher is found)?"""
-    if not facts.torch_calls("init_process_group"):
-        return False
-    return any(isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)  # type: ignore[attr-defined]
-               and n.value.value is False and any(  # type: ignore[attr-defined]
-                   (last_name(t) or "") == "distributed" for t in n.targets)  # type: ignore[attr-defined]
-               for n in facts.of(ast.Assign))
 
 
 def _wrapped(facts: Facts) -> set[str]:
@@ -92,7 +57,7 @@ def _locals(fn: ast.AST | None) -> set[str]:
 
 def _what(facts: Facts, call: ast.Call, wrapped: set[str]) -> str | None:
     """What makes ``call`` a collective, if it is one."""
-    if _collective_call(facts, call):
+    if collective_call(facts, call):
         return f"`{facts.text(call.func, 60)}` is a collective"
     name = dotted(call.func)
     head = (name or "").split(".")[0]
@@ -180,32 +145,84 @@ def _rank0_return(facts: Facts) -> Iterator[Hit]:
                   "raise, so the launcher stops the whole job.")
 
 
-def _nonfinite_skip(facts: Facts) -> Iterator[Hit]:
-    """``if torch.isnan(loss): continue`` before the backward of a DDP step."""
-    backwards = facts.method_calls("backward")
+#: Words of a value measured on this rank's own batch (a loss, a KL divergence, a norm).
+_PER_RANK_WORDS = re.compile(r"loss|kl|norm|reward|acc|ratio|entropy|diverg|nan|inf", re.I)
+#: Calls whose result every rank shares (a reduced or gathered value, a broadcast).
+_AGREED = re.compile(r"reduce|gather|broadcast|agree", re.I)
+#: Calls that turn a tensor into this rank's own number (or test it).
+_MEASURES = frozenset({"item", "mean", "sum", "max", "min", "norm", "tolist", "float"})
+
+
+def _agreed(facts: Facts, expr: ast.AST) -> bool:
+    return any(_AGREED.search(last_name(c) or "") for c in facts.inside(expr, ast.Call)) or \
+        bool(re.search(r"reduced|global|all_", facts.text(expr, 200)))
+
+
+def _per_rank_value(facts: Facts, test: ast.AST, fn: ast.AST | None) -> bool:
+    """Does ``test`` read a value measured on this rank's own data (``torch.isnan(loss)``,
+    ``approx_kl > target_kl`` with ``approx_kl = (...).mean()``), not one every rank shares
+    (a step count, a reduced value)?"""
+    if _agreed(facts, test):
+        return False
+    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    if fn is not None and any(_AGREED.search(last_name(c) or "") and any(
+            isinstance(x, ast.Name) and x.id in names for x in ast.walk(c))
+            for c in facts.inside(fn, ast.Call)):
+        return False  # `dist.broadcast(signal, src=0); if signal.item() == 0: break`
+    calls = {last_name(c) for c in facts.inside(test, ast.Call)}
+    if calls & _NONFINITE or "item" in calls:
+        return True
+    if any(_PER_RANK_WORDS.search(n) for n in names) and not any(
+            n in {"epoch", "step", "steps", "i", "it"} for n in names):
+        bound = [a for a in facts.inside(fn, ast.Assign)] if fn is not None else []
+        measured = any(any(isinstance(t, ast.Name) and t.id in names for t in a.targets)  # type: ignore[attr-defined]
+                       and ({last_name(c) for c in facts.inside(a.value, ast.Call)} & _MEASURES  # type: ignore[attr-defined]
+                            or isinstance(a.value, ast.BinOp))  # type: ignore[attr-defined]
+                       for a in bound)
+        return measured
+    return False
+
+
+def _joint_in(facts: Facts, loop: ast.AST) -> ast.Call | None:
+    """The first call in ``loop`` every rank must make together: a backward through a
+    data-parallel model (its all-reduce) or a collective."""
+    parallel = facts.project.wrapped or facts.project.framework is not None
+    for call in facts.inside(loop, ast.Call):
+        if (parallel and last_name(call) == "backward") or collective_call(facts, call):
+            return call  # type: ignore[return-value]
+    return None
+
+
+def _per_rank_exit(facts: Facts) -> Iterator[Hit]:
+    """``if torch.isnan(loss): continue`` before the backward of a DDP step, or ``if
+    approx_kl > target_kl: break`` out of a loop that holds one: a rank leaves on its own
+    batch's value while the others go on to an all-reduce it never joins."""
+    if not facts.in_distributed_run:
+        return
     for node in facts.of(ast.If):
-        test = node.test  # type: ignore[attr-defined]
-        if not any(last_name(c) in _NONFINITE for c in facts.inside(test, ast.Call)):
-            continue
-        if any("reduce" in (last_name(c) or "") for c in facts.inside(test, ast.Call)) or \
-                "reduced" in facts.text(test, 200):
-            continue  # a value every rank agrees on
-        body = node.body  # type: ignore[attr-defined]
+        test, body = node.test, node.body  # type: ignore[attr-defined]
         if not body or not isinstance(body[-1], _SKIPS):
             continue
         loop = next(loops_of(facts, node), None)
-        later = [b for b in backwards if loop is not None and b.lineno > node.lineno
-                 and any(lp is loop for lp in loops_of(facts, b))]
-        if not later or not (facts.in_distributed_run and facts.project.wrapped):
+        if loop is None or not _per_rank_value(facts, test, facts.scope(node)):
             continue
         skip = "continue" if isinstance(body[-1], ast.Continue) else "break"
-        yield Hit(node, f"`if {facts.text(test, 60)}: {skip}` decides on this rank's own value "
-                  f"before `{facts.text(later[0], 40)}` (line {later[0].lineno}), whose DDP "
-                  "all-reduce every rank must join: the rank that skips pairs its next "
-                  "all-reduce with the others' current one (wrong gradients, or a hang).",
-                  "agree first: all-reduce a flag (`bad = torch.tensor(float(not "
-                  "torch.isfinite(loss)))`, `dist.all_reduce(bad)`) and skip on every rank "
-                  "together, or zero the loss instead of skipping.")
+        joint = _joint_in(facts, loop)
+        if joint is None or (skip == "continue" and joint.lineno < node.lineno and not any(
+                c.lineno > node.lineno for c in facts.inside(loop, ast.Call)
+                if c is joint or last_name(c) == last_name(joint))):
+            continue
+        what = ("whose DDP all-reduce every rank must join" if last_name(joint) == "backward"
+                else "a collective every rank must join")
+        left = ("pairs its next all-reduce with the others' current one (wrong gradients, or "
+                "a hang)" if skip == "continue" else "leaves the loop while the others wait in "
+                "it for a rank that has gone (a hang until the timeout)")
+        yield Hit(node, f"`if {facts.text(test, 60)}: {skip}` decides on this rank's own value; "
+                  f"the loop holds `{facts.text(joint, 40)}` (line {joint.lineno}), {what}: "
+                  f"the rank that skips {left}.",
+                  "agree first: all-reduce the value or a flag (`flag = torch.tensor(float("
+                  "stop))`, `dist.all_reduce(flag)`) and skip or stop on every rank together, "
+                  "or zero the loss instead of skipping.")
 
 
 def collective_on_some_ranks(facts: Facts) -> Iterator[Hit]:
@@ -214,7 +231,20 @@ def collective_on_some_ranks(facts: Facts) -> Iterator[Hit]:
         return
     yield from _one_rank(facts)
     yield from _rank0_return(facts)
-    yield from _nonfinite_skip(facts)
+    yield from _per_rank_exit(facts)
+
+
+def _dist_test(facts: Facts, test: ast.AST) -> bool:
+    """Does ``test`` ask whether the run is distributed, itself or through a name bound to
+    such a test in the same function (``reduce_loss = args.distributed and ...``)?"""
+    if _DIST_TEST.search(facts.text(test, 300)):
+        return True
+    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    scope = facts.scope(test)
+    return bool(names) and any(
+        any(isinstance(t, ast.Name) and t.id in names for t in a.targets)  # type: ignore[attr-defined]
+        and _DIST_TEST.search(facts.text(a.value, 300))  # type: ignore[attr-defined]
+        for a in facts.inside(scope, ast.Assign))
 
 
 def _dist_guarded(facts: Facts, call: ast.AST) -> bool:
@@ -223,7 +253,7 @@ def _dist_guarded(facts: Facts, call: ast.AST) -> bool:
     child = call
     for parent in facts.ancestors(call):
         if isinstance(parent, ast.If | ast.IfExp | ast.While) and child is not parent.test \
-                and _DIST_TEST.search(facts.text(parent.test, 300)):
+                and _dist_test(facts, parent.test):
             return True
         for name in ("body", "orelse"):
             block = getattr(parent, name, None)
@@ -290,7 +320,7 @@ def group_missing(facts: Facts) -> Iterator[Hit]:
 
 
 RULES = (
-    Rule("SS207", "collective-on-some-ranks", "warning",
+    Rule("SS207", "collective-on-some-ranks", "error",
          "a collective (or the DDP model's forward, or a helper that broadcasts) on rank 0 "
          "only, or skipped on one rank by a per-rank test",
          "Every rank must enter each collective the same number of times: `dist.barrier()`, "
@@ -303,7 +333,7 @@ RULES = (
          "ranks before and one for rank 0 after, is recognised. Known false positives: a "
          "DDP model without buffers whose forward syncs nothing (still fragile), a helper "
          "whose collective is skipped at run time.", collective_on_some_ranks),
-    Rule("SS208", "process-group-missing", "warning",
+    Rule("SS208", "process-group-missing", "error",
          "a collective where no process group may exist, or a failed init_process_group "
          "swallowed",
          "A project whose set-up initialises the process group only when launched "

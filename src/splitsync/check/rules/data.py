@@ -4,24 +4,18 @@ epoch is never advanced (SS302), and a random split that differs between ranks (
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Iterator
 
-from splitsync.check.facts import SETUP_HELPER, Facts, dotted, last_name
-from splitsync.check.flow import is_rank_like, loops_of
+from splitsync.check.evidence import calls_unseen, unseen_source
+from splitsync.check.facts import Facts, dotted, last_name
+from splitsync.check.flow import loops_of
 from splitsync.check.model import Hit, Rule
-from splitsync.check.ranks import rank_in
-from splitsync.check.rules import padding
+from splitsync.check.sharding import sharded
 
-__all__ = ["RULES", "sharded", "seeded_per_rank"]
+__all__ = ["RULES"]
 
-_SHARDERS = frozenset({"DistributedSampler", "ShardSampler", "build_loader",
-                       "split_dataset_by_node", "ElasticDistributedSampler",
-                       "DistributedBatchSampler", "split_by_node", "islice"})
-_SHARD_ARGS = ("rank", "shard", "num_replicas")
 #: Framework calls that shard the loaders handed to them (Accelerate, Lightning Fabric).
 _FRAMEWORK_SHARDERS = frozenset({"prepare", "prepare_data_loader", "setup_dataloaders"})
-_DATA_WORDS = re.compile(r"data|loader|batch|sampler|shard|stream", re.I)
 #: torch functions that draw random numbers.
 RANDOM = frozenset({"randn", "rand", "randint", "randperm", "normal", "randn_like", "rand_like",
                     "randint_like", "bernoulli", "multinomial"})
@@ -35,72 +29,14 @@ def _is_false(expr: ast.AST | None) -> bool:
     return isinstance(expr, ast.Constant) and expr.value is False
 
 
-def _sharded(facts: Facts) -> bool:
-    """Is the data split between ranks anywhere in the script?"""
-    if not _SHARDERS.isdisjoint(facts.call_names()) or facts.run_calls("loader"):
-        return True
-    for node in facts.of(ast.Slice):  # manual shards: data[rank::world_size], Subset(..rank..)
-        if rank_in(facts, node.lower) or rank_in(facts, node.step):  # type: ignore[attr-defined]
-            return True
-    if any(rank_in(facts, c) for c in facts.named_calls("Subset")):
-        return True
-    for call, full in facts.calls:  # a dataset told its rank shards itself: MyData(rank=rank)
-        if not call.args and not call.keywords:
-            continue  # nothing handed to it: it cannot be told the rank
-        name = full.rsplit(".", 1)[-1] if full else (last_name(call) or "")
-        if name[:1].isupper() and any(any(w in (k.arg or "") for w in _SHARD_ARGS)
-                                      for k in call.keywords):
-            return True
-        # a loader or data helper handed the rank (`DistributedDataLoader(path, B, T, rank,
-        # world)`, `make_imagenet1k(..., rank=rank)`) shards by rank itself
-        if _DATA_WORDS.search(name) and not full.startswith("torch.") and any(
-                is_rank_like(a) for a in (*call.args, *(k.value for k in call.keywords))):
-            return True
-        if not full.startswith("torch.") and not SETUP_HELPER.search(name) and any(
-                k.arg in {"rank", "world_size", "num_replicas", "num_shards", "shard_id"}
-                for k in call.keywords):
-            return True  # `make_imagenet1k(..., world_size=ws, rank=rank)`
-    # a loader class or data generator of the project that reads the rank itself
-    # (modded-nanogpt's `DistributedDataLoader.__init__`: `self.rank = int(os.environ["RANK"])`)
-    for node in facts.of(ast.ClassDef, ast.FunctionDef):
-        if _DATA_WORDS.search(node.name) and _reads_rank(facts, node):  # type: ignore[attr-defined]
-            return True
-    return _seeded_per_rank(facts)
 
 
-def _reads_rank(facts: Facts, node: ast.AST) -> bool:
-    """Does ``node`` read the process's rank itself (``os.environ["RANK"]``,
-    ``dist.get_rank()``), rather than take it as a parameter?"""
-    return any(is_rank_like(n) for n in facts.inside(node, ast.Subscript)) or any(
-        "rank" in (last_name(c) or "").lower() or is_rank_like(c)
-        for c in facts.inside(node, ast.Call) if last_name(c) not in {"int", "str"})
 
 
-def sharded(facts: Facts) -> bool:
-    """Does this module split data between ranks (a sampler, a rank slice, a loader given
-    the rank)? Read per module of a project: the data helpers often live apart."""
-    return _sharded(facts)
 
 
-def seeded_per_rank(facts: Facts) -> bool:
-    """Is a seed set from the rank (``torch.manual_seed(seed + rank)``)?"""
-    return _seeded_per_rank(facts)
 
 
-def _seeded_per_rank(facts: Facts) -> bool:
-    """Random batches drawn after seeding with the rank (nanoGPT's `seed + rank`): each rank
-    samples its own data, which shards it as well as a sampler does."""
-    derived: set[str] = set()
-    for node in facts.of(ast.Assign):
-        if rank_in(facts, node.value):  # type: ignore[attr-defined]
-            derived.update(t.id for t in node.targets if isinstance(t, ast.Name))  # type: ignore[attr-defined]
-    for call, _ in facts.calls:
-        if "seed" not in (last_name(call) or "").lower():
-            continue
-        for n in (n for a in call.args for n in ast.walk(a)):
-            if is_rank_like(n) or (isinstance(n, ast.Name) and n.id in derived):
-                return True
-    return False
 
 
 def _random_inputs(facts: Facts) -> list[ast.Call]:
@@ -128,7 +64,7 @@ def _training_loop(facts: Facts) -> ast.AST | None:
 def unsharded_data(facts: Facts) -> Iterator[Hit]:
     """SS301: a data-parallel script whose ranks all read the same data."""
     wrap = _trains_in_parallel(facts)
-    if wrap is None or not facts.is_script or _sharded(facts) or facts.project.sharded:
+    if wrap is None or not facts.is_script or sharded(facts) or facts.project.sharded:
         return
     if any(last_name(c) in _FRAMEWORK_SHARDERS and facts.scope(c) is facts.scope(wrap)
            and any("loader" in (dotted(a) or "").lower() for a in c.args)
@@ -157,6 +93,8 @@ def unsharded_data(facts: Facts) -> Iterator[Hit]:
     for call in loaders:
         if _kw(call, "sampler") is not None or _kw(call, "batch_sampler") is not None:
             continue
+        if unseen_source(facts, call.args[0] if call.args else _kw(call, "dataset")):
+            continue  # a dataset from a module that could not be read may shard itself
         shuffle = _kw(call, "shuffle")
         moved = (" (its `shuffle=` moves to the sampler: DataLoader refuses both)"
                  if shuffle is not None and not _is_false(shuffle) else "")
@@ -169,6 +107,8 @@ def unsharded_data(facts: Facts) -> Iterator[Hit]:
     where = _training_loop(facts)
     if where is None or facts.scope(where) is not facts.scope(wrap):
         return  # the loop and the wrap live apart (a profiler, a model class): no evidence
+    if unseen_source(facts, getattr(where, "iter", None)):
+        return  # the batches come from a module that could not be read: it may shard them
     yield Hit(where, f"every rank trains on the same data: the model is wrapped for data-parallel "
               f"training (line {wrap.lineno}) but nothing splits the data between ranks (no "
               "DistributedSampler, no `run.loader`, no slicing by rank), so N processes repeat "
@@ -235,6 +175,8 @@ def set_epoch_missing(facts: Facts) -> Iterator[Hit]:
             continue
         if advanced and not mine:
             continue  # the script advances its training sampler; this one feeds evaluation
+        if calls_unseen(facts, *names):
+            continue  # handed to a function that could not be read: it may call set_epoch
         target = (sorted(samplers)[0] if samplers else
                   f"{sorted(loaders)[0]}.sampler" if loaders else "sampler")
         detail = (f"`set_epoch` is called only outside the epoch loop (line {mine[0].lineno})"
@@ -308,7 +250,7 @@ def _epochs_arg(facts: Facts, loop: ast.For | ast.While | ast.AsyncFor) -> str:
 
 
 RULES = (
-    Rule("SS301", "unsharded-data", "warning",
+    Rule("SS301", "unsharded-data", "error",
          "data-parallel script without a DistributedSampler (every rank trains on the same data)",
          "Data parallelism means splitting the data and syncing the gradients. Without a "
          "DistributedSampler (or run.loader) each rank reads every sample, so the gradient "
@@ -338,4 +280,3 @@ RULES = (
          "split is irrelevant (throw-away synthetic data).", random_split_unseeded),
 )
 
-RULES = (*RULES, *padding.RULES)  # SS304: evaluation over padded shards

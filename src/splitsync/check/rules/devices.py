@@ -10,15 +10,12 @@ from splitsync.check.availability import availability_guarded
 from splitsync.check.evidence import cuda_only_reason, parameterless, test_or_benchmark
 from splitsync.check.facts import Facts, dotted, last_name
 from splitsync.check.model import Hit, Rule
+from splitsync.check.rules.common import FACTORIES, cuda_literal, overridable_default
 
-__all__ = ["RULES", "FACTORIES", "cuda_literal", "overridable_default"]
+__all__ = ["RULES"]
 
 _PORTABLE = ('pick the device once, `device = torch.device("cuda" if torch.cuda.is_available() '
              'else "cpu")` (in splitsync: `run.device`), and move with `.to(device)`')
-#: torch functions that create a tensor (on the CPU unless given `device=`).
-FACTORIES = frozenset({"randn", "rand", "zeros", "ones", "tensor", "arange", "randint", "empty",
-                        "full", "linspace", "eye", "as_tensor", "from_numpy", "randperm",
-                        "normal", "randn_like"})
 _DTYPES = frozenset({"float", "float16", "float32", "float64", "half", "double", "bfloat16",
                      "long", "int", "int32", "int64", "int8", "uint8", "bool", "complex64"})
 _NOT_MODULES = frozenset({"DataLoader", "DistributedSampler", "TensorDataset", "Dataset",
@@ -26,18 +23,6 @@ _NOT_MODULES = frozenset({"DataLoader", "DistributedSampler", "TensorDataset", "
 
 
 
-def cuda_literal(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value if node.value.lower().startswith("cuda") else None
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) \
-            and isinstance(node.left, ast.Constant) and isinstance(node.left.value, str) \
-            and node.left.value.lower().startswith("cuda"):
-        return ast.unparse(node)  # "cuda:%d" % rank
-    if isinstance(node, ast.JoinedStr) and node.values:
-        head = node.values[0]
-        if isinstance(head, ast.Constant) and str(head.value).lower().startswith("cuda"):
-            return ast.unparse(node)
-    return None
 
 
 def _device_position(facts: Facts, node: ast.AST) -> ast.AST | None:
@@ -56,14 +41,6 @@ def _device_position(facts: Facts, node: ast.AST) -> ast.AST | None:
     return None
 
 
-def overridable_default(facts: Facts, where: ast.AST) -> bool:
-    """A module-level default the command line replaces: nanoGPT's ``device = 'cuda'`` followed
-    by ``exec(open('configurator.py').read())``."""
-    if not isinstance(where, ast.Assign) or where not in facts.tree.body:
-        return False
-    later = facts.tree.body[facts.tree.body.index(where) + 1:]
-    return any(isinstance(n, ast.Call) and last_name(n) == "exec"
-               for stmt in later for n in ast.walk(stmt))
 
 
 def _cli_default(facts: Facts) -> Iterator[tuple[ast.AST, ast.Call]]:

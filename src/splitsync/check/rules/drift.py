@@ -79,7 +79,7 @@ def update_on_some_ranks(facts: Facts) -> Iterator[Hit]:
 
 
 RULES = (
-    Rule("SS209", "update-on-some-ranks", "warning",
+    Rule("SS209", "update-on-some-ranks", "error",
          "an optimizer or learning-rate scheduler stepped under a rank test (the replicas "
          "drift apart)",
          "Under DDP every rank must apply the averaged gradients the same way. An "

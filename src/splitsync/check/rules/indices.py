@@ -11,8 +11,7 @@ from splitsync.check.availability import availability_guarded
 from splitsync.check.facts import Facts, dotted, last_name
 from splitsync.check.flow import is_rank_like
 from splitsync.check.model import Hit, Rule
-from splitsync.check.rules import placement
-from splitsync.check.rules.devices import cuda_literal
+from splitsync.check.rules.common import cuda_literal
 
 __all__ = ["RULES"]
 
@@ -92,4 +91,3 @@ RULES = (
          cuda_by_index),
 )
 
-RULES = (*RULES, *placement.RULES)  # SS106: every rank on one GPU

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from splitsync.check.facts import Facts, dotted
 from splitsync.check.flow import conditional_between, loops_of
 from splitsync.check.model import Hit, Rule
-from splitsync.check.rules.devices import FACTORIES
+from splitsync.check.rules.common import FACTORIES
 
 __all__ = ["RULES"]
 

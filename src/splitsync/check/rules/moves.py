@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from splitsync.check.evidence import test_or_benchmark
 from splitsync.check.facts import Facts, dotted, last_name
 from splitsync.check.model import Hit, Rule
-from splitsync.check.rules.devices import FACTORIES
+from splitsync.check.rules.common import FACTORIES
 
 __all__ = ["RULES"]
 

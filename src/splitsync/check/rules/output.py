@@ -1,6 +1,6 @@
 """Output that every rank repeats: print (SS501) and logging (SS503) in a distributed script,
 outside a rank-0 check. Files every rank writes are in :mod:`splitsync.check.rules.writes`,
-whose rules this module's ``RULES`` includes (the registry lists topics, not files)."""
+a print override that forgets the rank in :mod:`splitsync.check.rules.overrides`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from splitsync.check.everyrank import every_rank, guard_text, names_rank
 from splitsync.check.facts import Facts, dotted, last_name
 from splitsync.check.flow import mentions_rank
 from splitsync.check.model import Hit, Rule
-from splitsync.check.rules import overrides, writes
+from splitsync.check.ranks import rank_in
 
 __all__ = ["RULES"]
 
@@ -62,6 +62,21 @@ def _opt_in(facts: Facts, call: ast.Call) -> bool:
 
 
 _BARS = frozenset({"tqdm", "trange"})
+_BARRIERS = frozenset({"barrier", "wait_for_everyone", "Barrier", "monitored_barrier"})
+
+
+def _serialised(facts: Facts, call: ast.Call) -> bool:
+    """``for r in range(world_size): if rank == r: print(...); dist.barrier()``: the ranks
+    take turns, each printing its own line once, on purpose."""
+    turn = False
+    for parent in facts.ancestors(call):
+        if isinstance(parent, ast.If) and rank_in(facts, parent.test):
+            turn = True
+        if isinstance(parent, ast.For | ast.While | ast.AsyncFor):
+            return turn and any(last_name(c) in _BARRIERS for c in facts.inside(parent, ast.Call))
+        if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef | ast.Module):
+            return False
+    return False
 
 
 def _progress_bars(facts: Facts) -> Iterator[Hit]:
@@ -89,8 +104,9 @@ def unguarded_print(facts: Facts) -> Iterator[Hit]:
     for call, full in facts.calls:
         if full != "print" or not isinstance(call.func, ast.Name) or not every_rank(facts, call):
             continue
-        if names_rank(facts, call, cache) or _before_exit(facts, call) or _opt_in(facts, call):
-            continue  # the line names its rank, says why the process stops, or is opted into
+        if names_rank(facts, call, cache) or _before_exit(facts, call) or _opt_in(facts, call) \
+                or _serialised(facts, call):
+            continue  # names its rank, says why the process stops, is opted into, takes turns
         if any(k.arg == "file" for k in call.keywords):
             continue  # writes to a file (a per-rank log), not to the shared console
         framework = facts.project.framework
@@ -135,7 +151,7 @@ def unguarded_logging(facts: Facts) -> Iterator[Hit]:
 
 
 RULES = (
-    Rule("SS501", "unguarded-print", "warning",
+    Rule("SS501", "unguarded-print", "info",
          "print (or a tqdm progress bar) in a distributed script not guarded by a rank-0 check",
          "Every process runs the whole script; output meant once must be guarded by a rank-0 "
          "check (splitsync: run.print); a tqdm bar on every rank draws N bars over each other "
@@ -146,12 +162,10 @@ RULES = (
          "builtins.print with a rank-0-only one (`setup_for_distributed(is_master)`). Known "
          "false positives: print replaced by other means (a logging redirect, a wrapper "
          "module the checker cannot read).", unguarded_print),
-    Rule("SS503", "unguarded-logging", "warning",
+    Rule("SS503", "unguarded-logging", "info",
          "logging in a distributed script not guarded by a rank-0 check",
          "logging.info on every rank repeats each record N times. Guard it, or include the "
          "rank in the message or format (splitsync's run.logger does). Known false "
          "positives: loggers whose handlers are disabled on other ranks by configuration "
          "the checker cannot see.", unguarded_logging),
-    *overrides.RULES,
-    *writes.RULES,
 )

@@ -118,7 +118,7 @@ def _local_callers(facts: Facts, scope: ast.AST, fn: ast.FunctionDef,
 
 
 RULES = (
-    Rule("SS508", "print-override-forgets-rank", "warning",
+    Rule("SS508", "print-override-forgets-rank", "info",
          "a builtins.print replacement that prints per node, above a world size, or on one "
          "launch path only",
          "Replacing builtins.print with a rank-0-only printer silences every module at once, "

@@ -20,8 +20,8 @@ import re
 from collections.abc import Iterator
 
 from splitsync.check.facts import Facts, dotted, last_name
+from splitsync.check.loaders import accumulated, is_eval, iterated, sharded_loaders
 from splitsync.check.model import Hit, Rule
-from splitsync.check.rules.metrics import _accumulated, _is_eval, _iterated, _sharded_loaders
 
 __all__ = ["RULES"]
 
@@ -84,7 +84,7 @@ def _evaluates(facts: Facts, loop: ast.AST, fn: ast.FunctionDef) -> bool:
     if any(isinstance(p, ast.With) and any(last_name(i.context_expr) in {
             "no_grad", "inference_mode"} for i in p.items) for p in facts.ancestors(loop)):
         return True
-    return bool(_EVAL.search(fn.name)) and _is_eval(facts, loop, fn)
+    return bool(_EVAL.search(fn.name)) and is_eval(facts, loop, fn)
 
 
 def _divided_by_length(facts: Facts) -> Iterator[Hit]:
@@ -92,16 +92,16 @@ def _divided_by_length(facts: Facts) -> Iterator[Hit]:
     if not any(isinstance(n.op, ast.Div) and isinstance(n.right, ast.Call)  # type: ignore[attr-defined]
                and last_name(n.right) == "len" for n in facts.of(ast.BinOp)):  # type: ignore[attr-defined]
         return  # no division by a length: nothing to read the loaders for
-    loaders = _sharded_loaders(facts)
+    loaders = sharded_loaders(facts)
     if not loaders:
         return
     for loop in facts.of(ast.For, ast.AsyncFor):
-        name = _iterated(loop.iter)  # type: ignore[attr-defined]
+        name = iterated(loop.iter)  # type: ignore[attr-defined]
         scope = facts.scope(loop)
         if name not in loaders or not isinstance(scope, ast.FunctionDef) \
                 or not _evaluates(facts, loop, scope):
             continue
-        sums = _accumulated(loop)  # type: ignore[arg-type]
+        sums = accumulated(loop)  # type: ignore[arg-type]
         for node in facts.inside(scope, ast.BinOp):
             if node.lineno <= loop.end_lineno or not isinstance(node.op, ast.Div):  # type: ignore[attr-defined,operator]
                 continue

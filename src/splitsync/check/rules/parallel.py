@@ -5,17 +5,20 @@ unwrapped on one path of a distributed run (SS205)."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from splitsync.check.availability import availability_guarded
-from splitsync.check.evidence import cuda_only_reason, test_or_benchmark
+from splitsync.check.evidence import calls_unseen, cuda_only_reason, test_or_benchmark
 from splitsync.check.facts import SETUP_HELPER, Facts, dotted, last_name
 from splitsync.check.flow import is_rank_like
 from splitsync.check.model import Hit, Rule
-from splitsync.check.rules import collectives
-from splitsync.check.rules.devices import overridable_default
+from splitsync.check.rules.common import overridable_default
 
 __all__ = ["RULES"]
+
+#: Names of a helper that may create the process group (read only when it could not be).
+_SETS_UP = re.compile(r"init|setup|dist|launch|group|world|ddp", re.I)
 
 _TRAINS = frozenset({"backward", "DistributedDataParallel", "init_process_group", "fully_shard",
                      "FullyShardedDataParallel"})
@@ -82,6 +85,8 @@ def ddp_without_init(facts: Facts) -> Iterator[Hit]:
             continue  # a helper module of the project creates the group
         if not inits and _passed_to_launcher(facts, call):
             continue  # `launch(main, ...)`: the launcher creates the group, then calls main
+        if not inits and calls_unseen(facts, before=call, hint=_SETS_UP):
+            continue  # a module that could not be read may create the group (SS003 lists it)
         if not inits:
             yield Hit(call, f"{_target(facts, call)} wraps the model in DistributedDataParallel "
                       "but the script never calls `torch.distributed.init_process_group()` (nor "
@@ -207,7 +212,7 @@ def nccl_hard_coded(facts: Facts) -> Iterator[Hit]:
                   "nccl for CUDA tensors); splitsync.init() picks it for you.")
 
 
-RULES = (
+_SETUP_RULES = (
     Rule("SS201", "data-parallel", "warning", "torch.nn.DataParallel used (prefer DDP)",
          "DataParallel is single-process and multi-threaded: it is limited by the GIL, copies "
          "the model to every GPU on each forward and gathers outputs on GPU 0, so one device "
@@ -303,8 +308,8 @@ def unwrapped_path(facts: Facts) -> Iterator[Hit]:
             child = parent
 
 
-RULES = (*RULES, Rule(
-    "SS205", "model-not-wrapped-on-a-path", "warning",
+_PATH_RULE = (Rule(
+    "SS205", "model-not-wrapped-on-a-path", "error",
     "a distributed script whose model is wrapped in DDP/FSDP on some paths only (e.g. not on "
     "the CPU path)",
     "When the wrap sits under a device-availability test (`if torch.cuda.is_available():`, an "
@@ -353,12 +358,12 @@ def device_ids_on_cpu(facts: Facts) -> Iterator[Hit]:
                   "`run.model(model)`, which picks the right form.")
 
 
-RULES = (*RULES, Rule(
-    "SS206", "device-ids-on-cpu", "warning",
+_CPU_RULE = (Rule(
+    "SS206", "device-ids-on-cpu", "error",
     "DistributedDataParallel given device_ids on a path where the model is on the CPU",
     "DDP's device_ids names the single GPU the module lives on; for a CPU module it must be "
     "None, and DDP raises a ValueError otherwise. The finding is made on the branch of a "
     "device test that runs without CUDA. Known false positives: a branch the checker reads "
     "as CPU-only that moves the model to a GPU anyway.", device_ids_on_cpu))
 
-RULES = (*RULES, *collectives.RULES)  # SS207-SS208: collectives some ranks never reach
+RULES = (*_SETUP_RULES, _PATH_RULE, _CPU_RULE)

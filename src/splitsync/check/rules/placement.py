@@ -104,7 +104,7 @@ def one_gpu_for_all(facts: Facts) -> Iterator[Hit]:
 
 
 RULES = (
-    Rule("SS106", "every-rank-on-one-gpu", "warning",
+    Rule("SS106", "every-rank-on-one-gpu", "error",
          "every rank of a machine on cuda:0: DDP without a device per process, or a "
          "--local_rank flag torchrun never passes",
          "A process uses cuda:0 until told otherwise. `model.cuda(); DDP(model)` with no "

@@ -4,14 +4,18 @@ and a dataset built from unseeded random numbers (SS402)."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
-from splitsync.check.evidence import launcher_functions
+from splitsync.check.evidence import calls_unseen, launcher_functions
 from splitsync.check.facts import Facts, dotted, last_name
 from splitsync.check.model import Hit, Rule
-from splitsync.check.rules.data import seeded_per_rank
+from splitsync.check.sharding import seeded_per_rank
 
 __all__ = ["RULES"]
+
+#: Names of a helper that may set the seed (read only when its module could not be).
+_SEEDING = re.compile(r"seed|init|setup|random|determin|fix|prepare", re.I)
 
 _WRAPS = ("DistributedDataParallel", "FullyShardedDataParallel", "fully_shard")
 
@@ -122,6 +126,8 @@ def no_seed_before_model(facts: Facts) -> Iterator[Hit]:
         if built is None or getattr(scope, "name", None) in told:
             continue
         where, ctor = built
+        if calls_unseen(facts, before=where, hint=_SEEDING):
+            continue  # a function from a module that could not be read may set the seed
         if any(_counts(facts, s, where) for s in seeds):
             continue
         late = [s for s in seeds if facts.scope(s) is facts.scope(where)]

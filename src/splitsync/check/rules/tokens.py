@@ -172,9 +172,21 @@ def token_mean(facts: Facts) -> Iterator[tuple[ast.Call, ast.AST, bool]]:
             yield back, found, on_run
 
 
+def _fixed_blocks(facts: Facts) -> bool:
+    """Is the text cut into blocks of one length and batched without padding (Hugging Face's
+    ``group_texts`` into ``block_size`` chunks, ``default_data_collator``)? Then every
+    micro-batch holds the same number of labelled tokens and a mean of means is the mean."""
+    names = facts.loaded_names
+    return "block_size" in names and "default_data_collator" in names and (
+        "group_texts" in facts.functions or "group_texts" in names)
+
+
 def token_mean_without_count(facts: Facts) -> Iterator[Hit]:
     """SS610: a per-micro-batch mean over items given to backward without ``count=``."""
+    blocks = _fixed_blocks(facts)
     for back, mean, on_run in token_mean(facts):
+        if blocks and isinstance(mean, ast.Attribute) and mean.attr == "loss":
+            continue  # a language model's loss over equal blocks: every micro-batch weighs alike
         what = facts.text(mean, 60)
         where = f"`{what}` (line {mean.lineno})"  # type: ignore[attr-defined]
         if on_run:

@@ -1,5 +1,6 @@
-"""The Run of a fault-tolerant job: :class:`FTRun`, what ``init(fault_tolerance="torchft")``
-returns. The same script as without fault tolerance; what differs:
+"""Fault tolerance as a part of the Run: :class:`FaultTolerance`, which the Run of
+``init(fault_tolerance="torchft")`` delegates to (``splitsync.run.tolerance``). The same Run,
+verbs and script as without fault tolerance; what differs:
 
 - ``run.model``: DDP (or FSDP2 for ``hsdp``) inside the replica group, with a gradient hook
   that then averages across the groups of the step's quorum (:mod:`splitsync.ft.hooks`);
@@ -17,7 +18,7 @@ returns. The same script as without fault tolerance; what differs:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -37,14 +38,17 @@ from splitsync.ft.manager import build_manager
 from splitsync.ft.options import FTOptions
 from splitsync.ft.session import FTSession, StepOutcome
 from splitsync.observe import overriding, step_end_calls
-from splitsync.output.metrics import average_metrics
+from splitsync.output.metrics import average_metrics, weighted_metrics
 from splitsync.output.progress import progress as _progress
-from splitsync.run.runtime import Run
 
 if TYPE_CHECKING:
     from splitsync.ckpt import ResumeState
+    from splitsync.ckpt.session import Checkpointer
+    from splitsync.distributed.env import DistEnv
+    from splitsync.observe import Observer
+    from splitsync.run.data import Loaders
 
-__all__ = ["FTRun", "StepOutcome", "RESERVED_NAMES"]
+__all__ = ["FaultTolerance", "StepOutcome", "RESERVED_NAMES"]
 
 RESERVED_NAMES = ("ft_data", "ft_manager")
 
@@ -69,27 +73,36 @@ class _ManagerState:
             self.session.manager.load_state_dict(self.pending)
 
 
-class FTRun(Run):
-    """A :class:`~splitsync.run.runtime.Run` whose steps survive the loss of a replica group
-    (see the module doc)."""
+class FaultTolerance:
+    """The decisions of a Run whose steps survive the loss of a replica group (see the
+    module doc); the :class:`~splitsync.run.tolerance.Tolerance` of a fault-tolerant run."""
 
-    def __init__(self, *args: Any, ft: FTOptions, **kwargs: Any) -> None:
+    preemptible = False  # a group told to stop is a group lost, which the others train through
+
+    def __init__(self, ft: FTOptions, *, env: DistEnv, device: torch.device, backend: str,
+                 seed: int, data: Loaders, checkpoints: Checkpointer,
+                 observers: Callable[[], Sequence[Observer]]) -> None:
         self.ft = ft
-        super().__init__(*args, **kwargs)  # (init refused accumulate > 1 already)
-        self._session = FTSession(ft, restart_count=self.env.restart_count,
-                                  world_size=self.world_size, agree=_group_agrees)
+        self.env = env
+        self.rank, self.world_size = env.rank, env.world_size
+        self.device, self.backend, self.seed = device, backend, seed
+        self._data = data
+        self._checkpoints = checkpoints
+        self._observers = observers
+        self._session = FTSession(ft, restart_count=env.restart_count,
+                                  world_size=env.world_size, agree=_group_agrees)
         self._manager_state = _ManagerState(self._session)
         self._train_loader: FTLoader | None = None
         self._guarded: set[int] = set()
 
     # --- who -------------------------------------------------------------------------------
     @property
-    def replica_group(self) -> int:
-        """This process's replica group (0 to ``replica_groups - 1``)."""
+    def group(self) -> int:
+        """This process's replica group (0 to ``groups - 1``)."""
         return self.ft.group
 
     @property
-    def replica_groups(self) -> int:
+    def groups(self) -> int:
         """Replica groups in the job."""
         return self.ft.groups
 
@@ -98,14 +111,13 @@ class FTRun(Run):
         """The group's torchft session (its Manager, cursor and the step under way)."""
         return self._session
 
-    # --- model -----------------------------------------------------------------------------
-    def model(self, module: nn.Module, *, strategy: str | None = None, **options: Any
-              ) -> nn.Module:
+    # --- model: the wrapper ------------------------------------------------------------------
+    def model(self, name: str | None, options: dict[str, Any],
+              wrap: Callable[[str, dict[str, Any]], nn.Module]) -> nn.Module:
         """``run.model`` with the replica groups averaged by torchft: ``ddp`` (DDP inside the
         group, ``find_unused_parameters=True`` so that its buckets never change and match
         across groups) or ``hsdp`` (FSDP2 sharded inside the group)."""
-        name = strategy or self.config.strategy
-        name = "ddp" if name == "auto" else name
+        name = "ddp" if name in (None, "auto") else name
         if name not in ("ddp", "hsdp"):
             raise ValueError(f"fault_tolerance='torchft' trains with strategy 'ddp' or 'hsdp' "
                              f"(replicas across groups, averaged by torchft); got {name!r}.")
@@ -115,8 +127,7 @@ class FTRun(Run):
                     "fault_tolerance='torchft' needs DDP's find_unused_parameters=True: it keeps "
                     "DDP from rebuilding its buckets after the first step, so a recovered group's "
                     "buckets match its peers'.")
-            options["find_unused_parameters"] = True
-            wrapped = super().model(module, strategy="ddp", **options)
+            wrapped = wrap("ddp", {**options, "find_unused_parameters": True})
             install_ddp_hook(wrapped, HookState(self._session, dist.group.WORLD,  # type: ignore[arg-type]
                                                 self.world_size))
             return wrapped
@@ -125,24 +136,24 @@ class FTRun(Run):
             raise ValueError(f"strategy='hsdp' under fault_tolerance='torchft' shards inside "
                              f"the replica group and replicates across groups: {bad} do not "
                              "apply.")
-        wrapped = super().model(module, strategy="fsdp", **options)
+        wrapped = wrap("fsdp", options)
         install_fsdp_hook(wrapped, self._session)
         return wrapped
 
-    # --- data ------------------------------------------------------------------------------
-    def loader(self, data: Any, batch_size: int | None = None, *, shuffle: bool = False,
-               drop_last: bool = False, num_workers: int = 0, collate_fn: Any = None,
-               **extra: Any) -> Any:
+    # --- data: the cursor --------------------------------------------------------------------
+    def loader(self, data: Any, batch_size: int | None, options: dict[str, Any],
+               plain: Callable[[], Any]) -> Any:
         """The first loader is the training loader (batches from the global cursor, see
         :class:`~splitsync.ft.loader.FTLoader`); later ones are read by each group alone."""
         if self._train_loader is not None:
-            return super().loader(data, batch_size, shuffle=shuffle, drop_last=drop_last,
-                                  num_workers=num_workers, collate_fn=collate_fn, **extra)
-        if num_workers or extra:
+            return plain()
+        shuffle, drop_last = options.pop("shuffle"), options.pop("drop_last")
+        collate_fn = options.pop("collate_fn")
+        if options.pop("num_workers") or options:
             raise ValueError(
                 "the training loader of a fault-tolerant run reads its batches in the training "
                 "process, once each step's quorum has chosen them: num_workers and "
-                f"DataLoader options {sorted(extra)} do not apply; pass num_workers=0.")
+                f"DataLoader options {sorted(options)} do not apply; pass num_workers=0.")
         if isinstance(data, torch.utils.data.DataLoader):
             batch_size = batch_size or data.batch_size
             collate_fn = collate_fn or data.collate_fn
@@ -159,10 +170,11 @@ class FTRun(Run):
         self._checkpoints.attach_loader(loader)  # type: ignore[arg-type]
         return loader
 
-    def epochs(self, n: int, start: int = 0) -> Iterator[int]:
+    def epochs(self, n: int, start: int, plain: Callable[[int, int], Iterator[int]]
+               ) -> Iterator[int]:
         """Epochs ``start``..``n-1`` as the cursor reaches them: an epoch the job finished
         while this group was away is not trained again."""
-        for obs in overriding(self.observers, "epochs"):
+        for obs in overriding(self._observers(), "epochs"):
             n = obs.epochs(start, n)
         if self._train_loader is not None:  # the last step takes no group-batch beyond epoch n
             self._session.limit = n * self._train_loader.order.per_epoch
@@ -170,7 +182,7 @@ class FTRun(Run):
         while epoch < n:
             for loader in self._data.all:
                 loader.set_epoch(epoch)
-            for obs in overriding(self.observers, "on_epoch"):
+            for obs in overriding(self._observers(), "on_epoch"):
                 obs.on_epoch(epoch)
             yield epoch
             epoch = max(epoch + 1, self._cursor_epoch(epoch + 1))
@@ -179,11 +191,11 @@ class FTRun(Run):
         loader = self._train_loader
         return default if loader is None else loader.epoch_now()
 
-    def progress(self, iterable: Iterable[Any], *, total: int | None = None, desc: str = "",
-                 every: int | None = None) -> Iterable[Any]:
+    def progress(self, iterable: Iterable[Any], desc: str, every: int | None,
+                 plain: Callable[[], Iterable[Any]]) -> Iterable[Any]:
         """Over the training loader: the epoch's group-batches that committed steps took."""
-        if iterable is not self._train_loader or not self.is_main:
-            return super().progress(iterable, total=total, desc=desc, every=every)
+        if iterable is not self._train_loader or self.rank != 0:
+            return plain()
         return self._committed_progress(iterable, desc, every)
 
     def _committed_progress(self, loader: FTLoader, desc: str, every: int | None
@@ -204,44 +216,47 @@ class FTRun(Run):
         for _ in bar:
             pass
 
-    # --- training --------------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor, count: Any = None) -> None:
-        """``run.backward``; ``count=`` is refused: torchft's reduction of the gradients is
-        its own, so the count cannot ride in it (docs/token-losses.md)."""
+    # --- training: the decision to commit ----------------------------------------------------
+    def backward(self, count: Any) -> None:
+        """``run.backward(loss, count=...)`` is refused: torchft's reduction of the gradients
+        is its own, so the count cannot ride in it (docs/token-losses.md)."""
         if count is not None:
             raise NotImplementedError(
                 "run.backward(loss, count=...) is not available under "
                 "fault_tolerance='torchft': torchft all-reduces the gradients itself, over the "
                 "groups of each quorum. Use a loss that is the mean over the micro-batch "
                 "without count=, or run without fault tolerance.")
-        super().backward(loss)
 
-    def step(self, optimizer: torch.optim.Optimizer,  # type: ignore[override]
-             clip: float | None = None) -> StepOutcome:
+    def step(self, optimizer: torch.optim.Optimizer, clip: float | None,
+             plain: Callable[[torch.optim.Optimizer, float | None], Any]) -> StepOutcome:
         """Step ``optimizer`` if this step commits (every group of its quorum agreed); else
         zero its gradients: the step's samples are trained again at the next step. Returns
         a :class:`~splitsync.ft.session.StepOutcome`, truthy when the step counted."""
         session = self._session
         if session.decide():
-            result = super().step(optimizer, clip)
+            result = plain(optimizer, clip)
             return StepOutcome(True, session.step, session.taking, result.norm)
         optimizer.zero_grad(set_to_none=True)
-        for call in step_end_calls(self.observers):
+        for call in step_end_calls(self._observers()):
             call(optimizer, None, False)  # observers: nothing stepped, nothing counts
         return StepOutcome(False, session.step, session.taking, None)
 
-    def log(self, **metrics: Any) -> dict[str, int | float]:
+    def log(self, metrics: dict[str, Any], count: Any,
+            plain: Callable[[dict[str, Any], Any], dict[str, int | float]]
+            ) -> dict[str, int | float]:
         """``run.log`` of a committed step, numbered by committed steps; after a discarded
-        step the means are returned but not written."""
+        step the means (weighed by ``count=`` when given) are returned but not written."""
         if not self._session.last_committed:
-            return average_metrics(metrics, self.device)
+            if count is None:
+                return average_metrics(metrics, self.device)
+            return weighted_metrics(metrics, count, self.device)[0]
         if metrics and "step" not in metrics:
             metrics["step"] = self._session.step
-        return super().log(**metrics)
+        return plain(metrics, count)
 
-    # --- checkpoints -----------------------------------------------------------------------
-    def resume(self, dir: Any, *, step: int | None = None, keep: int = 3,
-               save_blocking: bool | None = None, **objects: Any) -> ResumeState:
+    # --- checkpoints: the writer -------------------------------------------------------------
+    def resume(self, objects: dict[str, Any],
+               plain: Callable[[dict[str, Any]], ResumeState]) -> ResumeState:
         """``run.resume``, plus the data cursor and the Manager's state; then the Manager is
         built (last: a group heartbeating long before its first quorum would hold up its
         peers) and, when the training loader exists, the first quorum is taken: a group
@@ -250,10 +265,8 @@ class FTRun(Run):
         if taken:
             raise TypeError(f"run.resume(...) cannot register objects named {taken} under "
                             "fault_tolerance='torchft' (splitsync's own); rename them.")
-        objects = {**objects, "ft_data": self._session.cursor,
-                   "ft_manager": self._manager_state}
-        state = super().resume(dir, step=step, keep=keep, save_blocking=save_blocking,
-                               **objects)
+        state = plain({**objects, "ft_data": self._session.cursor,
+                       "ft_manager": self._manager_state})
         self._guard_schedulers()
         session = self._session
         if session.manager is None:
@@ -269,18 +282,10 @@ class FTRun(Run):
         return replace(state, step=self._checkpoints.step,
                        epoch=self._cursor_epoch(state.epoch))
 
-    def _arm_preemption(self) -> None:
-        """No preemption handling: a group told to stop is a group lost, which the others
-        train through (its signals keep their usual effect, and its agent restarts it)."""
-        return None
-
-    def save(self, dir: Any = None, *, step: int | None = None, epoch: int | None = None,
-             blocking: bool | None = None, **extra: Any) -> Any:
-        """``run.save`` by one group, the first of the last quorum (every group calls it; one
-        checkpoint is written); None on the others."""
-        if not self._session.writer:
-            return None
-        return super().save(dir, step=step, epoch=epoch, blocking=blocking, **extra)
+    def writes(self) -> bool:
+        """``run.save`` writes in one group, the first of the last quorum (every group calls
+        it; one checkpoint is written); it returns None on the others."""
+        return self._session.writer
 
     def _peer_state(self) -> dict[str, Any]:
         """What a recovering group receives: everything run.resume registered, as this
@@ -319,11 +324,8 @@ class FTRun(Run):
                 self._guarded.add(id(obj))
                 obj.step = _committed_only(obj.step, self._session)  # type: ignore[method-assign]
 
-    def close(self, *, clean: bool = True) -> None:
-        try:
-            super().close(clean=clean)
-        finally:
-            self._session.close()
+    def close(self) -> None:
+        self._session.close()
 
 
 class _Marks:

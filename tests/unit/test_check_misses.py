@@ -1,0 +1,262 @@
+"""The kinds of mistake `check` used to miss on unseen code (issue 42), each written from the
+idiom it was found in, with a silent twin for the look-alike that is correct."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from splitsync.check import check_source, select_rules
+
+HEAD = ("import os\nimport torch\nimport torch.distributed as dist\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n")
+
+
+def run(code: str, source: str, head: str = HEAD) -> list:
+    return check_source(head + textwrap.dedent(source), "case.py",
+                        select_rules([code], gated=False))
+
+
+# SS210: a wrapper prepared but bypassed ------------------------------------------------
+
+def test_ss210_model_unwrapped_right_after_the_wrap_then_trained() -> None:
+    found = run("SS210", """
+        def main(trainer_cls):
+            dist.init_process_group("nccl")
+            model = torch.nn.Linear(2, 2)
+            model = DDP(model, device_ids=[int(os.environ["LOCAL_RANK"])])
+            model = model.module  # get the original model from the DDP wrapper
+            trainer = trainer_cls(model=model)
+            trainer.train()
+    """)
+    assert [f.line for f in found] == [10] and found[0].severity == "error"
+    assert "never all-reduced" in found[0].message
+
+
+def test_ss210_unwrapped_to_save_after_training_is_silent() -> None:
+    assert run("SS210", """
+        def main(loader):
+            dist.init_process_group("gloo")
+            model = DDP(torch.nn.Linear(2, 2))
+            for x in loader:
+                model(x).sum().backward()
+            model = model.module
+            torch.save(model.state_dict(), "final.pt")
+    """) == []
+
+
+def test_ss210_loss_through_model_module_method() -> None:
+    found = run("SS210", """
+        class Trainer:
+            def train_for_one_epoch(self, model, optim, loader):
+                for image in loader:
+                    loss = model.module.get_loss(image)
+                    optim.zero_grad()
+                    loss.backward()
+                    optim.step()
+
+            def validate(self, model, loader):
+                return sum(model.module.get_loss(x).item() for x in loader)
+
+        def main_worker(rank, net):
+            dist.init_process_group("nccl", rank=rank, world_size=2)
+            model = DDP(net, device_ids=[rank])
+            Trainer().train_for_one_epoch(model, None, [])
+    """)
+    assert [f.line for f in found] == [9]  # the training step, not the validation
+
+
+def test_ss210_loss_through_the_wrapper_is_silent() -> None:
+    assert run("SS210", """
+        def step(model, image, optim):
+            loss = model(image)
+            loss.backward()
+            n = model.module.parameters()
+        def main(net):
+            dist.init_process_group("nccl")
+            model = DDP(net)
+            step(model, None, None)
+    """) == []
+
+
+# SS207: a per-rank, data-dependent early exit -----------------------------------------
+
+PPO = """
+    def update(model, optimizer, batches, target_kl):
+        for epoch in range(4):
+            for mb in batches:
+                logratio = model(mb)
+                ratio = logratio.exp()
+                approx_kl = ((ratio - 1) - logratio).mean()
+                loss = -ratio.mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            if {test}:
+                break
+    dist.init_process_group("nccl")
+    model = DDP(torch.nn.Linear(2, 2))
+"""
+
+
+def test_ss207_kl_early_stop_on_each_ranks_own_minibatch() -> None:
+    found = run("SS207", PPO.format(test="approx_kl > target_kl"))
+    assert len(found) == 1 and found[0].severity == "error"
+    assert "`if approx_kl > target_kl: break`" in found[0].message
+    assert "leaves the loop" in found[0].message
+
+
+def test_ss207_kl_early_stop_on_a_reduced_value_is_silent() -> None:
+    source = PPO.replace("            if {test}:", "            dist.all_reduce(approx_kl)\n"
+                         "            if {test}:")
+    assert run("SS207", source.format(test="approx_kl > target_kl")) == []
+    assert run("SS207", PPO.format(test="epoch >= 3")) == []  # every rank counts alike
+
+
+def test_ss207_nonfinite_skip_under_accelerate() -> None:
+    found = run("SS207", """
+        from accelerate import Accelerator
+        accelerator = Accelerator()
+        model = accelerator.prepare(torch.nn.Linear(2, 2))
+        for batch in []:
+            loss = model(batch).mean()
+            if not loss.isfinite():
+                continue
+            accelerator.backward(loss)
+    """)
+    assert len(found) == 1 and "continue" in found[0].message
+
+
+# SS211: a rank guard defeated by and/or precedence ------------------------------------
+
+def test_ss211_and_then_or_leaves_the_prompt_on_every_rank() -> None:
+    found = run("SS211", """
+        import shutil
+        dist.init_process_group("nccl")
+        is_main = dist.get_rank() == 0
+        def prepare(out, force):
+            if is_main and force or input("delete? ") == "y":
+                shutil.rmtree(out)
+    """)
+    assert len(found) == 1 and "binds tighter" in found[0].message
+    assert "is_main and (... or input" in found[0].fix
+
+
+def test_ss211_bracketed_guard_is_silent() -> None:
+    assert run("SS211", """
+        import shutil
+        dist.init_process_group("nccl")
+        is_main = dist.get_rank() == 0
+        def prepare(out, force):
+            if is_main and (force or input("delete? ") == "y"):
+                shutil.rmtree(out)
+            if is_main and force or dist.get_rank() == 0:
+                pass
+    """) == []
+
+
+# SS212: timedelta(4800) meant as seconds ----------------------------------------------
+
+@pytest.mark.parametrize("call", ["timedelta(4800)", "timedelta(args.timeout_sec)"])
+def test_ss212_timeout_in_days(call: str) -> None:
+    found = run("SS212", f"""
+        from datetime import timedelta
+        def setup(args):
+            dist.init_process_group("nccl", timeout={call})
+    """)
+    assert len(found) == 1 and "days" in found[0].message and "seconds=" in found[0].fix
+
+
+@pytest.mark.parametrize("call", ["timedelta(seconds=4800)", "timedelta(0, 3600)",
+                                  "timedelta(minutes=30)", "timedelta(1)"])
+def test_ss212_timeouts_with_units_are_silent(call: str) -> None:
+    assert run("SS212", f"""
+        from datetime import timedelta
+        dist.init_process_group("nccl", timeout={call})
+        deadline = timedelta(90)  # date arithmetic, not a timeout
+    """) == []
+
+
+# SS213: a SLURM branch that never reads the world size --------------------------------
+
+SLURM = """
+    def init_distributed_mode(args):
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            args.rank = int(os.environ["RANK"])
+            args.world_size = int(os.environ["WORLD_SIZE"])
+        elif "SLURM_PROCID" in os.environ:
+            args.rank = int(os.environ["SLURM_PROCID"])
+            args.gpu = args.rank % torch.cuda.device_count()
+            {extra}
+        dist.init_process_group(backend="nccl", init_method=args.dist_url,
+                                world_size=args.world_size, rank=args.rank)
+"""
+
+
+def test_ss213_slurm_branch_without_world_size() -> None:
+    found = run("SS213", SLURM.format(extra="pass"))
+    assert len(found) == 1 and found[0].line == 10 and "never its world size" in found[0].message
+
+
+def test_ss213_slurm_branch_reading_ntasks_is_silent() -> None:
+    assert run("SS213", SLURM.format(
+        extra='args.world_size = int(os.environ["SLURM_NTASKS"])')) == []
+
+
+# SS214: DDP on a path that never initialises a group ----------------------------------
+
+def test_ss214_ddp_on_the_path_without_a_group() -> None:
+    found = run("SS214", """
+        def main(args):
+            if args.distributed:
+                dist.init_process_group("nccl")
+            model = torch.nn.Linear(2, 2)
+            model = DDP(model)
+    """)
+    assert len(found) == 1 and "args.distributed" in found[0].message
+
+
+def test_ss214_wrap_under_the_same_test_is_silent() -> None:
+    assert run("SS214", """
+        def main(args):
+            if args.distributed:
+                dist.init_process_group("nccl")
+            model = torch.nn.Linear(2, 2)
+            if args.distributed:
+                model = DDP(model)
+        def other(args):
+            if args.distributed:
+                dist.init_process_group("nccl")
+            else:
+                dist.init_process_group("gloo", world_size=1, rank=0)
+            model = DDP(torch.nn.Linear(2, 2))
+    """) == []
+
+
+# SS510: a shared folder named from each rank's clock ----------------------------------
+
+def test_ss510_checkpoint_folder_from_each_ranks_clock() -> None:
+    found = run("SS510", """
+        from datetime import datetime
+        from accelerate import Accelerator
+        accelerator = Accelerator()
+        def save(step):
+            stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+            out = f"ckpt/{stamp}-{step}"
+            accelerator.save_state(out)
+    """)
+    assert len(found) == 1 and "split across them" in found[0].message
+
+
+def test_ss510_broadcast_or_step_named_folder_is_silent() -> None:
+    assert run("SS510", """
+        from datetime import datetime
+        from accelerate import Accelerator
+        accelerator = Accelerator()
+        def save(step):
+            stamp = [datetime.now().strftime("%Y%m%d-%H%M%S")]
+            dist.broadcast_object_list(stamp, src=0)
+            accelerator.save_state(f"ckpt/{stamp[0]}")
+            accelerator.save_state(f"ckpt/step-{step}")
+    """) == []
