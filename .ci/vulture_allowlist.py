@@ -15,6 +15,7 @@ worker_id  # distributed/seeding.py worker_init_fn: DataLoader's calling convent
 _.num_nodes  # distributed/env.py DistEnv: public, the number of machines
 _.to_device  # run/runtime.py Run: a public verb
 _.main_process_first  # run/collectives.py CollectiveVerbs: a public verb of the Run
+_.sync_batchnorm_stats  # run/collectives.py CollectiveVerbs: a public verb of the Run
 _.require_backward_grad_sync  # strategies/ddp.py: DDP's own flag, read by DDP in forward
 _._has_rebuilt_buckets  # strategies/ddp.py: DDP's own flag, read by its ZeRO comm hook
 _.__doc__  # api.py: init's keyword reference, set after the function so that init fits a screen

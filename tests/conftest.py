@@ -4,6 +4,11 @@ the benchmark models on the import path.
 Every test under tests/distributed/ starts a process group, so it is in the slow tier
 (``-m slow``) whether or not it says so; ``-m "not slow"`` runs the pure and single-process
 tests.
+
+The default run (``addopts`` in pyproject.toml) leaves out the ``extended`` trials: the
+longer randomized, preemption, launcher and cluster cases beyond the suite's representative
+sample. ``.ci/run`` runs them after the README's command (``-m extended``). An extended test
+is slow too, so that ``-m "not slow"`` (which replaces the default ``-m``) still leaves it out.
 """
 
 import os
@@ -25,5 +30,6 @@ _DISTRIBUTED = Path(__file__).parent / "distributed"
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if _DISTRIBUTED in Path(str(item.path)).parents:
+        if _DISTRIBUTED in Path(str(item.path)).parents \
+                or item.get_closest_marker("extended") is not None:
             item.add_marker(pytest.mark.slow)

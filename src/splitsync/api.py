@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -22,6 +22,7 @@ from splitsync.distributed.device import choose_device, default_backend
 from splitsync.distributed.env import DistEnv, batch_note, detect_env
 from splitsync.distributed.group import destroy_group, init_group
 from splitsync.distributed.logs import attach_rank_handler, get_logger
+from splitsync.distributed.mesh import MeshShape, build_mesh, mesh_shape, tp_spans_nodes
 from splitsync.distributed.seeding import draw_seed, seed_everything
 from splitsync.distributed.threads import cpu_counts, launcher_threads
 from splitsync.output.progress import preload as preload_progress
@@ -47,7 +48,7 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
          ft_lighthouse: str | None = None,
          preempt_signals: Sequence[str | int] | None = DEFAULT_PREEMPT_SIGNALS,
          preempt_grace: float = DEFAULT_PREEMPT_GRACE, preempt_file: str | None = None,
-         **strategy_options: Any) -> Run:
+         mesh: Mapping[str, int] | None = None, **strategy_options: Any) -> Run:
     """Detect the launcher, pick the device, form the process group and seed every RNG;
     returns the :class:`Run`. Every keyword is described below (``help(splitsync.init)``)."""
     env = detect_env()  # validated before any network call
@@ -58,7 +59,7 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         save_blocking=save_blocking, ledger=ledger, fault_tolerance=fault_tolerance,
         ft_min_replicas=ft_min_replicas, ft_heartbeat_ms=ft_heartbeat_ms, ft_timeout=ft_timeout,
         ft_lighthouse=ft_lighthouse, preempt_signals=preempt_signals,
-        preempt_grace=preempt_grace, preempt_file=preempt_file,
+        preempt_grace=preempt_grace, preempt_file=preempt_file, mesh=mesh,
         strategy_options=strategy_options))
     config = chosen.config
     dev = choose_device(env, device)
@@ -71,6 +72,7 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         # with guards on, collectives wait a little less so the explained error fits in
         owns = init_group(env, chosen_backend, dev, attached.collective_timeout(config, env.world_size))
     try:
+        device_mesh = _device_mesh(config.mesh, env, dev)  # a collective: every rank, now
         if deterministic:
             torch.use_deterministic_algorithms(True)
         final_seed = seed if seed is not None else comm.broadcast_object(draw_seed())
@@ -88,7 +90,7 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         raise
     # under fault tolerance the Run builds its part from config.fault_tolerance
     run = Run(config, env, dev, chosen_backend, final_seed, owns, handler, precision=policy,
-              observers=observers, strategy=chosen.strategy)
+              observers=observers, strategy=chosen.strategy, device_mesh=device_mesh)
     # A run never closed (``run = ss.init()`` without ``with`` or ``run.close()``) closes
     # itself at interpreter exit, before torch's own exit work and the teardown of its
     # threads and stores; ``run.close()`` takes this back.
@@ -122,6 +124,12 @@ job trains on through the loss of a group (docs/fault-tolerance.md; ``splitsync 
 ``ft_heartbeat_ms``: how often the group tells the Lighthouse it is alive;
 ``ft_timeout``: seconds a cross-group all-reduce, commit or recovery may take;
 ``ft_lighthouse``: the Lighthouse's address (default: ``TORCHFT_LIGHTHOUSE``).
+
+``mesh={"dp_replicate": 1, "dp_shard": -1, "tp": 2}``: one N-D ``DeviceMesh``
+(``run.mesh``) with data-parallel replicate and shard sizes and a tensor-parallel size
+(-1: the rest of the world size); ``run.model(m, tp_plan=...)`` splits the model over
+``tp`` and shards it over the data-parallel dimensions, and loaders deal batches over
+the data-parallel replicas only (docs/tensor-parallel.md).
 
 Any other keyword is a strategy option (DDP's ``find_unused_parameters``, ...): one
 that the strategy does not take is refused here, naming the nearest valid keyword.
@@ -157,6 +165,7 @@ def _settings(env: DistEnv, given: dict[str, Any]) -> _Chosen:
                         heartbeat_ms=given["ft_heartbeat_ms"], timeout=given["ft_timeout"],
                         lighthouse=given["ft_lighthouse"])
         check_launch(accumulate_for(given["accumulate"], env.world_size), env.launcher)
+    shape = _mesh(given, env.world_size, ft is not None)
     timeout = given["timeout"]
     device = given["device"]
     options = given["strategy_options"]
@@ -170,7 +179,7 @@ def _settings(env: DistEnv, given: dict[str, Any]) -> _Chosen:
         strategy_options=options, loggers=given["loggers"],
         straggler_threshold=given["straggler_threshold"], fault_tolerance=ft,
         preempt_signals=given["preempt_signals"], preempt_grace=given["preempt_grace"],
-        preempt_file=given["preempt_file"], ledger=given["ledger"])
+        preempt_file=given["preempt_file"], ledger=given["ledger"], mesh=shape)
     config = attached.configure(config, os.environ)  # a tool may impose strategy, accumulate
     strategy = resolve(config.strategy, env.world_size)
     if options:  # a misspelt keyword fails here, at every world size
@@ -179,6 +188,40 @@ def _settings(env: DistEnv, given: dict[str, Any]) -> _Chosen:
     if config.loggers is not None:
         require_packages(config.loggers)  # a missing package fails now, not mid-run
     return _Chosen(config, strategy, threads and threads.note)
+
+
+def _mesh(given: dict[str, Any], world_size: int, ft: bool) -> MeshShape | None:
+    """``mesh=`` checked against the world size (before any network call); under a mesh the
+    strategy is "tp" (``given["strategy"]`` is set to it)."""
+    mesh, strategy = given["mesh"], given["strategy"]
+    if mesh is None:
+        if strategy == "tp":
+            raise ValueError("strategy='tp' lays the model out on init(mesh=...): pass mesh="
+                             "{'dp_shard': -1, 'tp': 2} (the sizes of your job) instead.")
+        return None
+    shape = mesh_shape(mesh, world_size)
+    if ft:
+        raise ValueError("init(mesh=...) and fault_tolerance='torchft' do not combine yet: "
+                         "a replica group is one data-parallel replica; drop one of them.")
+    if strategy not in ("auto", "tp"):
+        raise ValueError(f"init(mesh=...) lays the model out itself (tensor-parallel over "
+                         f"tp, FSDP2 over dp_replicate x dp_shard): drop strategy="
+                         f"{strategy!r}, or drop mesh= to use it.")
+    given["strategy"] = "tp"
+    return shape
+
+
+def _device_mesh(shape: MeshShape | None, env: DistEnv, dev: torch.device) -> Any:
+    """The job's DeviceMesh under ``init(mesh=...)`` (None without one, or in one process);
+    rank 0 warns when a tensor-parallel group would span nodes."""
+    if shape is None or env.world_size == 1:
+        return None
+    if env.rank == 0 and tp_spans_nodes(shape, env.local_world_size):
+        get_logger().warning(
+            f"init(mesh=...): tp={shape.tp} does not divide the {env.local_world_size} "
+            "processes of a node, so tensor-parallel groups span nodes and every layer's "
+            "all-reduce crosses the network; make tp a divisor of the processes per node.")
+    return build_mesh(shape, dev.type)
 
 
 def _keywords() -> tuple[str, ...]:

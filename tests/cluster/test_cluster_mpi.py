@@ -13,7 +13,9 @@ from mpikit import MPIS, Mpi
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.mark.parametrize("name", MPIS)
+# Open MPI in the suite; MPICH (the same checks under another mpirun) in the extended trials
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.extended)
+                                  if name != "openmpi" else name for name in MPIS])
 def test_two_mpi_jobs_at_once_both_train_like_splitsync_run(
         name: str, request: pytest.FixtureRequest, reference: dict[str, Any],
         tmp_path: Path) -> None:

@@ -100,6 +100,7 @@ def test_scancel_of_srun_leaves_the_last_step_and_a_new_srun_ends_bit_equal(
     assert _same(tmp_path / "out.safetensors", clean)
 
 
+@pytest.mark.extended  # SLURM's signal comes 70 s into the job, by design
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("workers", [("--workers", "1"),
                                      ("--workers", "2", "--persistent")])

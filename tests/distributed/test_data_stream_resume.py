@@ -71,8 +71,9 @@ def test_resume_at_three_then_one_rank_trains_the_rest_exactly_once(tmp_path: Pa
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize(("n_shards", "kind", "mode"),
-                         [(8, "torch", "shard"), (5, "hf", "element")])  # 2 ranks x 2 workers
+@pytest.mark.parametrize(("n_shards", "kind", "mode"),  # 2 ranks x 2 workers
+                         [(8, "torch", "shard"),
+                          pytest.param(5, "hf", "element", marks=pytest.mark.extended)])
 def test_same_size_resume_continues_bit_exactly_with_workers(tmp_path: Path, n_shards: int,
                                                               kind: str, mode: str) -> None:
     sizes = tuple(6 + (i % 2) for i in range(n_shards))

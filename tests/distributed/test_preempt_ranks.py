@@ -114,11 +114,13 @@ def newest(ck: Path) -> int:
 
 @pytest.mark.parametrize(("world", "config", "kill"), [
     (2, ("ddp", 1, False), ("step", 6, 1, "SIGUSR1")),
-    (3, ("ddp", 2, True), ("start", 0, 2, "SIGTERM")),  # before the first step
     (2, ("fsdp", 2, True), ("eval", 5, 0, "SIGTERM")),  # inside an evaluation, no step
-    (1, ("ddp", 1, False), ("step", 3, 0, "SIGTERM")),
     # a stop file (left in place: the relaunch ignores a file older than itself)
     (2, ("ddp", 1, False), ("step", 4, 1, "FILE")),
+    # the extended trials: 3 ranks before the first step (tests/launcher/test_preempt.py
+    # stops a run there in the suite), and one process
+    pytest.param(3, ("ddp", 2, True), ("start", 0, 2, "SIGTERM"), marks=pytest.mark.extended),
+    pytest.param(1, ("ddp", 1, False), ("step", 3, 0, "SIGTERM"), marks=pytest.mark.extended),
 ])
 def test_every_rank_stops_after_the_same_step_and_the_relaunch_is_exact(
         tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, world: int,

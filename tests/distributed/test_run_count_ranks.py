@@ -230,3 +230,63 @@ def test_without_count_the_mean_of_means_differs(runs: dict, name: str) -> None:
     ref = runs["ref"]["weights"]
     for res in _per_rank(runs, name):
         assert (res["no count"]["weights"] - ref).abs().max().item() > 1e-3
+
+
+def _wide() -> nn.Module:
+    # 1.4 MB in the middle layer: more than DDP's first bucket (1 MB), so several buckets
+    return nn.Sequential(nn.Linear(3, 600), nn.Tanh(), nn.Linear(600, 600), nn.Tanh(),
+                         nn.Linear(600, 1))
+
+
+def _many_buckets_rank(rank: int, world: int) -> dict:
+    """count= under DDP with several buckets: the count rides with the smallest one, the
+    others are reduced in place, and the gradients are the mean over every item."""
+    import splitsync as ss
+
+    torch.manual_seed(0)
+    net = _wide()
+    with ss.init(seed=0, strategy="ddp", accumulate=2) as run:
+        model = run.model(net, bucket_cap_mb=1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the same weights at both steps
+        seen: dict[str, torch.Tensor] = {}
+        storages: set[int] = set()  # gradients are views of their buckets: one storage each
+
+        def before_step(*_: Any) -> None:
+            for k, p in model.module.named_parameters():
+                seen[k] = p.grad.clone()
+                storages.add(p.grad.untyped_storage().data_ptr())
+
+        opt.register_step_pre_hook(before_step)
+        g = torch.Generator().manual_seed(rank)
+        # three steps (DDP lays out its buckets anew after the first; the hook learns the
+        # layout in the second), each of two micro-batches of different sizes per rank
+        for n in (1 + rank, 3) * 3:
+            storages.clear()
+            x = torch.randn(n, 3, generator=g)
+            run.backward(model(x).pow(2).mean(), count=n)
+            run.step(opt)
+        syncs = run._plan.counting.syncs
+        packed = syncs[0].state.packed
+    return {"grads": seen, "packed": {i: t[1].numel() for i, t in packed.items()},
+            "params": sum(p.numel() for p in net.parameters()),
+            "buckets": len(storages)}
+
+
+@pytest.mark.slow
+def test_ddp_count_copies_the_smallest_bucket_only() -> None:
+    out = spawn(_many_buckets_rank, 2, timeout=150)
+    r0 = out[0]
+    assert r0["buckets"] > 1, "the model should have several buckets"
+    (carrier, size), = r0["packed"].items()  # one bucket copied, the smallest
+    assert carrier != 0 and size < r0["params"] / 100
+    # the mean over every item of both ranks, computed in one process
+    torch.manual_seed(0)
+    net = _wide()
+    xs = []
+    for rank in (0, 1):
+        g = torch.Generator().manual_seed(rank)
+        xs += [torch.randn(n, 3, generator=g) for n in (1 + rank, 3) * 3][4:]
+    sum(net(x).pow(2).sum() for x in xs).div(sum(len(x) for x in xs)).backward()
+    for k, p in net.named_parameters():
+        assert torch.allclose(r0["grads"][k], p.grad, atol=1e-6), k
+        assert torch.equal(r0["grads"][k], out[1]["grads"][k]), k

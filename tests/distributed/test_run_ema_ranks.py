@@ -151,3 +151,58 @@ def test_ema_follows_the_formula_on_real_steps_under_ddp_and_fsdp(tmp_path: Path
     for (_, _, a), (_, _, b) in zip(per_rank[0][:-1], per_rank[1][:-1], strict=True):
         params = [k for k in a["expected"] if "running" not in k and "batches" not in k]
         assert all(torch.equal(a["expected"][k], b["expected"][k]) for k in params)
+
+
+def batchnorm_rank(rank: int, world: int, tmp: str) -> dict:
+    """Plain BatchNorm under DDP: each rank's EMA statistics are its own; a checkpoint gives
+    each rank back its own, and sync_batchnorm_stats makes them every rank's mean."""
+    import splitsync as ss
+
+    def train(run, model, opt, steps: int) -> None:
+        g = torch.Generator().manual_seed(100 + rank + 10 * steps)
+        for _ in range(steps):
+            x = torch.randn(4, 6, generator=g) * (1 + rank)  # ranks see different data
+            run.backward(model(x).pow(2).mean())
+            run.step(opt)
+
+    holder = ss.init(seed=0)  # one process group for both runs
+    try:
+        with ss.init(seed=0, strategy="ddp") as run:
+            model = run.model(_net())
+            ema = run.ema(model, decay=DECAY)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            run.resume(Path(tmp) / "bn", model=model, optimizer=opt)
+            train(run, model, opt, 3)
+            run.save()
+            saved = _full(ema)
+            train(run, model, opt, 2)
+            final = _full(ema)
+        with ss.init(seed=0, strategy="ddp") as run:  # a restart at step 3
+            model = run.model(_net())
+            ema = run.ema(model, decay=DECAY)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            run.resume(Path(tmp) / "bn", model=model, optimizer=opt)
+            resumed = _full(ema)
+            train(run, model, opt, 2)
+            again = _full(ema)
+            run.sync_batchnorm_stats(ema)
+            synced = _full(ema)
+    finally:
+        holder.close()
+    return {"saved": saved, "resumed": resumed, "final": final, "again": again,
+            "synced": synced}
+
+
+@pytest.mark.slow
+def test_each_rank_keeps_its_own_batchnorm_statistics_across_a_resume(tmp_path: Path) -> None:
+    r0, r1 = spawn(batchnorm_rank, 2, str(tmp_path), timeout=200)
+    stats = [k for k in r0["saved"] if "running" in k]
+    assert stats and any(not torch.equal(r0["saved"][k], r1["saved"][k]) for k in stats)
+    for r in (r0, r1):  # bit-exact on every rank, its own statistics included
+        assert all(torch.equal(r["resumed"][k], v) for k, v in r["saved"].items())
+        assert all(torch.equal(r["again"][k], v) for k, v in r["final"].items())
+    for k in stats:  # the mean over the ranks, the same on both
+        assert torch.equal(r0["synced"][k], r1["synced"][k])
+        assert torch.allclose(r0["synced"][k], (r0["again"][k] + r1["again"][k]) / 2, atol=1e-6)
+    others = [k for k in r0["saved"] if "running" not in k]
+    assert all(torch.equal(r0["synced"][k], r0["again"][k]) for k in others)

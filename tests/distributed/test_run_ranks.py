@@ -66,6 +66,9 @@ def test_initial_parameters_agree_with_and_without_seed(seed: int | None) -> Non
 def _fails(rank: int, world: int) -> bool:
     try:
         with splitsync.init(seed=0):
+            # both ranks inside first: rank 0 hosts the store, and leaving at once could close
+            # it under a rank still joining (a connection reset on a loaded machine)
+            dist.barrier()
             raise KeyError("boom")
     except KeyError:
         return dist.is_initialized()

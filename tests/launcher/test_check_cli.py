@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CASES = ROOT / "tests" / "unit" / "check_cases"
 EXAMPLE3 = CASES / "seed_example3.py"
+pytestmark = pytest.mark.slow  # every test starts the command line in another interpreter
 
 
 def check(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

@@ -35,9 +35,13 @@ def uninterrupted(strategy: str, base: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize(("strategy", "kills"), [
-    ("ddp", "1:staging,0:writing,1:writing,0:commit,1:commit"),
+    # the suite: one kill per strategy (two launches each); the extended trials: every point
+    ("ddp", "0:writing"),
     ("fsdp", "1:staging"),  # the acceptance case: --max-restarts 1
-    ("fsdp", "0:staging,1:writing,0:writing,0:commit,1:commit"),
+    pytest.param("ddp", "1:staging,0:writing,1:writing,0:commit,1:commit",
+                 marks=pytest.mark.extended),
+    pytest.param("fsdp", "0:staging,1:writing,0:writing,0:commit,1:commit",
+                 marks=pytest.mark.extended),
 ])
 def test_rank_killed_inside_background_save(tmp_path: Path, strategy: str, kills: str,
                                              tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -23,7 +23,11 @@ def elastic_command(script: Path, *args: str, nproc: int = 2, max_restarts: int 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("world", "n"), [(2, 257), (3, 250), (3, 253)])
+# 3 ranks (DDP's summing order, a dataset they do not divide) in the suite; the other
+# reported cases in the extended trials
+@pytest.mark.parametrize(("world", "n"), [pytest.param(2, 257, marks=pytest.mark.extended),
+                                          (3, 250),
+                                          pytest.param(3, 253, marks=pytest.mark.extended)])
 def test_killed_rank_restarts_and_resumes_exactly(tmp_path: Path, world: int, n: int) -> None:
     """Sizes the world size does not divide, so the last batch of every epoch is padded, and
     3 ranks, where the order the ranks' gradients are summed in shows in the last bits: the

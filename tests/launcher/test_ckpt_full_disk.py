@@ -20,6 +20,7 @@ SCRIPT = Path(__file__).with_name("ckpt_full_disk_script.py")
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # ddp and fsdp, blocking and background, in one long launch
 @pytest.mark.timeout(420)
 def test_full_disk_raises_checkpoint_error_on_every_rank(tmp_path: Path) -> None:
     assert shutil.which("unshare"), "util-linux's unshare is needed to mount a small tmpfs"

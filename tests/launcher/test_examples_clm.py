@@ -31,6 +31,7 @@ def _records(out: Path) -> dict[int, dict]:
     return {(r["step"], "eval_loss" in r): r for r in rows}
 
 
+@pytest.mark.extended  # two launches of a transformer: the suite kills and resumes smaller runs
 def test_killed_and_relaunched_ends_bit_equal_to_the_straight_run(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("datasets")

@@ -49,6 +49,7 @@ def test_digits_one_process_with_flags() -> None:
     assert _accuracy(out) >= 80.0  # two epochs on one process: well above chance (10%)
 
 
+@pytest.mark.extended  # the example once more, under FSDP2
 def test_digits_fsdp_two_processes_keep_95_percent() -> None:
     out = run_ranks(DEMO, 2, "--strategy", "fsdp", cwd=ROOT)
     assert "2 process(es)" in out

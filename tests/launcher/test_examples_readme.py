@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -63,3 +67,35 @@ def test_feature_table_names_hsdp_offload_checkpointing_ema_and_the_memory_plann
              "`optimizer_bytes`", "`activations_bytes`", "`peak_bytes`"]
     missing = [n for n in names if n not in table]
     assert not missing, f"the README's feature table does not name {missing}"
+
+
+def test_the_suite_leaves_the_extended_trials_to_ci_which_runs_them_after_it() -> None:
+    import tomllib
+
+    pytest_ini = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))[
+        "tool"]["pytest"]["ini_options"]
+    assert ("extended: longer trials that .ci/run runs after the README's test command"
+            in pytest_ini["markers"])
+    assert pytest_ini["addopts"] == ["-m", "not extended"]
+    ci_lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    readme_command = [line for line in _blocks("bash", _section("Quickstart"))[0].splitlines()
+                      if line][1]
+    extended = "OMP_NUM_THREADS=1 python -m pytest -q -m extended"
+    assert ci_lines.index(extended) > ci_lines.index(readme_command)
+    assert extended in _section("Tests") and '-m "not slow"' in _section("Tests")
+
+
+@pytest.mark.slow  # collects in another interpreter
+def test_an_extended_trial_runs_only_under_its_marker_and_is_slow_too() -> None:
+    def collected(*marker: str) -> set[str]:
+        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                              "-p", "no:cacheprovider", *marker,
+                              "tests/launcher/test_ckpt_crash.py"],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+        return {line.split("::")[-1] for line in out.stdout.splitlines() if "::" in line}
+
+    every = {f"test_killed_rank_restarts_and_resumes_exactly[{case}]"
+             for case in ("2-257", "3-250", "3-253")}
+    suite = collected()  # the default -m leaves the extended cases out
+    extended = collected("-m", "extended and slow")  # so "-m 'not slow'" leaves them out too
+    assert suite and extended and suite | extended == every and not suite & extended

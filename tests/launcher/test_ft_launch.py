@@ -63,12 +63,14 @@ def test_two_groups_of_one_train_through_a_kill(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # four processes: the suite's kill is the groups of one above
 @pytest.mark.timeout(600)
 def test_two_groups_of_two_train_through_a_kill(tmp_path: Path) -> None:
     _run(tmp_path, 2, samples=2003, kill=random.randint(20, 60))
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # four processes: the suite's kill is the groups of one above
 @pytest.mark.timeout(600)
 def test_hsdp_groups_of_two_train_through_a_kill(tmp_path: Path) -> None:
     """FSDP2 sharded inside each group, its gradient shards averaged across groups; a
@@ -77,6 +79,7 @@ def test_hsdp_groups_of_two_train_through_a_kill(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # two whole jobs of 60 and 40 steps
 @pytest.mark.timeout(600)
 def test_a_whole_job_restart_resumes_from_the_durable_checkpoint(tmp_path: Path) -> None:
     """Both groups stop after step 60 (checkpoints every 25 steps, written by one group);

@@ -38,6 +38,7 @@ def test_env_text_without_gpu(monkeypatch: pytest.MonkeyPatch,
         assert heading in out
 
 
+@pytest.mark.slow  # the command line in another interpreter
 def test_env_json_parses_and_reports_launcher() -> None:
     r = splitsync("env", "--json", timeout=60, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1",
                   MASTER_ADDR="10.1.2.3", SPLITSYNC_API_TOKEN="secret-value")

@@ -127,8 +127,9 @@ def assert_same(out: Path, clean: dict[str, torch.Tensor], why: str) -> None:
     # SIGUSR1 to one worker inside a background save, FSDP, 2 micro-batches a step; paced,
     # with steps to spare after the signal: on a loaded machine the ranks' store readers may
     # take a few hundred ms to see the request, and a run that ends first exits 0 unstopped
-    (("--epochs", "3", "--strategy", "fsdp", "--accumulate", "2", "--background",
-      "--save-every", "2", "--step-seconds", "0.2"), "save 4", "w1:SIGUSR1"),
+    pytest.param(("--epochs", "3", "--strategy", "fsdp", "--accumulate", "2", "--background",
+                  "--save-every", "2", "--step-seconds", "0.2"), "save 4", "w1:SIGUSR1",
+                 marks=pytest.mark.extended),
 ])
 def test_a_stop_saves_the_last_step_taken_and_the_relaunch_is_exact(
         tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, options: tuple[str, ...],

@@ -112,16 +112,17 @@ def test_correct_patterns_pass_and_leave_the_users_directory_alone(tmp_path: Pat
 
 
 # --- one faulty script per cause (1 vs 2 processes, in this process) ----------------------
+# the suite: a loss, a data and an initialisation fault; the extended trials: the rest
 @pytest.mark.parametrize(("flags", "cause", "failed_row"), [
     (["--reduction", "sum"], "The loss is summed over the batch", "per-step loss"),
     (["--plain-loader"], "Unsharded data", "ranks' samples disjoint"),
-    (["--dropout", "0.5"], "Dropout draws different masks", "per-step loss"),
-    (["--batchnorm"], "BatchNorm normalises each rank's B/N samples", "per-step loss"),
-    (["--no-set-epoch"], "The sampler's epoch never advances", "set_epoch advanced"),
+    pytest.param(["--dropout", "0.5"], "Dropout draws different masks", "per-step loss", marks=pytest.mark.extended),
+    pytest.param(["--batchnorm"], "BatchNorm normalises each rank's B/N samples", "per-step loss", marks=pytest.mark.extended),
+    pytest.param(["--no-set-epoch"], "The sampler's epoch never advances", "set_epoch advanced", marks=pytest.mark.extended),
     (["--world-seed"], "initial weights depend on the number of processes",
      "initial weights: 1 vs 2 processes"),
-    (["--lr-by-world"], "The learning rate depends on the number of processes",
-     "per-step learning rate"),
+    pytest.param(["--lr-by-world"], "The learning rate depends on the number of processes",
+                 "per-step learning rate", marks=pytest.mark.extended),
 ], ids=["sum", "plain-loader", "dropout", "batchnorm", "no-set-epoch", "world-seed",
         "lr-by-world"])
 def test_each_fault_is_reported_with_its_own_cause(flags: list[str], cause: str,
@@ -192,6 +193,7 @@ def test_a_scheduler_stepped_on_micro_steps_is_named() -> None:
     assert rows["per-step learning rate"] == ("PASS", "equal at every step"), rows
 
 
+@pytest.mark.extended  # every mode again on another script: the nanoGPT one below stays
 def test_digits_example_passes_every_mode() -> None:
     out = _verify("-n", "2", *MODES, str(DIGITS), "--ckpt", "ckpt")
     assert out.returncode == 0, out.stdout + out.stderr

@@ -8,6 +8,7 @@ of layers but not for cycles (they never run, so a type-only loop cannot bite).
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,8 @@ ROOT = Path(splitsync.__file__).resolve().parent
 # The recorders init attaches, each in its feature family's package under tools/: they run in
 # the training process, so they sit in the observers layer, below the programs that read them.
 RECORDERS = ("splitsync.tools.goodput.clock", "splitsync.tools.verify.record",
-             "splitsync.tools.verify.agree", "splitsync.tools.audit.ledger")
+             "splitsync.tools.verify.agree", "splitsync.tools.verify.draws",
+             "splitsync.tools.audit.ledger")
 
 # Lowest first; a layer is a set of folders (and a few top-level modules). A module belongs to
 # the layer of its longest matching prefix, and may import its own layer and lower ones only.
@@ -94,10 +96,16 @@ def _type_only(tree: ast.Module) -> set[int]:
     return found
 
 
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    """Each module parsed once for all the tests here (the trees are only read)."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
 def graph(runtime_only: bool = False) -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {}
     for mod, path in MODULES.items():
-        tree = ast.parse(path.read_text(), filename=str(path))
+        tree = _parsed(path)
         is_pkg = path.name == "__init__.py"
         skip = _type_only(tree) if runtime_only else set()
         edges[mod] = {t for n in ast.walk(tree) if id(n) not in skip
@@ -243,7 +251,7 @@ def test_rooms_stay_small() -> None:
         text = path.read_text()
         if text.count("\n") > 400:
             long_modules.append(f"{mod}: {text.count(chr(10))} lines")
-        for node in ast.walk(ast.parse(text)):
+        for node in ast.walk(_parsed(path)):
             if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 350:
                 long_classes.append(f"{mod}.{node.name}: {node.end_lineno - node.lineno + 1}")
     assert not long_modules, long_modules

@@ -90,6 +90,7 @@ def test_default_is_unchanged_and_config_recorded(tmp_path: Path) -> None:
         "hparams" in t for t in events.summary_metadata)
 
 
+@pytest.mark.slow  # wandb's service process, then its reader in another
 def test_wandb_offline_gets_config_and_every_step(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("wandb")
@@ -135,6 +136,7 @@ def _mlflow_runs(uri: str) -> list:
     return client, client.search_runs([experiment.experiment_id])
 
 
+@pytest.mark.slow  # a real mlflow store (sqlite, its migrations): seconds of setup
 def test_mlflow_run_params_and_metrics_read_back(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("mlflow")
@@ -151,6 +153,7 @@ def test_mlflow_run_params_and_metrics_read_back(tmp_path: Path,
     assert not (tmp_path / "metrics.jsonl").exists()  # only the chosen tracker
 
 
+@pytest.mark.slow  # a real mlflow store, as above
 def test_tracker_failing_mid_run_is_reported_once(tmp_path: Path, messages: list[str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("mlflow")

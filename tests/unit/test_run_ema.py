@@ -105,3 +105,76 @@ def test_ema_of_an_activation_checkpointed_model() -> None:
             assert torch.allclose(ema(x), model(x), atol=1e-6)  # its own weights, same values
         assert all(torch.equal(a, b) for a, b in zip(ema.parameters(), model.parameters(),
                                                      strict=True))
+
+
+def test_ema_every_warmup_and_decay_by_optimizer_step_under_accumulation(tmp_path: Path) -> None:
+    """every=2, warmup=2 and a decay function count optimizer steps (not micro-steps, here
+    two per step), and a resumed run continues the same schedule."""
+    seen: list[int] = []
+
+    def decay(step: int) -> float:
+        seen.append(step)
+        return 1 - 1 / (step + 1)
+
+    def expected_after(steps: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        ema: dict[str, torch.Tensor] = {}
+        for n, w in enumerate(steps, start=1):
+            if n <= 2:
+                ema = {k: v.clone() for k, v in w.items()}
+            elif n % 2 == 0:
+                d = 1 - 1 / (n + 1)
+                ema = {k: d * ema[k] + (1 - d) * v if v.is_floating_point() else v
+                       for k, v in w.items()}
+        return ema
+
+    weights: list[dict[str, torch.Tensor]] = []
+    with ss.init(seed=0, accumulate=2) as run:
+        model = run.model(_net())
+        ema = run.ema(model, decay=decay, every=2, warmup=2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        run.resume(tmp_path / "ck", model=model, optimizer=opt)
+        for i in range(12):  # 6 optimizer steps
+            _step(run, model, opt)
+            if i % 2 == 1:
+                weights.append({k: v.clone() for k, v in model.state_dict().items()})
+            if i == 7:
+                run.save()  # after optimizer step 4
+                at_save = {k: v.clone() for k, v in ema.state_dict().items()}
+        assert seen == [4, 6]  # steps 1-2 copy (warm-up), odd steps skip (every=2)
+        want = expected_after(weights)
+        for k, v in ema.state_dict().items():
+            assert torch.allclose(v, want[k], atol=1e-6), k
+        assert not torch.equal(ema[0].weight, model[0].weight)
+    with ss.init(seed=0, accumulate=2) as run:  # resumed at step 4: step 6 updates, 5 not
+        model = run.model(_net())
+        again = run.ema(model, decay=decay, every=2, warmup=2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        assert run.resume(tmp_path / "ck", model=model, optimizer=opt).step == 4
+        assert all(torch.equal(v, at_save[k]) for k, v in again.state_dict().items())
+        seen.clear()
+        for _ in range(4):
+            _step(run, model, opt)
+        assert seen == [6]
+
+
+def test_ema_schedule_bad_input_names_the_fix() -> None:
+    with ss.init(seed=0) as run:
+        model = run.model(_net())
+        for bad in ({"every": 0}, {"warmup": -1}, {"every": 1.5}):
+            with pytest.raises(ValueError, match=next(iter(bad))):
+                run.ema(model, **bad)  # type: ignore[arg-type]
+        ema = run.ema(model, decay=lambda step: 2.0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with pytest.raises(ValueError, match=r"returned 2\.0 at optimizer step 1"):
+            _step(run, model, opt)
+        assert ema is not model
+
+
+def test_sync_batchnorm_stats_alone_is_a_no_op_that_returns_the_module() -> None:
+    with ss.init(seed=0) as run:
+        model = run.model(_net())
+        before = model[1].running_mean.clone()
+        assert run.sync_batchnorm_stats(model) is model
+        assert torch.equal(model[1].running_mean, before)
+        plain = nn.Linear(2, 2)
+        assert run.sync_batchnorm_stats(plain) is plain

@@ -29,6 +29,7 @@ CHECKED_IN: dict[str, tuple[Any, str]] = {
     "preempt_grace": (0, "check_grace"),
     "preempt_file": (3, "check_stop_file"),
     "fault_tolerance": ("elastic", "ft_options"),
+    "mesh": ({"tp": 3}, "mesh_shape"),
 }
 
 

@@ -30,7 +30,7 @@ from splitsync.ckpt.faults import DISK_FULL, describe_failure
 from splitsync.ckpt.fs import Storage
 from splitsync.ckpt.integrity import write_object
 from splitsync.ckpt.sharded import DCP_DIR, sharded_state, write_sharded
-from splitsync.ckpt.staging import Stager, local_tensor
+from splitsync.ckpt.staging import Stager, local_tensor, rank_buffers
 from splitsync.ckpt.state import (
     Registered,
     capture_rng,
@@ -347,7 +347,7 @@ def build_job(reg: Registered, storage: Storage, loaders: Sequence[DeviceLoader]
     parts: dict[str, Any] = {
         rank_file(reg.rank): {"rng": capture_rng(reg.generators),
                               "generators": [g for _, g in positions], "window": grads,
-                              "window_own": own},
+                              "window_own": own, "buffers": rank_buffers(reg.models)},
         **collect(reg, offload=blocking)}
     if reg.rank == 0:
         parts.setdefault(STATE_FILE, {}).update(

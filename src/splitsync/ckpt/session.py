@@ -42,7 +42,7 @@ from splitsync.ckpt.save import (
     side_group,
     start,
 )
-from splitsync.ckpt.staging import Stager
+from splitsync.ckpt.staging import Stager, restore_rank_buffers
 from splitsync.ckpt.state import Registered, register, restore_loader, split_state
 from splitsync.data.build import ResumableLoader
 from splitsync.distributed.rng import RngArrival
@@ -83,6 +83,7 @@ class Checkpointer:
         self.registered: Registered | None = None  # None: saves take what the run wrapped
         self.keep = 3
         self.loaded: tuple[Storage, str, dict[str, Any]] | None = None  # the last one read
+        self._rank_buffers: dict[str, Any] = {}  # this rank's buffers in it (rank_buffers)
         self.step = 0  # optimizer steps the run took (see count); a checkpoint loaded sets it
         self._hook: Any = None  # post-hook counting the steps of the optimizer below
         self._counted: Any = None
@@ -189,6 +190,7 @@ class Checkpointer:
                                       models={**self.registered.models, name: module})
         if self.loaded is not None and name in self.loaded[2]["models"]:
             load_models(*self.loaded, STATE_FILE, {name: module})
+            restore_rank_buffers({name: module}, self._rank_buffers)
 
     def _load(self, storage: Storage, reg: Registered, step: int | None = None,
               check: bool = False) -> ResumeState:
@@ -215,12 +217,9 @@ class Checkpointer:
         generators: list[torch.Tensor | None] = []
         if self.generators is not None:  # shared streams: one state for every rank
             self.generators.restore(state.get("generators", {}))
-        if self.arrival is not None:  # an earlier load's states, never set: superseded
-            self.arrival.disarm()
-        self.arrival = None
+        self.arrival = self.arrival and self.arrival.disarm()  # an earlier load's: superseded
         if per_rank is not None:  # ranks beyond the saved world size keep their fresh seeds
-            # streams now; global generators when the next step starts (distributed/rng.py)
-            self.arrival = RngArrival(per_rank["rng"], self.generators, reg.models,
+            self.arrival = RngArrival(per_rank["rng"], self.generators, reg.models,  # later
                                       self.loader_hooks, self._watch_steps, self._unwatch_steps)
             generators = list(per_rank["generators"])
         self._pending = [(pos, generators[i] if i < len(generators) else None)
@@ -228,6 +227,8 @@ class Checkpointer:
         for i, loader in enumerate(self.loaders):
             self._continue(loader, i)
         mine = per_rank or {}  # this rank's part of the window saved in (gradients, count)
+        self._rank_buffers = mine.get("buffers", {})  # its BatchNorm statistics: its own
+        restore_rank_buffers(reg.models, self._rank_buffers)
         reopen_window(self.window, reg.models, body.get("window"), mine.get("window", {}),
                       world_size=self.world_size, saved_world=int(body["world_size"]),
                       where=storage.where(name), own=mine.get("window_own", {}))

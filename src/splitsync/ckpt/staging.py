@@ -11,19 +11,25 @@ asynchronous copies and one synchronize at the end.
 DTensors (FSDP2 shards, on a mesh of any shape) are staged by their local shard: the copy is
 wrapped back as a DTensor with the same mesh, placements, shape and stride, which is all
 ``torch.distributed.checkpoint`` needs to write it.
+
+Every save also takes host copies of each rank's own buffers (:func:`rank_buffers`: BatchNorm
+statistics differ by rank), which its rank file keeps and a resume gives back to that rank.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["Stager", "stage", "live_storages", "local_tensor"]
+from splitsync.strategies.modules import unwrap
+
+__all__ = ["Stager", "stage", "live_storages", "local_tensor", "rank_buffers",
+           "restore_rank_buffers"]
 
 # Subtrees of state.pt that the strategies build: their CPU tensors are either views of live
 # CPU state (copied) or fresh host copies of device tensors (kept as they are).
@@ -185,3 +191,43 @@ class Stager:
 def stage(obj: Any) -> Any:
     """A one-off staged copy of ``obj`` (fresh buffers)."""
     return Stager().stage(obj)
+
+
+# --- each rank's own buffers -------------------------------------------------------------
+def rank_buffers(models: Mapping[str, nn.Module]) -> dict[str, dict[str, torch.Tensor]]:
+    """This rank's persistent floating-point buffers of each model, host copies by the
+    user's names. BatchNorm's running statistics differ by rank (under DDP each rank's
+    forward updates its own after DDP's broadcast; an EMA averages each rank's), so every
+    rank keeps its own in its rank file and a resume gives each rank back its own."""
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for name, model in models.items():
+        own = {}
+        for prefix, mod in unwrap(model).named_modules():
+            for key, buf in mod.named_buffers(recurse=False):
+                if buf is None or not buf.is_floating_point() or \
+                        key in mod._non_persistent_buffers_set:
+                    continue
+                local = getattr(buf, "to_local", None)
+                t = local() if local is not None else buf
+                own[f"{prefix}.{key}" if prefix else key] = t.detach().to("cpu", copy=True)
+        if own:
+            out[name] = own
+    return out
+
+
+@torch.no_grad()
+def restore_rank_buffers(models: Mapping[str, nn.Module],
+                         saved: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+    """Inverse of :func:`rank_buffers`, for the models and buffers both sides have."""
+    for name, model in models.items():
+        mine = saved.get(name)
+        if not mine:
+            continue
+        for key, buf in unwrap(model).named_buffers():
+            t = mine.get(key)
+            if t is None or not buf.is_floating_point():
+                continue
+            local = getattr(buf, "to_local", None)
+            target = local() if local is not None else buf
+            if target.shape == t.shape:
+                target.copy_(t)

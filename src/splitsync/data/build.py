@@ -31,10 +31,11 @@ from splitsync.data.loader import (
 from splitsync.data.stream.loader import StreamLoader
 from splitsync.data.stream.readers import StreamReaders
 from splitsync.data.stream.sources import HFSource, IterSource, Shards, Source, from_webdataset
+from splitsync.distributed.logs import get_logger
 from splitsync.distributed.seeding import loader_seed, worker_init_fn
 from splitsync.preemption.workers import shielded
 
-__all__ = ["LoaderHooks", "ResumableLoader", "make_loader", "is_stream", "as_source", "direct",
+__all__ = ["LoaderHooks", "ResumableLoader", "make_loader", "warn_if_empty", "check_marks", "is_stream", "as_source", "direct",
            "DEFAULT_BUFFER"]
 
 DEFAULT_BUFFER = 1024
@@ -73,7 +74,7 @@ class ResumableLoader(Protocol):
 def make_loader(data: Dataset | DataLoader | Any, batch_size: int | None, *, shuffle: bool,
                 drop_last: bool, num_workers: int, collate_fn: Any, rank: int, world_size: int,
                 seed: int, device: torch.device, hooks: LoaderHooks,
-                shield: Sequence[signal.Signals] = (),
+                shield: Sequence[signal.Signals | str] = (),
                 **extra: Any) -> DeviceLoader | StreamLoader:
     """What ``run.loader(data, batch_size, ...)`` returns; ``batch_size`` is per process.
     Its workers ignore ``shield`` (the signals the run stops on) sent to their process
@@ -96,7 +97,7 @@ def make_loader(data: Dataset | DataLoader | Any, batch_size: int | None, *, shu
 
 def _map_loader(data: Dataset | DataLoader, batch_size: int | None, *, rank: int,
                 world_size: int, seed: int, device: torch.device, hooks: LoaderHooks,
-                shield: Sequence[signal.Signals] = (), **options: Any) -> DeviceLoader:
+                shield: Sequence[signal.Signals | str] = (), **options: Any) -> DeviceLoader:
     """A DataLoader over this rank's shard; ``batch_size`` is per process, never rescaled.
 
     ``order`` (an option) is the shuffle order (see :class:`ShardSampler`): "bijection" by
@@ -157,7 +158,7 @@ def _stream_loader(data: Any, batch_size: int | None, *, shuffle: bool, drop_las
                    rank: int, world_size: int, seed: int, device: torch.device,
                    hooks: LoaderHooks, at_end: str = "stop",
                    buffer_size: int = DEFAULT_BUFFER, agree_every: int = 64,
-                   shield: Sequence[signal.Signals] = (), **extra: Any) -> StreamLoader:
+                   shield: Sequence[signal.Signals | str] = (), **extra: Any) -> StreamLoader:
     """A :class:`StreamLoader` over ``data``; ``batch_size`` is per process."""
     if batch_size is None:
         raise TypeError("run.loader(stream, batch_size=...) needs a per-process batch_size.")
@@ -231,3 +232,27 @@ def as_source(data: Any) -> Source:
             "torch IterableDataset, a list, or splitsync.Shards(items, open=fn).")
     kind = "torch IterableDataset" if isinstance(data, IterableDataset) else "iterable"
     return IterSource(data, kind)
+
+
+def warn_if_empty(loader: Any, rank: int, world_size: int) -> None:
+    """A map-style loader with no batch on this rank trains nothing there: say so, with
+    the numbers and the fix (a stream's length is not known beforehand)."""
+    if getattr(loader, "sampler", None) is None or loader.train is False:
+        return
+    n, size = len(loader.dataset), loader.batch_size or 1
+    if len(loader) == 0:
+        get_logger().warning(
+            "run.loader: rank %d gets no batch: %d sample(s) over %d rank(s) at batch_size=%d"
+            "%s leave it none, so it trains nothing (and the audit reports it). Use a "
+            "smaller batch_size, fewer processes or drop_last=False.", rank, n, world_size,
+            size, " with drop_last=True" if loader.loader.drop_last else "")
+
+
+def check_marks(train: Any, repeats: Any) -> None:
+    """``run.loader``'s ``train=`` and ``repeats=``, or a clear error."""
+    if train not in (None, True, False):
+        raise TypeError(f"run.loader(..., train={train!r}): True (training), False "
+                        "(evaluation) or None (not said).")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"run.loader(..., repeats={repeats!r}): how many times the "
+                         "sampler delivers each sample per epoch, an integer >= 1.")

@@ -182,6 +182,11 @@ class IndexTap:
 class DeviceLoader:
     """A DataLoader whose batches arrive on the run's device and whose position is known."""
 
+    # What the sample ledger and the audit read (``run.loader(..., train=, repeats=)``):
+    # None: not said (an evaluation is then inferred where certain), False: evaluation.
+    train: bool | None = None
+    repeats = 1  # times the sampler delivers each sample per epoch by design
+
     def __init__(self, loader: DataLoader, device: torch.device, world_size: int,
                  hooks: LoaderHooks | None = None) -> None:
         self.loader = loader
@@ -194,6 +199,7 @@ class DeviceLoader:
         # sampler's pass_order, which samples any pass delivered, no per-batch bookkeeping.
         self.passes = 0
         self.previous_pass_batches = 0
+        self.exhausted = False  # the current pass ran out of batches
         self._cpu = device.type == "cpu"
         # Where the current pass began, for checkpoints: a mid-pass resume must restore the
         # generator to this state so the new iterator draws the same worker base seed.
@@ -238,6 +244,7 @@ class DeviceLoader:
         self.previous_pass_batches, self.batches_seen = self.batches_seen, 0
         self.passes += 1
         self.last_batch = False
+        self.exhausted = False
         gen = self.loader.generator
         self.pass_epoch = self.sampler.epoch if self.sampler is not None else 0
         self.pass_generator_state = gen.get_state() if gen is not None else None
@@ -250,10 +257,12 @@ class DeviceLoader:
         if hooks is not None and hooks.on_batch and self.sampler is not None:
             yield from self._iter_with_ids(total, hooks.on_batch)
             return
+        self.exhausted = False
         for batch in self.loader:
             self.batches_seen += 1
             self.last_batch = self.batches_seen == total
             yield batch if self._cpu else move_to(batch, self.device)
+        self.exhausted = True  # the pass ran out (the loop asked for a batch past the last)
 
     def _iter_with_ids(self, total: int, observers: tuple[Any, ...]) -> Iterator[Any]:
         """The pass, telling ``observers`` each batch's indices (``on_batch``). The
@@ -279,6 +288,7 @@ class DeviceLoader:
                 for obs in observers:
                     obs.on_batch(self, ids)
                 yield batch if self._cpu else move_to(batch, self.device)
+            self.exhausted = True
         finally:
             sampler.tap = None
 

@@ -78,8 +78,15 @@ def attach(config: RunConfig, env: DistEnv, device: torch.device, seed: int,
         observers.append(FTLedger(config.run_dir, env.rank, env.world_size,
                                   env.restart_count, seed, ft.group, ft.groups))
     elif config.ledger:
-        from splitsync.tools.audit.ledger.recorder import Ledger
+        from splitsync.tools.audit.ledger.recorder import Ledger, join_launch
 
-        observers.append(Ledger(config.run_dir, env.rank, env.world_size, env.restart_count,
-                                seed))
+        shape = config.mesh  # under a mesh, a ledger per data-parallel replica
+        if shape is None:
+            observers.append(Ledger(config.run_dir, env.rank, env.world_size,
+                                    env.restart_count, seed))
+        elif shape.tp_rank(env.rank) == 0:  # its TP group's first rank records for it
+            observers.append(Ledger(config.run_dir, shape.dp_rank(env.rank), shape.dp_size,
+                                    env.restart_count, seed))
+        else:  # the same samples as the group's first rank: nothing of its own to record
+            join_launch()
     return config, observers

@@ -40,13 +40,15 @@ class ShieldedInit:
 
 
 def shielded(init: Callable[[int], Any] | None,
-             signals: Sequence[signal.Signals | int]) -> Callable[[int], Any] | None:
-    """``init`` wrapped to shield workers from ``signals``; ``init`` itself when none."""
+             signals: Sequence[signal.Signals | int | str]) -> Callable[[int], Any] | None:
+    """``init`` wrapped to shield workers from ``signals`` (signals, numbers or names such
+    as RunConfig's "SIGTERM"); ``init`` itself when none."""
     if not signals:
         return init
     if isinstance(init, ShieldedInit):
         init = init.init
-    return ShieldedInit(init, tuple(int(s) for s in signals))
+    return ShieldedInit(init, tuple(int(signal.Signals[s]) if isinstance(s, str) else int(s)
+                                    for s in signals))
 
 
 def _shield(signals: tuple[int, ...]) -> None:

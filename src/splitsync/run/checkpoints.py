@@ -19,7 +19,9 @@ from torch import nn
 from splitsync.ckpt.session import Checkpointer, ResumeState
 from splitsync.ckpt.state import split_state
 from splitsync.distributed.logs import get_logger
+from splitsync.run.collectives import Collectives
 from splitsync.run.ema import Emas
+from splitsync.run.meter import METER_NAME, EpochMeter
 from splitsync.run.models import Models
 from splitsync.run.training import Training
 
@@ -40,11 +42,16 @@ class CheckpointVerbs:
 
     _checkpoints: Checkpointer
     _emas: Emas
+    _meters: list[EpochMeter]
     _models: Models
     _training: Training
     is_main: bool
     _arm_preemption: Callable[[], Preemption | None]
     _tolerance: Tolerance
+    _collectives: Collectives
+    device: torch.device
+    rank: int
+    add_observer: Callable[[Any], Any]
 
     def _wrapped(self) -> dict[str, Any]:
         """What the run wrapped, by the names a save without registration gives them:
@@ -59,7 +66,7 @@ class CheckpointVerbs:
         objects = {**_numbered("model", models), **_numbered("optimizer", optims)}
         if self._training.scaler is not None:
             objects["scaler"] = self._training.scaler
-        return self._emas.with_emas(objects)
+        return self._with_own(objects)
 
     def resume(self, dir: str | os.PathLike[str], *, step: int | None = None, keep: int = 3,
                save_blocking: bool | None = None, **objects: Any) -> ResumeState:
@@ -73,7 +80,7 @@ class CheckpointVerbs:
         optimizers ``run.step`` stepped, EMAs, the scaler), looked up again at each save. ``keep``: the checkpoints :meth:`save` keeps (default 3, the
         newest; at least 2). ``save_blocking``: :meth:`save`'s default. Collective."""
         if objects:
-            objects = self._emas.with_emas(objects)
+            objects = self._with_own(objects)
         preemption = self._arm_preemption()
         state = self._tolerance.resume(objects, lambda objs: self._checkpoints.resume(
             dir, step=step, keep=keep, save_blocking=save_blocking, **objs))
@@ -124,6 +131,35 @@ class CheckpointVerbs:
         if model is None:  # the EMAs are not "the model"
             model = self._emas.trained_model(self._checkpoints.models)
         return self._checkpoints.export(path, model)
+
+    def meter(self) -> EpochMeter:
+        """An epoch accumulator: ``meter.add(loss=loss, count=n)`` keeps per key the sum of
+        value * count and of count on this rank; ``meter.compute()`` (collective) gives each
+        key's weighted mean over every rank; ``meter.reset()`` when an epoch begins. Saved
+        with the checkpoints ("meter", "meter_1", ...), so ``run.log(meter.compute())`` of a
+        resumed epoch covers the whole epoch. Make it before :meth:`resume`."""
+        if self._checkpoints.registered is not None or self._checkpoints.loaded is not None:
+            raise RuntimeError("run.meter() after run.resume: make the meter before "
+                               "run.resume, which registers it and loads its sums.")
+        meter = EpochMeter(self.device, self.rank,
+                           lambda t: self._collectives.reduce(t, "sum"))
+        self._meters.append(meter)
+        self.add_observer(meter)  # its before_save reduces the totals a save writes
+        return meter
+
+    def _with_own(self, objects: Mapping[str, Any]) -> dict[str, Any]:
+        """``objects`` plus every EMA and every :meth:`meter` not among them, under free
+        names ("ema", "ema_1", ...; "meter", "meter_1", ...)."""
+        out = self._emas.with_emas(objects)
+        given = {id(o) for o in out.values()}
+        n = 0
+        for meter in self._meters:
+            if id(meter) in given:
+                continue
+            while (name := METER_NAME if n == 0 else f"{METER_NAME}_{n}") in out:
+                n += 1
+            out[name] = meter
+        return out
 
     def _ema_made(self, ema: nn.Module) -> None:
         """An EMA made after :meth:`resume` joins the registration and is loaded from the

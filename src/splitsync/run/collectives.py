@@ -13,10 +13,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch import nn
 
 from splitsync.distributed import comm
 from splitsync.observe import Observer, chain_around
 from splitsync.run.data import Loaders
+from splitsync.train.syncbn import batchnorm_stats
 
 __all__ = ["Collectives", "CollectiveVerbs"]
 
@@ -72,6 +74,24 @@ class CollectiveVerbs:
     def sum(self, x: Any) -> Any:
         """Sum over ranks. Collective."""
         return self._collectives.reduce(x, "sum")
+
+    @torch.no_grad()
+    def sync_batchnorm_stats(self, model: nn.Module) -> nn.Module:
+        """Collective: replace every BatchNorm running mean and variance in ``model`` (the
+        model, an EMA, any module) by its mean over the ranks, as timm's ``distribute_bn``
+        does, so that every rank evaluates with the same statistics. Returns ``model``.
+        Call it on every rank, before evaluating; a model without BatchNorm is left as is."""
+        stats = batchnorm_stats(model)
+        if not stats:
+            return model
+        flat = torch.cat([t.detach().reshape(-1).double() for t in stats])
+        mean = self._collectives.reduce(flat, "mean").to(flat.device)
+        offset = 0
+        for t in stats:
+            n = t.numel()
+            t.copy_(mean[offset:offset + n].view_as(t).to(t.dtype))
+            offset += n
+        return model
 
     def max(self, x: Any) -> Any:
         """Maximum over ranks. Collective."""

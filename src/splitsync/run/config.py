@@ -47,6 +47,8 @@ class RunConfig:
     loggers: tuple[str, ...] | None = None  # None: the default trackers (see splitsync.output.trackers)
     straggler_threshold: float | None = DEFAULT_STRAGGLER_THRESHOLD  # None: no report
     fault_tolerance: FTOptions | None = None  # parsed by splitsync.ft.options.ft_options
+    # init(mesh=...) checked against the world size (splitsync.distributed.mesh.MeshShape)
+    mesh: Any = None
     # signals that stop the run after an agreed step, once run.resume has a directory
     preempt_signals: tuple[str, ...] = DEFAULT_PREEMPT_SIGNALS
     preempt_grace: float = DEFAULT_PREEMPT_GRACE  # seconds from the signal to the stop

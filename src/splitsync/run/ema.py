@@ -5,6 +5,10 @@ under FSDP: the strategy's ``replica``). After each optimizer step that really s
 (``StepPlan.stepped``: not inside an accumulation window, not skipped by the GradScaler) it
 becomes ``decay * ema + (1 - decay) * weights``, shard by shard, with no communication.
 Floating-point buffers are averaged the same way; other buffers (counters) are copied.
+``every=k`` updates after every k-th optimizer step only, ``warmup=n`` copies the weights
+for the first n, and ``decay`` may be a function of the optimizer step. The step is the
+run's optimizer-step count (checkpointed), never a micro-step, so a resumed run continues
+the same schedule.
 ``run.resume`` registers every EMA, so checkpoints hold it with no extra argument; one made
 after ``run.resume`` is registered then, and loaded from the checkpoint if that holds it.
 """
@@ -23,9 +27,11 @@ from splitsync.run.models import Models
 from splitsync.run.step import StepPlan
 from splitsync.train.precision import forward_with
 
-__all__ = ["Emas", "Ema", "EMA_NAME"]
+__all__ = ["Emas", "Ema", "EMA_NAME", "Decay"]
 
 EMA_NAME = "ema"  # checkpoint names: "ema", "ema_1", ... in the order run.ema made them
+
+Decay = float | Callable[[int], float]  # a number, or a function of the optimizer step
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -38,9 +44,15 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class Ema:
     """One EMA: the module returned by ``run.ema`` and the tensors it follows."""
 
-    def __init__(self, module: nn.Module, model: nn.Module, decay: float) -> None:
+    def __init__(self, module: nn.Module, model: nn.Module, decay: Decay, *,
+                 every: int = 1, warmup: int = 0,
+                 steps: Callable[[], int] | None = None) -> None:
         self.module = module
         self.decay = decay
+        self.every = every
+        self.warmup = warmup
+        self._steps = steps  # the run's optimizer steps so far (None: this EMA's own count)
+        self._own_steps = 0
         self._owned = {id(p) for p in model.parameters()}
         mine = dict(module.named_parameters())
         theirs = dict(model.named_parameters())
@@ -65,15 +77,39 @@ class Ema:
             self._driver = weakref.ref(optimizer)
         elif driver is not optimizer:
             return
-        self.update()
+        self._own_steps += 1
+        step = self._steps() if self._steps is not None else self._own_steps
+        if step <= self.warmup:
+            self.update(0.0)  # warm-up: the average is the weights
+        elif step % self.every == 0:
+            self.update(self.decay_at(step))
+
+    def decay_at(self, step: int) -> float:
+        """The decay used by the update after optimizer step ``step`` (counted from 1)."""
+        if not callable(self.decay):
+            return float(self.decay)
+        value = self.decay(step)
+        if isinstance(value, torch.Tensor):
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                0.0 <= value <= 1.0):
+            raise ValueError(f"run.ema(decay=...): the function returned {value!r} at "
+                             f"optimizer step {step}; it must return a number in [0, 1].")
+        return float(value)
 
     @torch.no_grad()
-    def update(self) -> None:
-        """``ema = decay * ema + (1 - decay) * weights`` on this rank's tensors."""
+    def update(self, decay: float | None = None) -> None:
+        """``ema = decay * ema + (1 - decay) * weights`` on this rank's tensors (``decay``
+        None: the EMA's own, when it is a number)."""
+        if decay is None:
+            decay = self.decay_at(self._own_steps) if callable(self.decay) else self.decay
         if self._pairs:
             ema = [_local(e) for e, _ in self._pairs]
-            torch._foreach_mul_(ema, self.decay)
-            torch._foreach_add_(ema, [_local(w) for _, w in self._pairs], alpha=1 - self.decay)
+            if decay == 0.0:  # a copy, not 0 * ema + w: bit-equal to the weights
+                torch._foreach_copy_(ema, [_local(w) for _, w in self._pairs])
+            else:
+                torch._foreach_mul_(ema, decay)
+                torch._foreach_add_(ema, [_local(w) for _, w in self._pairs], alpha=1 - decay)
         for e, w in self._copied:
             _local(e).copy_(_local(w))
 
@@ -105,18 +141,26 @@ class Emas:
     """The run's EMAs: made by ``run.ema``, registered with ``run.resume``."""
 
     def __init__(self, plan: StepPlan, models: Models,
-                 attach: Callable[[Observer], Any]) -> None:
+                 attach: Callable[[Observer], Any],
+                 steps: Callable[[], int] | None = None) -> None:
         self.plan = plan
         self.models = models
         self.attach = attach
+        self.steps = steps
         self.made: list[Ema] = []
 
-    def make(self, model: nn.Module, decay: float) -> nn.Module:
+    def make(self, model: nn.Module, decay: Decay, every: int = 1,
+             warmup: int = 0) -> nn.Module:
         """See ``Run.ema``."""
-        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not (
-                0.0 <= decay <= 1.0):
+        if not callable(decay) and (isinstance(decay, bool) or not isinstance(
+                decay, (int, float)) or not 0.0 <= decay <= 1.0):
             raise ValueError(f"run.ema(model, decay={decay!r}): decay is the weight of the "
-                             "old average, a number in [0, 1] such as 0.999.")
+                             "old average, a number in [0, 1] such as 0.999, or a function "
+                             "of the optimizer step that returns one.")
+        for name, value, least in (("every", every, 1), ("warmup", warmup, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"run.ema(model, {name}={value!r}): {name} counts optimizer "
+                                 f"steps, an integer >= {least}.")
         how = self.models.made(model)
         if how is None:
             raise TypeError(
@@ -132,7 +176,8 @@ class Emas:
             wrapped = forward_with(forward, self.plan.precision)
             if wrapped is not forward:
                 copy.forward = wrapped  # evaluates under the run's precision like the model
-        ema = Ema(copy, model, float(decay))
+        ema = Ema(copy, model, decay if callable(decay) else float(decay), every=every,
+                  warmup=warmup, steps=self.steps)
         if not self.made:
             self.attach(_EmaObserver(self.plan, self.made))
         self.made.append(ema)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from splitsync.distributed.logs import forget_filter, show_repeats_once
 from splitsync.distributed.rng import kept_rng
 from splitsync.observe import Observer, overriding
 from splitsync.output.metrics import (
@@ -48,6 +49,7 @@ class Logging:
         self.metrics: MetricsLog | None = None
         self._riders: tuple[Observer, ...] = ()
         self._on_log: tuple[Observer, ...] = ()
+        self._warnings_once = show_repeats_once()  # until close: a warning per step is noise
 
     def set_observers(self, observers: Sequence[Observer]) -> None:
         self._riders = overriding(observers, "log_extra")
@@ -87,5 +89,6 @@ class Logging:
         return self.metrics
 
     def close(self) -> None:
+        forget_filter(self._warnings_once)
         if self.metrics is not None:
             self.metrics.close()

@@ -50,11 +50,14 @@ class Models:
 
     def __init__(self, device: torch.device, world_size: int, rank: int, plan: StepPlan,
                  default_strategy: str, strategy_options: Mapping[str, Any],
-                 local_world_size: int | None = None, *, resolved: str) -> None:
+                 local_world_size: int | None = None, *, resolved: str, mesh: Any = None,
+                 mesh_shape: Any = None) -> None:
         self.device = device
         self.world_size = world_size
         self.rank = rank
         self.local_world_size = local_world_size
+        self.mesh = mesh  # init(mesh=...)'s DeviceMesh, and its sizes (also at one process)
+        self.mesh_shape = mesh_shape
         self.plan = plan
         self.default_strategy = default_strategy  # init(strategy=...), "auto" kept
         self.resolved = resolved  # what init resolved it to, once (strategies.resolve)
@@ -73,6 +76,16 @@ class Models:
              compile: bool | dict[str, Any], autocast: bool, options: Mapping[str, Any],
              activation_checkpointing: Any = None) -> nn.Module:
         """See ``Run.model``."""
+        if self.mesh_shape is not None and strategy not in (None, "auto", "tp"):
+            raise ValueError(f"run.model(strategy={strategy!r}) under init(mesh=...): the mesh "
+                             "lays the model out (tensor-parallel over tp, FSDP2 over the "
+                             "data-parallel dims); drop strategy=.")
+        if self.mesh_shape is not None:
+            strategy = None  # init's: "tp"
+        elif "tp_plan" in options:
+            raise ValueError("run.model(m, tp_plan=...) splits the model over the mesh's tp "
+                             "dimension: pass init(mesh={'dp_shard': -1, 'tp': 2}) (your "
+                             "sizes) to splitsync.init.")
         if strategy is None:  # init's strategy, resolved by init
             requested, name = self.default_strategy, self.resolved
         else:  # run.model's own: checked and resolved here, once
@@ -94,7 +107,7 @@ class Models:
         apply_activation_checkpointing(module, activation_checkpointing,
                                        lambda: strat.blocks(module, options))
         ctx = WrapContext(self.device, self.world_size, self.rank, self.plan.precision,
-                          self.local_world_size)
+                          self.local_world_size, self.mesh, self.mesh_shape)
         template, error = _template(strat, module)  # FSDP2 modules cannot be copied later
         wrapped = strat.wrap(module, ctx, options)
         if compile:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import signal
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -26,13 +25,14 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from splitsync.ckpt.session import Checkpointer
-from splitsync.data.build import make_loader
+from splitsync.data.build import check_marks, make_loader, warn_if_empty
 from splitsync.data.loader import DeviceLoader
 from splitsync.data.stream.loader import StreamLoader
 from splitsync.distributed.device import move_to
 from splitsync.distributed.env import DistEnv
 from splitsync.distributed.group import destroy_group
-from splitsync.distributed.logs import forget_filter, get_logger, show_repeats_once
+from splitsync.distributed.logs import get_logger
+from splitsync.distributed.mesh import MeshShape, replica_sum
 from splitsync.distributed.seeding import Generators
 from splitsync.errors import Preempted
 from splitsync.observe import Observer, appended, overriding
@@ -41,8 +41,9 @@ from splitsync.run.checkpoints import CheckpointVerbs
 from splitsync.run.collectives import Collectives, CollectiveVerbs
 from splitsync.run.config import RunConfig
 from splitsync.run.data import Loaders
-from splitsync.run.ema import Emas
+from splitsync.run.ema import Decay, Emas
 from splitsync.run.logging import Logging, run_settings
+from splitsync.run.meter import EpochMeter
 from splitsync.run.models import Models
 from splitsync.run.preempt import Preemption, preemption_for
 from splitsync.run.step import StepPlan
@@ -60,11 +61,8 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
     def __init__(self, config: RunConfig, env: DistEnv, device: torch.device, backend: str,
                  seed: int, owns_group: bool, handler: logging.Handler | None, *,
                  precision: Precision, observers: Sequence[Observer] = (),
-                 strategy: str) -> None:
+                 strategy: str, device_mesh: Any = None) -> None:
         self.config = config
-        # what a loader's workers outlive when sent to the whole process group: the signals
-        # the run stops on (names, checked by RunConfig)
-        self._worker_signals = tuple(signal.Signals[n] for n in config.preempt_signals)
         self.env = env
         self.device = device
         self.backend = backend
@@ -73,8 +71,13 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         self.local_rank = env.local_rank
         self.world_size = env.world_size
         self.is_main = env.rank == 0
+        self.mesh = device_mesh  # init(mesh=...)'s DeviceMesh (None: none, or one process)
+        shape = config.mesh if config.mesh is not None else MeshShape(1, env.world_size, 1)
+        self.dp_rank = shape.dp_rank(env.rank)  # the data-parallel replica this rank is in
+        self.dp_size = shape.dp_size  # replicas that read different batches
+        self.tp_rank = shape.tp_rank(env.rank)  # this rank's place in its TP group
+        self.tp_size = shape.tp
         self.log_handler = handler
-        self._warnings_once = show_repeats_once()  # until close: a warning per step is noise
         self._owns_group = owns_group
         self._closed = False
         # backward/step functions for this precision and accumulation, chosen once
@@ -82,10 +85,12 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         self._data = Loaders()
         # strategy: config.strategy as init resolved it for this world size ("auto" -> ...)
         self._models = Models(device, self.world_size, self.rank, self._plan, config.strategy,
-                              config.strategy_options, env.local_world_size, resolved=strategy)
+                              config.strategy_options, env.local_world_size, resolved=strategy,
+                              mesh=device_mesh, mesh_shape=config.mesh)
         self._collectives = Collectives(device, self._data)
-        self._training = Training(self._plan, self._data, self.world_size,
-                                  self._new_optimizer, partial(self._collectives.reduce, op="sum"))
+        # count= sums items over the data-parallel replicas (a TP group counts its batch once)
+        self._training = Training(self._plan, self._data, self.dp_size, self._new_optimizer,
+                                  partial(replica_sum, self._collectives.reduce, self.tp_size))
         self._plan.ends = self._data.run_ends  # the run's last batch closes its last window
         self._data.on_end = self._training.epochs_ended
         self._generators = Generators(seed, self.rank)
@@ -100,7 +105,9 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
         self._logging = Logging(config, device, self.is_main,
                                 run_settings(config, self.world_size, seed, device, backend))
         self._observers: tuple[Observer, ...] = ()
-        self._emas = Emas(self._plan, self._models, self.add_observer)
+        self._emas = Emas(self._plan, self._models, self.add_observer,
+                          steps=lambda: self._checkpoints.step)
+        self._meters: list[EpochMeter] = []  # run.meter's, saved with the checkpoints
         self._preemption: Preemption | None = None  # made by the first run.resume
         self._preempt_tried = False
         # what differs under fault tolerance, as a part (config.fault_tolerance: FTOptions)
@@ -208,14 +215,18 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
             return wrap(strategy, options)
         return self._tolerance.model(strategy or self.config.strategy, options, wrap)
 
-    def ema(self, model: nn.Module, decay: float = 0.999) -> nn.Module:
+    def ema(self, model: nn.Module, decay: Decay = 0.999, *, every: int = 1,
+            warmup: int = 0) -> nn.Module:
         """A frozen copy of ``model``'s weights and floating-point buffers that becomes
         ``decay * ema + (1 - decay) * weights`` after each optimizer step that really steps
-        (not an accumulation micro-step, not one the GradScaler skipped). Laid out like the
-        model (FSDP: sharded the same way, updated locally). Checkpoints hold it (made after
-        :meth:`resume`, it is loaded from the checkpoint resume read, if that holds it);
-        ``run.export(path, model=ema)`` writes it. Takes the model :meth:`model` returned."""
-        ema = self._emas.make(model, decay)
+        (not an accumulation micro-step, not one the GradScaler skipped). ``every=k``: after
+        every k-th optimizer step only; ``warmup=n``: a copy of the weights for the first n;
+        ``decay``: a number or a function of the optimizer step (1, 2, ...). Laid out like the
+        model (FSDP: sharded the same way, updated locally). Checkpoints hold it, each rank's
+        buffers as that rank's (made after :meth:`resume`, it is loaded from the checkpoint
+        resume read, if that holds it); ``run.export(path, model=ema)`` writes it. Takes the
+        model :meth:`model` returned."""
+        ema = self._emas.make(model, decay, every=every, warmup=warmup)
         self._ema_made(ema)
         return ema
 
@@ -231,24 +242,37 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
     # --- data --------------------------------------------------------------------------
     def loader(self, data: Dataset | DataLoader, batch_size: int | None = None, *,
                shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
-               collate_fn: Any = None, **extra: Any) -> DeviceLoader | StreamLoader:
+               collate_fn: Any = None, train: bool | None = None, repeats: int = 1,
+               **extra: Any) -> DeviceLoader | StreamLoader:
         """A loader over this rank's shard; ``batch_size`` is per process. A stream (see
         docs/streams.md) gets a :class:`~splitsync.data.stream.StreamLoader`, anything
         indexable a :class:`~splitsync.data.loader.DeviceLoader`; both keep a position
-        (``position()``, ``restore()``) that ``run.save``/``run.resume`` carry."""
+        (``position()``, ``restore()``) that ``run.save``/``run.resume`` carry.
+        ``train=False`` marks an evaluation loader (the ledger and ``splitsync audit``
+        count it apart; under fault tolerance each group reads it alone); ``repeats=k``
+        declares a sampler that delivers each sample k times per epoch by design (repeated
+        augmentation), which the audit checks against k."""
+        check_marks(train, repeats)
+
         def plain() -> DeviceLoader | StreamLoader:
             loader = make_loader(data, batch_size, shuffle=shuffle, drop_last=drop_last,
-                                 num_workers=num_workers, collate_fn=collate_fn, rank=self.rank,
-                                 world_size=self.world_size, seed=self.seed,
-                                 device=self.device, hooks=self._data.hooks,
-                                 shield=self._worker_signals, **extra)
+                                 num_workers=num_workers, collate_fn=collate_fn,
+                                 rank=self.dp_rank, world_size=self.dp_size,  # a TP group alike
+                                 seed=self.seed, device=self.device, hooks=self._data.hooks,
+                                 shield=self.config.preempt_signals, **extra)
+            loader.train, loader.repeats = train, repeats
+            warn_if_empty(loader, self.rank, self.world_size)
             self._data.all.append(loader)
             self._checkpoints.attach_loader(loader)  # made after run.resume: continue from it
             return loader
 
-        return self._tolerance.loader(data, batch_size, {
+        if train is False:  # evaluation: never the fault-tolerant cursor's loader
+            return plain()
+        loader = self._tolerance.loader(data, batch_size, {
             "shuffle": shuffle, "drop_last": drop_last, "num_workers": num_workers,
             "collate_fn": collate_fn, **extra}, plain)
+        loader.train, loader.repeats = train, repeats
+        return loader
 
     def epochs(self, n: int, start: int = 0) -> Iterator[int]:
         """Yield epoch numbers start..n-1, calling set_epoch on every loader first (under
@@ -347,7 +371,6 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
             self._checkpoints.close(clean=False)  # also destroys the background group
             if self.log_handler is not None:
                 get_logger().removeHandler(self.log_handler)
-            forget_filter(self._warnings_once)
             if self._owns_group:
                 destroy_group()
             if preemption is not None:

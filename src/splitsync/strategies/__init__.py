@@ -27,11 +27,14 @@ __all__ = ["Strategy", "SyncSetter", "WrapContext", "STRATEGY_NAMES", "resolve",
 _MODULES: Mapping[str, str] = {
     "single": "splitsync.strategies.single",
     "ddp": "splitsync.strategies.ddp",
+    "tp": "splitsync.strategies.tp",
     "hsdp": "splitsync.strategies.hsdp",
     "fsdp": "splitsync.strategies.fsdp",
     "dp": "splitsync.strategies.dp",
 }
 STRATEGY_NAMES: tuple[str, ...] = ("auto", *_MODULES)
+#: Strategies that init(mesh=...) chooses (named alone they are refused)
+_BY_MESH = frozenset({"tp"})
 #: Set on the module ``run.model`` returns: the name of the strategy that made it.
 _MARK = "_splitsync_strategy"
 
@@ -65,8 +68,10 @@ def get_strategy(name: str) -> Strategy:
 
 
 def taking(option: str) -> list[str]:
-    """Names of the strategies whose ``run.model`` options include ``option``."""
-    return [name for name in _MODULES if option in get_strategy(name).options]
+    """Names of the strategies whose ``run.model`` options include ``option`` (those a
+    script can name: "tp" comes with ``init(mesh=...)``, never by name alone)."""
+    return [name for name in _MODULES if name not in _BY_MESH
+            and option in get_strategy(name).options]
 
 
 def known_options(name: str) -> tuple[str, ...]:

@@ -41,6 +41,8 @@ class WrapContext:
     rank: int = 0
     precision: Precision | None = None  # the run's policy object; None: plain fp32
     local_world_size: int | None = None  # processes on this node (HSDP's default shard size)
+    mesh: Any = None  # the run's DeviceMesh under init(mesh=...) (None: none, or one process)
+    mesh_shape: Any = None  # its sizes (splitsync.distributed.mesh.MeshShape), even at one process
 
 
 def frozen_copy(module: nn.Module) -> nn.Module:

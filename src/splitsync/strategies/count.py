@@ -7,11 +7,14 @@ Each backward of a counted window multiplies its loss (the micro-batch's mean) b
 usual size (exact: scaling by a power of two changes no bit). The reduction must then
 divide by ``unit * N``, where ``N`` is the items of the window on all ranks:
 
-- DDP (:class:`DdpCount`): a comm hook appends this rank's count to each gradient bucket,
-  so the one all-reduce DDP does anyway also sums the counts; the division by
-  ``unit * N`` replaces DDP's division by the world size. No collective of its own. With
-  one micro-batch per window the loss is not multiplied: the hook packs ``n`` times the
-  gradient (``weight``) and divides by ``N``.
+- DDP (:class:`DdpCount`): a comm hook appends this rank's count to one gradient bucket,
+  the smallest of the previous backward's layout (the same on every rank; bucket 0 before
+  any is known), so the all-reduce DDP does anyway also sums the counts; the other buckets
+  are all-reduced in place. The division by ``unit * N`` replaces DDP's division by the
+  world size. No collective of its own, and a copy of that one bucket only (a copy of
+  every bucket would hold a second set of gradients, as much memory again). Should the
+  chosen bucket not come (DDP laid its buckets out anew), the count is all-reduced apart. With one micro-batch per window the loss is not multiplied: the hook
+  multiplies the gradient by ``n`` (``weight``) and divides by ``N``.
 - FSDP2 and HSDP (:class:`FsdpCount`): the reduction averages over the ranks as usual;
   after the window's last backward ``N`` is all-reduced (one small all-reduce per
   optimizer step) and the rank's gradient shards, 1/world of the model, are multiplied by
@@ -77,10 +80,12 @@ class _HookState:
         self.slot = 0.0  # this rank's count in the window
         self.unit = 1.0
         self.weight = 1.0  # what the local gradient is multiplied by as it is packed
-        # per bucket: its buffer's address, the packed tensor (the bucket's gradients and one
-        # more element for the count) with its two parts, and a future completed with the
-        # bucket; all reused from step to step
+        # the first bucket's buffer address, the packed tensor (its gradients and one more
+        # element for the count) with its two parts, and a future completed with the bucket;
+        # reused from step to step. Index 0 only: the other buckets need no copy.
         self.packed: dict[int, tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, Any]] = {}
+        self.sizes: dict[int, int] = {}  # each bucket's elements, as the hook last saw them
+        self.carrier = 0  # the bucket the count rides with in this backward
         self.pending: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
 
@@ -99,10 +104,18 @@ def _packed(state: _HookState, index: int, buf: torch.Tensor
 def _count_hook(state: _HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+    buf = bucket.buffer()
+    state.sizes[bucket.index()] = buf.numel()
     if not state.counting:  # a backward outside a counted window: DDP's own average
         return default_hooks.allreduce_hook(state.group, bucket)
-    buf = bucket.buffer()
-    _, packed, body, tail, done = _packed(state, bucket.index(), buf)
+    if bucket.index() != state.carrier:  # in place: the count rides with one bucket only
+        if state.weight != 1.0:
+            buf.mul_(state.weight)
+        done = torch.futures.Future()
+        done.set_result(buf)
+        state.pending.append((state.group.allreduce([buf]), buf, None, buf))
+        return done
+    _, packed, body, tail, done = _packed(state, state.carrier, buf)
     if state.weight == 1.0:
         body.copy_(buf)
     else:
@@ -135,20 +148,32 @@ class DdpCount(CountSync):
                 "rank the same number of batches (run.loader(..., drop_last=True)) instead.")
         state = self.state
         state.counting, state.slot, state.unit, state.weight = True, local, unit, weight
+        smallest = min(state.sizes, key=lambda i: (state.sizes[i], i), default=0)
+        if smallest != state.carrier:  # another bucket carries it: free the old one's copy
+            state.carrier = smallest
+            state.packed.clear()
 
     def after(self, total: Callable[[], float]) -> float | torch.Tensor | None:
         state = self.state
         state.counting = False
         found: float | torch.Tensor | None = None
-        for work, body, tail, buf in state.pending:
+        divisor: float | torch.Tensor = 1.0
+        for work, *_ in state.pending:
             work.wait()
+        for _, _, tail, _ in state.pending:  # the first bucket's: the count on all ranks
+            if tail is None:
+                continue
             if tail.device.type == "cpu":  # read at once: free on the host
                 found = float(tail.item())
-                divisor: float | torch.Tensor = found * state.unit if found > 0 else 1.0
+                divisor = found * state.unit if found > 0 else 1.0
             else:  # stays on the device: the step reads it (one wait, as GradScaler's)
                 found = tail
                 divisor = (tail * state.unit).clamp_min(torch.finfo(tail.dtype).tiny)
-            # an empty window (no item on any rank) has zero gradients: any divisor will do
+        if found is None and state.pending:  # the carrier did not come: apart, once
+            found = total()
+            divisor = found * state.unit if found > 0 else 1.0
+        # an empty window (no item on any rank) has zero gradients: any divisor will do
+        for _, body, _, buf in state.pending:
             torch.div(body, divisor, out=buf)
         state.pending.clear()
         return found
@@ -157,9 +182,11 @@ class DdpCount(CountSync):
 class FsdpCount(CountSync):
     """FSDP2's average over ranks, turned into the mean over items shard by shard."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, ranks: int | None = None) -> None:
         super().__init__(model)
         self.unit = 1.0
+        # what FSDP2 divided by: the data-parallel ranks (None: every rank of the mesh)
+        self.ranks = ranks
 
     def before(self, local: float, unit: float, weight: float = 1.0) -> None:
         self.unit = unit
@@ -176,7 +203,7 @@ class FsdpCount(CountSync):
             local = getattr(p.grad, "to_local", None)
             mesh = getattr(p, "device_mesh", None)
             if mesh is not None:
-                ranks = mesh.size()  # what FSDP2 divided by: every rank of the mesh
+                ranks = mesh.size() if self.ranks is None else self.ranks
             grads.append(local() if local is not None else p.grad)
         if grads:
             torch._foreach_mul_(grads, ranks / (self.unit * n))

@@ -156,7 +156,8 @@ def shard_like(model: nn.Module, shadow: nn.Module) -> nn.Module:
             d.copy_(src.to_local() if isinstance(src, DTensor) else src)
     # FSDP2 keeps the root's parameters gathered after forward, for the backward that a
     # copy never runs: reshard, so the next forward gathers the values updated since.
-    shadow.register_forward_hook(_reshard)
+    if hasattr(shadow, "reshard"):  # (a tensor-parallel copy without FSDP gathers nothing)
+        shadow.register_forward_hook(_reshard)
     return shadow.requires_grad_(False)
 
 

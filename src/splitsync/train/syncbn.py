@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.nn.functional import all_reduce
 
-__all__ = ["CPUSyncBatchNorm", "convert_sync_batchnorm"]
+__all__ = ["CPUSyncBatchNorm", "convert_sync_batchnorm", "batchnorm_stats"]
 
 
 class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
@@ -79,4 +79,17 @@ def _convert_cpu(module: nn.Module) -> nn.Module:
         out.training = module.training
     for name, child in module.named_children():
         out.add_module(name, _convert_cpu(child))
+    return out
+
+
+def batchnorm_stats(module: nn.Module) -> list[torch.Tensor]:
+    """Every BatchNorm running mean and variance in ``module`` (local tensors, in module
+    order): what ``run.sync_batchnorm_stats`` averages over the ranks."""
+    out = []
+    for m in module.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            for t in (m.running_mean, m.running_var):
+                if t is not None:
+                    to_local = getattr(t, "to_local", None)
+                    out.append(to_local() if to_local is not None else t)
     return out

@@ -53,6 +53,8 @@ class StreamLoader:
     """A loader over a stream, with the surface of the map-style loader."""
 
     sampler = None  # no index sampler: positions are per shard
+    train: bool | None = None  # see DeviceLoader.train
+    repeats = 1
 
     def __init__(self, readers: StreamReaders, loader: DataLoader, device: torch.device, *,
                  at_end: str, hooks: LoaderHooks | None = None,
@@ -74,6 +76,8 @@ class StreamLoader:
         self.epoch = 0
         self.pass_epoch: int | None = None
         self.finished = False  # the pass of ``epoch`` ran to its end on this rank
+        # the last pass that ended early: (epoch, samples read on some rank, not trained)
+        self.ended_early: tuple[int, int] | None = None
         self._consumed = [0] * readers.source.n_shards  # this rank, since the pass began
         self._resume_epoch: int | None = None
         self._reported = False
@@ -177,6 +181,8 @@ class StreamLoader:
     def _end(self, held: int) -> None:
         self.finished = True
         self.untrained = held
+        if held:
+            self.ended_early = (self.epoch, held)
         if held and self.rank == 0:
             get_logger().warning(
                 "run.loader: epoch %d ended on the first rank to run out of data; %d sample(s) "

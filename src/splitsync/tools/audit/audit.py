@@ -4,6 +4,11 @@ Counts are taken over the steps no crash rolled back (see :mod:`history`). An in
 dataset's epoch covers ``range(len(dataset))``; a stream's covers, per shard, the positions
 up to the furthest one trained (a stream's length is not known beforehand). The last epoch of
 a run that has not finished it is "in progress": its untrained samples are not a gap.
+Evaluation loaders
+(``train=False``, or found by the ledger) are listed apart, never counted as training. A
+loader declared with ``repeats=k`` may train a sample up to k times in an epoch. A stream
+epoch that ended early (``at_end="stop"``) says how many samples it trained and how many
+read ones it left, never a bare "exactly once". A rank with no batch is a problem.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ class EpochCount:
     never: int
     padded: int  # repeats DistributedSampler-style padding added (drop_last=False)
     status: str  # "exactly once", "duplicates", "gaps", "in progress", "dropped by drop_last",
-    # "wrong padding" (the padding repeated other samples than DistributedSampler's)
+    # "wrong padding" (the padding repeated other samples than DistributedSampler's),
+    # "up to k times" (repeats=k), "ended early: trained N, M read and not trained" (streams)
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ class Report:
     bytes: int
     samples_recorded: int
     extra: dict[str, Any] = field(default_factory=dict)
+    evaluation: list[dict[str, Any]] = field(default_factory=list)  # loaders, not trained
 
     @property
     def bytes_per_sample(self) -> float:
@@ -108,12 +115,13 @@ def _count(history: History, loader: int, epoch: int, entries: list[Entry],
            complete: bool) -> tuple[EpochCount, dict[str, Any] | None]:
     info = history.last_pass(loader) or {"kind": "map", "n": 0}
     kind = info["kind"]
+    repeats = int(info.get("repeats", 1))
     ids, steps, ranks, launches, padded = _arrays(entries)
     universe = _universe(kind, ids, info)
     uniq, first, counts = np.unique(ids, return_index=True, return_counts=True)
     inside = np.isin(uniq, universe)
-    more = int(np.count_nonzero(counts[inside] > 1))
-    once = int(np.count_nonzero(counts[inside] == 1))
+    more = int(np.count_nonzero(counts[inside] > repeats))
+    once = int(np.count_nonzero((counts[inside] >= 1) & (counts[inside] <= repeats)))
     missing = np.setdiff1d(universe, uniq, assume_unique=True)
     never = len(missing)
     bad: dict[str, Any] | None = None
@@ -137,10 +145,17 @@ def _count(history: History, loader: int, epoch: int, entries: list[Entry],
         bad = padding_problem(history, loader, epoch, entries)
         if bad is not None:
             status = "wrong padding"
+    ended = next((e for launch in history.launches for e in launch.ended
+                  if e["loader"] == loader and e["epoch"] == epoch), None)
     if bad is not None and status != "wrong padding":
         status = "duplicates" if more else "outside the dataset"
     elif not complete:
         status = "in progress"
+    elif ended is not None:
+        status = (f"ended early: trained {once + more}, {ended['untrained']} read and not "
+                  "trained, nor the rest of those ranks' shards (at_end='stop')")
+    elif repeats > 1:
+        status = f"up to {repeats} times (repeats={repeats})"
     elif never and kind == "map" and info.get("drop_last") and \
             never < int(info["world_size"]) * int(info["batch_size"]):
         status = "dropped by drop_last"
@@ -175,6 +190,40 @@ def _complete(history: History, loader: int, epoch: int, last: int) -> bool:
     return False
 
 
+def _evaluation(history: History, trained: set[int]) -> list[dict[str, Any]]:
+    """Loaders that evaluate: said (``train=False``), found by the ledger, or whose passes
+    no step ever took (with batches on some rank), with their passes per launch."""
+    said: set[int] = set()
+    for launch in history.launches:
+        said |= launch.evaluation
+    out = []
+    loaders = sorted({k for launch in history.launches for k in launch.passes})
+    for loader in loaders:
+        passes = [p for launch in history.launches for p in launch.passes.get(loader, ())]
+        explicit = any(p.get("train") is False for p in passes)
+        never = loader not in trained and any(p.get("batches", 1) for p in passes)
+        if explicit or loader in said or (never and not any(p.get("train") for p in passes)):
+            out.append({"loader": loader, "passes": len(passes), "kind": passes[-1]["kind"],
+                        "how": "train=False" if explicit else
+                        "found: its passes were never followed by a run.step"})
+    return out
+
+
+def _empty_ranks(history: History) -> list[Finding]:
+    out = []
+    for launch in history.launches:
+        for e in launch.empty:
+            if e["loader"] in launch.evaluation:
+                continue
+            out.append(Finding(True, (
+                f"launch {launch.number}: rank {e['rank']} had no batch of loader "
+                f"{e['loader']} ({e['n']} samples over {e['world_size']} ranks at batch size "
+                f"{e['batch_size']}{', drop_last' if e.get('drop_last') else ''}): it trained "
+                "nothing; use a smaller batch size, fewer processes or drop_last=False"),
+                launch.number))
+    return out
+
+
 def audit(run_dir: str | Path) -> Report:
     """Audit the ledger under ``run_dir`` (raises FileNotFoundError when it has none)."""
     root = Path(run_dir) / LEDGER_DIR
@@ -182,9 +231,13 @@ def audit(run_dir: str | Path) -> Report:
         raise FileNotFoundError(f"{root}: no sample ledger here; run with "
                                 "splitsync.init(ledger=True, run_dir=...) first.")
     history = read_history(root)
+    trained = {e.record.loader for e in (*history.live, *history.superseded)}
+    evaluation = _evaluation(history, trained)
+    skip = {e["loader"] for e in evaluation}
     groups: dict[tuple[int, int], list[Entry]] = {}
     for e in history.live:
-        groups.setdefault((e.record.loader, e.record.epoch), []).append(e)
+        if e.record.loader not in skip:
+            groups.setdefault((e.record.loader, e.record.epoch), []).append(e)
     last = {}
     for loader, epoch in groups:
         last[loader] = max(last.get(loader, epoch), epoch)
@@ -196,7 +249,7 @@ def audit(run_dir: str | Path) -> Report:
         epochs.append(count)
         if first_bad is None and bad is not None:
             first_bad = bad
-    findings = list(history.findings)
+    findings = list(history.findings) + _empty_ranks(history)
     for launch in history.launches[:-1]:
         if launch.close is None and launch.steps:
             findings.append(Finding(False, f"launch {launch.number} ended without run.close "
@@ -207,7 +260,8 @@ def audit(run_dir: str | Path) -> Report:
                   launches=[launch.summary() for launch in history.launches],
                   epochs=epochs, findings=findings, first_bad=first_bad,
                   unreadable=history.unreadable, superseded=_superseded(history.superseded),
-                  bytes=history.bytes, samples_recorded=history.samples)
+                  bytes=history.bytes, samples_recorded=history.samples,
+                  evaluation=evaluation)
 
 
 def _superseded(entries: list[Entry]) -> list[dict[str, int]]:

@@ -51,6 +51,9 @@ class Launch:
     passes: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # loader -> P records
     close: dict[str, Any] | None = None  # rank 0's C record
     steps: int = 0  # the highest step recorded
+    evaluation: set[int] = field(default_factory=set)  # loaders said or found to evaluate
+    empty: list[dict[str, Any]] = field(default_factory=list)  # a rank's pass with no batch
+    ended: list[dict[str, int]] = field(default_factory=list)  # stream epochs ended early
 
     def summary(self) -> dict[str, Any]:
         r = self.resume
@@ -104,8 +107,12 @@ def _read_launch(folder: Path, number: int, unreadable: list[dict[str, str]],
                 launch.resume = rec
             elif kind == "P":
                 passes.setdefault(rank, {}).setdefault(int(rec["loader"]), []).append(rec)
+                _pass_notes(launch, rank, rec)
             elif kind == "C":
                 closes[rank] = rec
+                launch.evaluation |= {int(p["loader"]) for p in rec.get("passes", ())
+                                      if p.get("evaluation")}
+                _ended(launch, rec.get("ended_early", ()))
     # every rank records the same passes and close: the lowest rank that has them speaks
     launch.passes = passes[min(passes)] if passes else {}
     launch.close = closes[min(closes)] if closes else None
@@ -114,6 +121,25 @@ def _read_launch(folder: Path, number: int, unreadable: list[dict[str, str]],
         findings.append(Finding(True, f"launch {number}: no ledger file for rank(s) {missing} "
                                 f"of {launch.world_size}", number))
     return launch, entries
+
+
+def _pass_notes(launch: Launch, rank: int, rec: dict[str, Any]) -> None:
+    """What one rank's pass record says besides the order: evaluation, no batch, an end."""
+    loader = int(rec["loader"])
+    if rec.get("train") is False:
+        launch.evaluation.add(loader)
+    elif rec.get("kind") == "map" and rec.get("batches") == 0 and not any(
+            e["rank"] == rank and e["loader"] == loader for e in launch.empty):
+        launch.empty.append({"rank": rank, **rec})
+    end = rec.get("ended_early") or ()
+    if end:
+        _ended(launch, [{"loader": loader, "epoch": int(end[0]), "untrained": int(end[1])}])
+
+
+def _ended(launch: Launch, notes: Any) -> None:
+    for note in notes:
+        if note not in launch.ended:
+            launch.ended.append(dict(note))
 
 
 def _changes(earlier: list[Launch], launch: Launch, findings: list[Finding]) -> None:
@@ -137,6 +163,8 @@ def _position(launch: Launch, live: list[Entry], findings: list[Finding]) -> Non
     assert launch.resume is not None
     for loader, passes in launch.passes.items():
         first = passes[0]
+        if first.get("train") is False or loader in launch.evaluation:
+            continue  # evaluation: nothing trained to continue from
         if int(first.get("step", 0)) != int(launch.resume["step"]):
             continue  # its first pass began after steps of this launch: not the resume
         epoch = int(first["epoch"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["render"]
+__all__ = ["render", "verdict"]
 
 
 def render(report: Any) -> None:
@@ -38,10 +38,14 @@ def render(report: Any) -> None:
         et.add_column(col, justify="right" if col != "status" else "left")
     for c in report.epochs:
         style = {"exactly once": "green", "in progress": "yellow",
-                 "dropped by drop_last": "yellow"}.get(c.status, "bold red")
+                 "dropped by drop_last": "yellow"}.get(
+            c.status, "yellow" if c.status.startswith(("ended early", "up to")) else "bold red")
         et.add_row(str(c.loader), str(c.epoch), str(c.samples), str(c.once), str(c.more),
                    str(c.never), str(c.padded), f"[{style}]{c.status}[/{style}]")
     con.print(et)
+    for ev in getattr(report, "evaluation", ()):
+        con.print(f"evaluation: loader {ev['loader']} ({ev['kind']}), {ev['passes']} pass(es), "
+                  f"not counted as training ({ev['how']})")
     for note in report.extra.get("notes", []):
         con.print(f"note: {note}")
     for f in report.findings:
@@ -58,8 +62,22 @@ def render(report: Any) -> None:
     _goodput(report.run_dir, con)
     con.print(f"ledger: {report.bytes} bytes for {report.samples_recorded} samples "
               f"({report.bytes_per_sample:.2f} bytes a sample)")
-    con.print("[bold green]OK[/bold green]: every epoch exactly once" if report.ok
-              else "[bold red]FAILED[/bold red]")
+    con.print(verdict(report))
+
+
+def verdict(report: Any) -> str:
+    """The last line: FAILED, a bare OK only when every epoch is exactly once, else OK with
+    what the epochs that are not say."""
+    if not report.ok:
+        return "[bold red]FAILED[/bold red]"
+    if not report.epochs:
+        return "[bold green]OK[/bold green]: nothing was trained (no step recorded)"
+    others = sorted({c.status.split(":")[0] for c in report.epochs
+                     if c.status != "exactly once"})
+    if not others:
+        return "[bold green]OK[/bold green]: every epoch exactly once"
+    return ("[bold green]OK[/bold green]: no sample trained more than its epoch allows or "
+            f"lost; some epochs are {', '.join(others)} (see the table)")
 
 
 def _goodput(run_dir: str, con: Any) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from splitsync.tools.verify.checks import Result, not_checkable
+from splitsync.tools.verify.rng import augmentation_cause, plain_batchnorm
 
 __all__ = ["compare_runs", "likely_cause", "summed_micro_steps", "unshuffled", "lr_row",
            "first_lr_change", "step_loss", "counted", "RTOL", "ATOL", "UNSHUFFLED"]
@@ -273,10 +274,18 @@ def _diverged(failed: set[str], single: Record, multi: Sequence[Record], n: int,
     if token_mean and not counted(multi):
         return token_mean
     modules = set(multi[0]["modules"])
-    if any(m.startswith("Dropout") and not m.endswith("(p=0)") for m in modules):
+    dropout = any(m.startswith("Dropout") and not m.endswith("(p=0)") for m in modules)
+    first = next((i for i in (_first_mismatch(loss1, lossn), _first_mismatch(grad1, gradn))
+                  if i is not None), steps - 1)
+    drawn = augmentation_cause(single["steps"], [r["steps"] for r in multi], first + 1,
+                               "1-process", f"{n}-process", dropout=dropout,
+                               same_world=False)
+    if drawn:
+        return drawn
+    if dropout:
         return ("Dropout draws different masks for a batch of B than for N batches of B/N; "
                 "this difference is expected. Verify with dropout off (p=0) to check the rest.")
-    if any("BatchNorm" in m and m != "SyncBatchNorm" for m in modules):
+    if plain_batchnorm(list(modules)):
         return ("BatchNorm normalises each rank's B/N samples separately; use "
                 "run.model(net, sync_batchnorm=True) for statistics over the global batch.")
     return ("The losses diverge without a known cause: check that the loss is a mean over the "

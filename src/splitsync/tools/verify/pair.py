@@ -25,6 +25,7 @@ from splitsync.tools.verify.compare import (
     summed_micro_steps,
     unshuffled,
 )
+from splitsync.tools.verify.rng import augmentation_cause, plain_batchnorm
 
 __all__ = ["Side", "compare_pair", "pair_cause", "tolerance"]
 
@@ -160,10 +161,22 @@ def pair_cause(results: Sequence[Result], ref: Side, other: Side,
         if token_mean and not counted(other.records):
             return token_mean
         modules = set(ref.records[0]["modules"])
-        if any(m.startswith("Dropout") and not m.endswith("(p=0)") for m in modules):
+        dropout = any(m.startswith("Dropout") and not m.endswith("(p=0)") for m in modules)
+        same_world = ref.records[0]["world_size"] == other.records[0]["world_size"]
+        upto = next((k for k, s in enumerate(shared, start=1)
+                     if not math.isclose(_loss(a[s]) or 0.0, _loss(b[s]) or 0.0,
+                                         rel_tol=1e-6)), len(shared))
+        drawn = augmentation_cause(
+            [a[s][0] for s in shared], [[b[s][r] for s in shared] for r in range(len(b[first]))],
+            upto, ref.label, other.label, dropout=dropout, same_world=same_world)
+        if drawn:
+            return drawn
+        if dropout:
             return ("Dropout draws its masks from a random stream that differs between the "
                     "two runs; this difference is expected. Verify with dropout off (p=0).")
-        if any("BatchNorm" in m and m != "SyncBatchNorm" for m in modules):
+        # the same world size and micro-steps: each rank normalises the same samples
+        micro_same = a[first][0].get("micro", 1) == b[first][0].get("micro", 1)
+        if plain_batchnorm(list(modules)) and not (same_world and micro_same):
             return ("BatchNorm normalises over each micro-batch (or each rank's part of it); "
                     "the statistics differ between the runs.")
     return None

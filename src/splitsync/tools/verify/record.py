@@ -36,6 +36,7 @@ from torch.utils.data import Subset
 
 from splitsync.observe import Observer
 from splitsync.tools.verify import agree
+from splitsync.tools.verify.draws import Draws
 
 __all__ = ["ScriptRecorder", "from_environ", "settings", "ENV_DIR"]
 
@@ -109,6 +110,7 @@ class ScriptRecorder(Observer):
         self._lr: list[float] = []
         self._orders: dict[int, tuple[list[int], int, int]] = {}  # id -> order, batch, pass
         self._shuffled = 0
+        self._draws: Draws | None = None  # global-RNG draws per step, from run.model on
 
     # --- observer hooks ------------------------------------------------------------------
     def redirect_path(self, path: Path) -> Path:
@@ -150,6 +152,7 @@ class ScriptRecorder(Observer):
 
     def on_wrapped(self, model: nn.Module) -> nn.Module:
         self.data["wrapper"] = type(model).__name__
+        self._draws = Draws()  # what the model's construction drew is not a step's
         return model
 
     def _on_forward(self, module: nn.Module, args: tuple[Any, ...]) -> None:
@@ -203,7 +206,7 @@ class ScriptRecorder(Observer):
             "micro": len(losses), "grad_norm": self._grad_norm,
             "rows": self._pending["rows"], "indices": self._pending["indices"],
             "pass": len(self.data["passes"]), "optimizer_steps": self._opt_steps,
-            "lr": self._lr})
+            "lr": self._lr, "draws": None if self._draws is None else self._draws.mark()})
         self._pending = {"losses": [], "counts": [], "rows": [], "indices": []}
         self.flush()
         if self.data["first_step"] + len(self.data["steps"]) >= self.stop:
@@ -215,6 +218,8 @@ class ScriptRecorder(Observer):
 
     def on_resume(self, path: Path | str, step: int) -> None:
         self.data["resumed_step"] = self.data["first_step"] = int(step)
+        if self._draws is not None:
+            self._draws.reset()
 
     def on_close(self, clean: bool) -> None:
         self.flush()

@@ -27,10 +27,11 @@ class MapPass:
     gone to steps so far."""
 
     __slots__ = ("loader", "idx", "order", "epoch", "size", "total", "real", "number",
-                 "credited", "seg", "run_first", "run_last", "run_n", "next")
+                 "credited", "seg", "run_first", "run_last", "run_n", "next", "calls")
 
-    def __init__(self, loader: Any, idx: int, order: PassOrder) -> None:
+    def __init__(self, loader: Any, idx: int, order: PassOrder, calls: int = 0) -> None:
         self.loader = loader
+        self.calls = calls  # run.step calls (micro-steps too) before the pass began
         self.idx = idx  # the ledger's number for the loader
         self.order = order
         self.epoch = order.epoch

@@ -41,7 +41,7 @@ from splitsync.tools.audit.ledger.format import (
 )
 from splitsync.tools.audit.ledger.passes import MapPass, ids_of
 
-__all__ = ["Ledger", "LEDGER_DIR", "FLUSH_STEPS", "FLUSH_IDS", "next_launch"]
+__all__ = ["Ledger", "LEDGER_DIR", "FLUSH_STEPS", "FLUSH_IDS", "next_launch", "join_launch"]
 
 # Steps, and sample ids, buffered between writes: a write per step would cost a system call
 # and an encoding per step. The ids bound keeps each write's work small with large batches
@@ -59,18 +59,26 @@ def next_launch(root: Path) -> int:
 
 def describe_loader(loader: Any) -> dict[str, Any]:
     """What a pass of ``loader`` depends on: the audit compares these across launches."""
+    said = {"train": getattr(loader, "train", None), "repeats": getattr(loader, "repeats", 1)}
     readers = getattr(loader, "readers", None)
     if readers is not None:  # a stream
-        return {"kind": "stream", "seed": readers.seed, "batch_size": readers.batch_size,
+        return {**said, "kind": "stream", "seed": readers.seed, "batch_size": readers.batch_size,
                 "shuffle": readers.shuffle, "n_shards": readers.source.n_shards,
                 "window": readers.window, "world_size": readers.world,
                 "workers": readers.workers, "drop_last": readers.drop_last,
-                "epoch": loader.epoch, "offsets": list(readers.offsets)}
+                "epoch": loader.epoch, "offsets": list(readers.offsets),
+                "ended_early": list(loader.ended_early or ())}  # the last such pass's
     s = loader.sampler
-    return {"kind": "map", "seed": s.seed, "batch_size": loader.batch_size,
+    return {**said, "kind": "map", "batches": len(loader), "seed": s.seed, "batch_size": loader.batch_size,
             "shuffle": s.shuffle, "n": len(loader.dataset), "order": s.order,
             "world_size": s.num_replicas, "drop_last": bool(loader.loader.drop_last),
             "epoch": s.epoch, "start": s.start}
+
+
+def join_launch() -> None:
+    """A rank that records nothing (one of a TP group's other ranks) still takes part in
+    the broadcast of the launch's number that every :class:`Ledger` makes."""
+    comm.broadcast_object(0)
 
 
 class Ledger(Observer):
@@ -106,6 +114,9 @@ class Ledger(Observer):
         self._passes: list[dict[str, Any]] = []  # P records not yet written
         self._streams: dict[int, tuple[int, int]] = {}  # id(stream) -> (loader, epoch)
         self._open = False  # an accumulation window's micro-steps since the last step
+        self._calls = 0  # run.step calls so far, micro-steps included
+        self._eval: set[int] = set()  # evaluation loaders: said, or found (see module doc)
+        self._ended: list[dict[str, int]] = []  # stream epochs that ended early (E notes)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         meta = {"launch": launch, "rank": rank, "world_size": world_size,
                 "restart_count": restart_count, "seed": seed, "host": socket.gethostname(),
@@ -128,18 +139,46 @@ class Ledger(Observer):
         idx = info["loader"] = self._index(loader)
         info["step"] = self.step
         self._passes.append(info)  # encoded at the next write, with the steps
+        if getattr(loader, "train", None) is False:
+            self._eval.add(idx)
+        if idx in self._eval:  # evaluation: its passes only
+            self._streams.pop(id(loader), None)
+            self._maps = [p for p in self._maps if p.loader is not loader]
+            return
         sampler = loader.sampler
         if sampler is None:  # a stream: its batches' ids come with them (on_stream_batch)
             self._streams[id(loader)] = (idx, loader.epoch)
             return
         old = next((p for p in self._maps if p.loader is loader), None)
+        if old is not None and getattr(loader, "train", None) is None and old.calls == self._calls and \
+                loader.previous_pass_batches == len(loader):
+            # it ran out and begins again with no run.step since it began: evaluation
+            self._maps.remove(old)
+            self._eval.add(idx)
+            return
         if old is not None:  # its last batches, delivered since the last step
             self._maps.remove(old)
             self._held += old.close_run(self._rows[idx])
             upto = old.delivered(loader.previous_pass_batches)
             if loader.passes == old.number + 1 and upto > old.credited:  # (else passes went
                 self._add_pending(idx, old.epoch, *self._take(old, upto))  # by unheard)
-        self._maps.append(MapPass(loader, idx, sampler.pass_order()))
+        self._maps.append(MapPass(loader, idx, sampler.pass_order(), self._calls))
+
+    def _find_evaluation(self) -> None:
+        """At a step: a pass that ran out with no run.step during it, while another loader
+        has batches this step takes, was an evaluation (its samples are not credited)."""
+        # (the step count first: a pass with a step during it is training, the usual case)
+        done = [p for p in self._maps if p.calls == self._calls
+                and getattr(p.loader, "exhausted", False)
+                and getattr(p.loader, "train", None) is None]
+        if not done:
+            return
+        waiting = [p for p in self._maps if p not in done and p.loader.passes == p.number
+                   and p.loader.batches_seen * p.size > p.credited]
+        if waiting or self._pending:
+            for p in done:
+                self._maps.remove(p)
+                self._eval.add(p.idx)
 
     def _take(self, p: MapPass, upto: int) -> tuple[int, int]:
         """Positions ``p.credited`` to ``upto`` of ``p`` join the ids to write; returns how
@@ -168,6 +207,8 @@ class Ledger(Observer):
     def on_stream_batch(self, loader: Any, ids: list[int]) -> None:
         key = self._streams.get(id(loader))
         if key is None:  # a batch without a pass begun before it: look it up
+            if getattr(loader, "train", None) is False:
+                return
             key = self._streams[id(loader)] = (self._index(loader), loader.epoch)
         self._flat[key[0]].extend(ids)
         self._add_pending(key[0], key[1], len(ids), 0)
@@ -177,6 +218,9 @@ class Ledger(Observer):
 
     def on_step_end(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor | None,
                     stepped: bool = True) -> None:
+        if self._maps:
+            self._find_evaluation()
+        self._calls += 1
         if not stepped:  # an accumulation micro-step, or a step the GradScaler skipped:
             self._open = True  # a window is open (a save now keeps it: before_save)
             return  # the samples wait for the step that updates the model
@@ -289,11 +333,23 @@ class Ledger(Observer):
             else:
                 epoch = loader.epoch
             passes.append({"loader": idx, "epoch": epoch, "finished": bool(finished),
-                           "untrained": int(getattr(loader, "untrained", 0))})
-        self._flush(json_record(b"C", {"clean": clean, "step": self.step, "passes": passes}))
+                           "untrained": int(getattr(loader, "untrained", 0)),
+                           "evaluation": idx in self._eval})
+        self._flush(json_record(b"C", {"clean": clean, "step": self.step, "passes": passes,
+                                        "ended_early": self._early()}))
         os.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
+
+    def _early(self) -> list[dict[str, int]]:
+        """Each stream's epochs that ended early (``at_end="stop"``), as seen so far."""
+        for idx, loader in enumerate(self._objs):
+            end = getattr(loader, "ended_early", None)
+            if end is not None and idx not in self._eval:
+                note = {"loader": idx, "epoch": end[0], "untrained": end[1]}
+                if note not in self._ended:
+                    self._ended.append(note)
+        return self._ended
 
     def _flush(self, last: bytes = b"") -> None:
         """One write: the buffered passes, then every buffered step (one ``S`` record per
