@@ -28,10 +28,18 @@ from splitsync.distributed.threads import cpu_counts, launcher_threads
 from splitsync.output.progress import preload as preload_progress
 from splitsync.output.trackers import require_packages
 from splitsync.preemption.defaults import DEFAULT_PREEMPT_GRACE, DEFAULT_PREEMPT_SIGNALS
-from splitsync.run.config import DEFAULT_STRAGGLER_THRESHOLD, RunConfig, accumulate_for
+from splitsync.preemption.settings import PreemptionSettings
+from splitsync.run.config import (
+    DEFAULT_STRAGGLER_THRESHOLD,
+    CheckpointSettings,
+    GuardSettings,
+    LedgerSettings,
+    RunConfig,
+    accumulate_for,
+)
 from splitsync.run.runtime import Run
 from splitsync.strategies import check_options, resolve
-from splitsync.train.precision import get_precision
+from splitsync.train.precision import precision_on
 
 __all__ = ["init"]
 
@@ -63,7 +71,7 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         strategy_options=strategy_options))
     config = chosen.config
     dev = choose_device(env, device)
-    policy = get_precision(precision, dev)  # "16-mixed" on a CPU fails here, before the network
+    policy = precision_on(config.precision, dev)  # "16-mixed" on a CPU fails here
     chosen_backend = backend or default_backend(dev)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -73,9 +81,9 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         owns = init_group(env, chosen_backend, dev, attached.collective_timeout(config, env.world_size))
     try:
         device_mesh = _device_mesh(config.mesh, env, dev)  # a collective: every rank, now
-        if deterministic:
+        if config.deterministic:
             torch.use_deterministic_algorithms(True)
-        final_seed = seed if seed is not None else comm.broadcast_object(draw_seed())
+        final_seed = config.seed if config.seed is not None else comm.broadcast_object(draw_seed())
         if env.rank == 0:
             preload_progress()  # before the seeding: its draws at import change nothing
         seed_everything(final_seed)
@@ -165,21 +173,24 @@ def _settings(env: DistEnv, given: dict[str, Any]) -> _Chosen:
                         heartbeat_ms=given["ft_heartbeat_ms"], timeout=given["ft_timeout"],
                         lighthouse=given["ft_lighthouse"])
         check_launch(accumulate_for(given["accumulate"], env.world_size), env.launcher)
-    shape = _mesh(given, env.world_size, ft is not None)
-    timeout = given["timeout"]
+    shape = _mesh(given, env.world_size, ft is not None)  # checked by mesh_shape
     device = given["device"]
     options = given["strategy_options"]
-    config = RunConfig(
+    config = RunConfig(  # each sub-settings object checks its own values, once
         seed=given["seed"], strategy=given["strategy"], precision=given["precision"],
         device=None if device is None else str(device), backend=given["backend"],
         accumulate=accumulate_for(given["accumulate"], env.world_size),
-        timeout=timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout)),
-        debug=given["debug"], guards=given["guards"], run_dir=given["run_dir"],
-        deterministic=given["deterministic"], save_blocking=given["save_blocking"],
+        run_dir=given["run_dir"], deterministic=given["deterministic"],
         strategy_options=options, loggers=given["loggers"],
-        straggler_threshold=given["straggler_threshold"], fault_tolerance=ft,
-        preempt_signals=given["preempt_signals"], preempt_grace=given["preempt_grace"],
-        preempt_file=given["preempt_file"], ledger=given["ledger"], mesh=shape)
+        checkpointing=CheckpointSettings(save_blocking=given["save_blocking"]),
+        preemption=PreemptionSettings(preempt_signals=given["preempt_signals"],
+                                      preempt_grace=given["preempt_grace"],
+                                      preempt_file=given["preempt_file"]),
+        fault_tolerance=ft,
+        guarding=GuardSettings(guards=given["guards"], timeout=given["timeout"],
+                               debug=given["debug"],
+                               straggler_threshold=given["straggler_threshold"]),
+        sample_ledger=LedgerSettings(ledger=given["ledger"]), mesh=shape)
     config = attached.configure(config, os.environ)  # a tool may impose strategy, accumulate
     strategy = resolve(config.strategy, env.world_size)
     if options:  # a misspelt keyword fails here, at every world size
