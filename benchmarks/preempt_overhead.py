@@ -42,6 +42,19 @@ def _counted(loop: Any, run: Any) -> Any:
     return loop
 
 
+def _aligned(fn: Any) -> Any:
+    """``fn``'s steps, begun together on every rank: each block's first step would otherwise
+    also time the other rank's work since its last block (arming: a store round trip, a
+    thread started), a skew that one step of a 50-step block of W1 turns into percents."""
+    import torch.distributed as dist
+
+    def run(steps: int) -> list[float]:
+        dist.barrier()
+        return fn(steps)
+
+    return run
+
+
 def _rank(rank: int, world: int, workloads: list[str], rounds: int, block: int,
           calibrate: bool, realistic: bool = False) -> list[dict] | None:
     import splitsync
@@ -64,19 +77,19 @@ def _rank(rank: int, world: int, workloads: list[str], rounds: int, block: int,
 
             def armed(steps: int, loop: Any = plain) -> list[float]:
                 if calibrate:
-                    return loop.run(steps)
+                    return _aligned(loop.run)(steps)
                 # what run.resume arms (made and ended outside the timed steps)
                 p = preemption_for(run.config, run.rank, run.world_size, run._checkpoints,
                                    run._generators, run._watch_steps, run._unwatch_steps)
                 try:
-                    return loop.run(steps)
+                    return _aligned(loop.run)(steps)
                 finally:
                     if p is not None:
                         p.close()
 
             if realistic:
                 counted = _counted(plain, run)
-                blocks = interleave({"hand-written DDP": hand.run,
+                blocks = interleave({"hand-written DDP": _aligned(hand.run),
                                      "splitsync, count= + armed":
                                          lambda steps, c=counted: armed(steps, c)},
                                     rounds=rounds, block=block, warmup=2)
@@ -87,9 +100,9 @@ def _rank(rank: int, world: int, workloads: list[str], rounds: int, block: int,
                 out += rows
                 continue
             # fixed rounds and blocks: every rank takes the same decisions, nothing timed
-            blocks = interleave({"hand-written DDP": hand.run, "splitsync": plain.run,
-                                 "splitsync, armed": armed}, rounds=rounds, block=block,
-                                warmup=2)
+            blocks = interleave({"hand-written DDP": _aligned(hand.run),
+                                 "splitsync": _aligned(plain.run), "splitsync, armed": armed},
+                                rounds=rounds, block=block, warmup=2)
             rows = [s.as_dict() for s in summarize(blocks, "hand-written DDP")]
             for row in rows:
                 flat = [t for b in blocks[str(row["loop"])] for t in b]

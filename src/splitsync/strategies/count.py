@@ -75,7 +75,11 @@ class _HookState:
     """What :func:`_count_hook` reads: set around the last backward of a counted window."""
 
     def __init__(self, group: Any) -> None:
+        # imported once here, not in the hook: an import statement runs at every bucket
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
         self.group = group
+        self.average = default_hooks.allreduce_hook  # a backward outside a counted window
         self.counting = False
         self.slot = 0.0  # this rank's count in the window
         self.unit = 1.0
@@ -102,12 +106,10 @@ def _packed(state: _HookState, index: int, buf: torch.Tensor
 
 
 def _count_hook(state: _HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
     buf = bucket.buffer()
     state.sizes[bucket.index()] = buf.numel()
     if not state.counting:  # a backward outside a counted window: DDP's own average
-        return default_hooks.allreduce_hook(state.group, bucket)
+        return state.average(state.group, bucket)
     if bucket.index() != state.carrier:  # in place: the count rides with one bucket only
         if state.weight != 1.0:
             buf.mul_(state.weight)
