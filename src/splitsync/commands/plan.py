@@ -95,8 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="hsdp shards over this many devices (one node) (default: 8)")
     m.add_argument("--tp", default=None, metavar="SIZES",
                    help="also tensor-parallel layouts: comma-separated TP sizes (e.g. 2,4), each "
-                   "at every --sizes count it divides, with FSDP2 over the rest; --batch-size "
-                   "is then per data-parallel replica (a TP group shares it)")
+                   "at every --sizes count it divides, with FSDP2 over the rest; a TP group of t "
+                   "devices trains t x --batch-size as one replica (the same global batch)")
     m.add_argument("--tp-plan", default="auto", metavar="MODULE:NAME",
                    help='the TP plan: a dict {module path: ParallelStyle} (or a function '
                    'returning one) at MODULE:NAME, or "auto" for a Hugging Face model\'s '

@@ -106,7 +106,8 @@ def memory_report(args: argparse.Namespace) -> int:
              p.peak_bytes, p.host_bytes)),
              "" if p.fits is None else ("yes" if p.fits else "no")] for p in plans]
     print(f"{facts.numel:,} parameters; batch {args.batch_size} x {shape} per device, "
-          f"precision {args.precision}, {opt.__name__}; bytes per device (the most loaded one)")
+          f"precision {args.precision}, {opt.__name__}; bytes per device (the most loaded one)"
+          + ("; a TP group of t takes t x that batch as one replica" if args.tp else ""))
     print()
     print(markdown_table(["strategy", "N", "params", "grads", "optimizer", "activations",
                           "peak", "host", f"fits {args.memory_gb:g} GB" if args.memory_gb
@@ -137,7 +138,9 @@ def _tp_rows(args: argparse.Namespace, shape: tuple[int, ...], sizes: list[int],
         styles = _factory(styles)
         styles = styles() if callable(styles) else styles
     try:
-        facts = {t: tensor.tp_facts(_factory(args.model), shape, args.batch_size, t, styles,
+        # the same global batch as the data-parallel rows: a TP group of t devices takes
+        # the t per-device batches as one replica's batch
+        facts = {t: tensor.tp_facts(_factory(args.model), shape, args.batch_size * t, t, styles,
                                     input_dtype=dtype, precision=args.precision,
                                     optimizer=opt, optimizer_kwargs=kwargs) for t in tps}
     except TypeError as exc:  # a plan that is not {module path: ParallelStyle}
