@@ -25,14 +25,12 @@ MODEL = """
     class FeedForward(nn.Module):
         def __init__(self, dim):
             super().__init__()
-            self.w1 = nn.Linear(dim, 4 * dim)
-            self.w2 = nn.Linear(4 * dim, dim)
+            self.w1, self.w2 = (nn.Linear(a, b) for a, b in ((dim, 4 * dim), (4 * dim, dim)))
 
     class Block(nn.Module):
         def __init__(self, dim):
             super().__init__()
-            self.attention = Attention(dim)
-            self.feed_forward = FeedForward(dim)
+            self.attention, self.feed_forward = Attention(dim), FeedForward(dim)
 
     class Transformer(nn.Module):
         def __init__(self, dim, n):
@@ -77,8 +75,14 @@ def test_ss215_flags_run_model_tp_plan() -> None:
         import splitsync
         run = splitsync.init(mesh={"dp_shard": -1, "tp": 2})
         model = run.model(Transformer(64, 2), tp_plan={"layers.0.feed_forward.w9": ColwiseParallel()})
+
+        def plan():
+            return {"layers.*.attention.wk": ColwiseParallel()}
+
+        other = run.model(Transformer(64, 2), tp_plan=plan())
     """)
-    assert len(found) == 1 and "`w9` is no submodule" in found[0].message
+    assert len(found) == 2 and "`w9` is no submodule" in found[0].message
+    assert "`wk` is no submodule" in found[1].message
 
 
 def test_ss215_silent_on_a_right_plan_and_on_a_class_it_cannot_see() -> None:

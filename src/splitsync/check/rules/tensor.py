@@ -61,8 +61,15 @@ def _assigned(facts: Facts, name: str, before: ast.AST) -> ast.AST | None:
 
 
 def _as_dict(facts: Facts, expr: ast.AST, at: ast.AST) -> ast.Dict | None:
+    """A dict literal, a name assigned one, or a call of a function of the file whose one
+    ``return`` is one (``tp_plan=tp_plan()``)."""
     if isinstance(expr, ast.Name):
         expr = _assigned(facts, expr.id, at)  # type: ignore[assignment]
+    elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) \
+            and expr.func.id in facts.functions:
+        returns = [n.value for n in ast.walk(facts.functions[expr.func.id])
+                   if isinstance(n, ast.Return)]
+        expr = returns[0] if len(returns) == 1 else None  # type: ignore[assignment]
     return expr if isinstance(expr, ast.Dict) else None
 
 
@@ -100,13 +107,25 @@ def _children(classes: dict[str, ast.ClassDef], name: str) -> dict[str, ast.AST]
     for node in ast.walk(cls):
         if isinstance(node, ast.Call) and last_name(node) in _DYNAMIC:
             return None
-        if isinstance(node, ast.Assign | ast.AnnAssign):
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for t in targets:
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) \
-                        and t.value.id == "self" and node.value is not None:
-                    found[t.attr] = node.value
+                for attr, value in _pairs(t, node.value):
+                    found[attr] = value
     return found
+
+
+def _pairs(target: ast.AST, value: ast.AST) -> Iterator[tuple[str, ast.AST]]:
+    """``self.x = v`` -> (x, v); ``self.a, self.b = A(), B()`` pairs each; unpacking from
+    something else (a generator) gives each name that whole value (a layer of unknown class)."""
+    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+            and target.value.id == "self":
+        yield target.attr, value
+    elif isinstance(target, ast.Tuple | ast.List):
+        values = value.elts if isinstance(value, ast.Tuple | ast.List) \
+            and len(value.elts) == len(target.elts) else [value] * len(target.elts)
+        for t, v in zip(target.elts, values, strict=True):
+            yield from _pairs(t, v)
 
 
 def _element(value: ast.AST) -> str | None:
