@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 import splitsync
+from splitsync.observers.guards.desync import Recorder
 from splitsync.testing import spawn
 
 
@@ -50,7 +51,7 @@ def _rank(rank: int, world: int, steps: int, repeats: int, debug: bool,
     recorder = None
     if debug:
         runs["debug mode"] = splitsync.init(seed=0, guards=True, debug=True)
-        recorder = runs["debug mode"]._guards.recorder
+        recorder = next(o for o in runs["debug mode"].observers if isinstance(o, Recorder))
         recorder.uninstall()  # debug patches torch.distributed globally: on in its blocks only
     x = torch.randn(32, 1, 8, 8)
     y = torch.randint(0, 10, (32,))

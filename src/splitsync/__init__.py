@@ -14,7 +14,7 @@ _EXPORTS = {
     "init": "splitsync.api",
     "Run": "splitsync.run.runtime",
     "RunConfig": "splitsync.run.config",
-    "ResumeState": "splitsync.ckpt.session",
+    "ResumeState": "splitsync.ckpt.checkpointer",
     "Observer": "splitsync.observe",
     "DistEnv": "splitsync.distributed.env",
     "detect_env": "splitsync.distributed.env",
@@ -46,7 +46,7 @@ __all__ = [
 if TYPE_CHECKING:  # the lazy names, for type checkers (F401 is off for this file)
     from splitsync import errors, launch  # launch is callable: splitsync.launch(fn, nprocs=N)
     from splitsync.api import init
-    from splitsync.ckpt.session import ResumeState
+    from splitsync.ckpt.checkpointer import ResumeState
     from splitsync.data.stream.sources import Shards
     from splitsync.distributed.comm import broadcast_object, gather_object
     from splitsync.distributed.device import move_to

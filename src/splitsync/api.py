@@ -23,14 +23,23 @@ from splitsync.distributed.env import DistEnv, batch_note, detect_env
 from splitsync.distributed.group import destroy_group, init_group
 from splitsync.distributed.logs import attach_rank_handler, get_logger
 from splitsync.distributed.mesh import MeshShape, build_mesh, mesh_shape, tp_spans_nodes
+from splitsync.distributed.rankstate import flight_recorder_env
 from splitsync.distributed.seeding import draw_seed, seed_everything
 from splitsync.distributed.threads import cpu_counts, launcher_threads
 from splitsync.output.trackers import require_packages
 from splitsync.preemption.defaults import DEFAULT_PREEMPT_GRACE, DEFAULT_PREEMPT_SIGNALS
-from splitsync.run.config import DEFAULT_STRAGGLER_THRESHOLD, RunConfig, accumulate_for
+from splitsync.preemption.settings import PreemptionSettings
+from splitsync.run.config import (
+    DEFAULT_STRAGGLER_THRESHOLD,
+    CheckpointSettings,
+    GuardSettings,
+    LedgerSettings,
+    RunConfig,
+    accumulate_for,
+)
 from splitsync.run.runtime import Run
 from splitsync.strategies import check_options, resolve
-from splitsync.train.precision import get_precision
+from splitsync.train.precision import precision_on
 
 __all__ = ["init"]
 
@@ -38,8 +47,8 @@ __all__ = ["init"]
 def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "32",
          device: str | torch.device | None = None, backend: str | None = None,
          accumulate: int | Callable[[int], int] = 1, timeout: float | timedelta = timedelta(minutes=10),
-         debug: bool = False, guards: bool = True, run_dir: str | None = None,
-         deterministic: bool = False, loggers: str | list[str] | tuple[str, ...] | None = None,
+         debug: bool = False, guards: bool = True, desync_after: float | None = None,
+         run_dir: str | None = None, deterministic: bool = False, loggers: str | list[str] | tuple[str, ...] | None = None,
          straggler_threshold: float | None = DEFAULT_STRAGGLER_THRESHOLD,
          save_blocking: bool = True, ledger: bool = False,
          fault_tolerance: str | None = None, ft_min_replicas: int = 1,
@@ -53,28 +62,30 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
     env = detect_env()  # validated before any network call
     chosen = _settings(env, dict(  # every setting, checked once; "auto" resolved once
         seed=seed, strategy=strategy, precision=precision, device=device, backend=backend,
-        accumulate=accumulate, timeout=timeout, debug=debug, guards=guards, run_dir=run_dir,
-        deterministic=deterministic, loggers=loggers, straggler_threshold=straggler_threshold,
-        save_blocking=save_blocking, ledger=ledger, fault_tolerance=fault_tolerance,
-        ft_min_replicas=ft_min_replicas, ft_heartbeat_ms=ft_heartbeat_ms, ft_timeout=ft_timeout,
-        ft_lighthouse=ft_lighthouse, preempt_signals=preempt_signals,
-        preempt_grace=preempt_grace, preempt_file=preempt_file, mesh=mesh,
-        strategy_options=strategy_options))
+        accumulate=accumulate, timeout=timeout, debug=debug, guards=guards,
+        desync_after=desync_after, run_dir=run_dir, deterministic=deterministic, loggers=loggers,
+        straggler_threshold=straggler_threshold, save_blocking=save_blocking, ledger=ledger,
+        fault_tolerance=fault_tolerance, ft_min_replicas=ft_min_replicas,
+        ft_heartbeat_ms=ft_heartbeat_ms, ft_timeout=ft_timeout, ft_lighthouse=ft_lighthouse,
+        preempt_signals=preempt_signals, preempt_grace=preempt_grace, preempt_file=preempt_file,
+        mesh=mesh, strategy_options=strategy_options))
     config = chosen.config
     dev = choose_device(env, device)
-    policy = get_precision(precision, dev)  # "16-mixed" on a CPU fails here, before the network
+    policy = precision_on(config.precision, dev)  # "16-mixed" on a CPU fails here
     chosen_backend = backend or default_backend(dev)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     owns = False
     if env.launcher != "none":
+        # NCCL's flight recorder under splitsync run: read when the group is made, below
+        os.environ.update(flight_recorder_env(os.environ, chosen_backend, config.run_dir, env.rank))
         # with guards on, collectives wait a little less so the explained error fits in
         owns = init_group(env, chosen_backend, dev, attached.collective_timeout(config, env.world_size))
     try:
         device_mesh = _device_mesh(config.mesh, env, dev)  # a collective: every rank, now
-        if deterministic:
+        if config.deterministic:
             torch.use_deterministic_algorithms(True)
-        final_seed = seed if seed is not None else comm.broadcast_object(draw_seed())
+        final_seed = config.seed if config.seed is not None else comm.broadcast_object(draw_seed())
         seed_everything(final_seed)
         handler = attach_rank_handler(env.rank, env.world_size)
         for note in (chosen.threads_note, batch_note(os.environ, env)):
@@ -111,6 +122,11 @@ after one agreed optimizer step, saved, and the process exits with
 step, else the run exits with its previous checkpoint (docs/checkpoints.md#preemption).
 ``preempt_file``: a path whose appearance (``touch``, e.g. from a Kubernetes preStop
 hook) stops the run the same way.
+
+``desync_after`` (default 20 s, or ``SPLITSYNC_DESYNC_AFTER``): with guards on, a rank
+that has waited this long in one collective asks where the others are; if they are at
+another call, or outside any collective, every rank stops at once with a summary instead
+of waiting for ``timeout`` (docs/guards-and-verify.md#what-a-hang-looks-like).
 
 ``accumulate``: micro-batches per optimizer step on each process, or a function of the
 world size that returns it (``accumulate=lambda world_size: 40 // world_size`` keeps 40
@@ -163,21 +179,24 @@ def _settings(env: DistEnv, given: dict[str, Any]) -> _Chosen:
                         lighthouse=given["ft_lighthouse"])
         check_launch(accumulate_for(given["accumulate"], env.world_size), env.launcher)
     given["mesh"] = attached.imposed_mesh(given["mesh"], env.world_size, os.environ)
-    shape = _mesh(given, env.world_size, ft is not None)
-    timeout = given["timeout"]
+    shape = _mesh(given, env.world_size, ft is not None)  # checked by mesh_shape
     device = given["device"]
     options = given["strategy_options"]
-    config = RunConfig(
+    config = RunConfig(  # each sub-settings object checks its own values, once
         seed=given["seed"], strategy=given["strategy"], precision=given["precision"],
         device=None if device is None else str(device), backend=given["backend"],
         accumulate=accumulate_for(given["accumulate"], env.world_size),
-        timeout=timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout)),
-        debug=given["debug"], guards=given["guards"], run_dir=given["run_dir"],
-        deterministic=given["deterministic"], save_blocking=given["save_blocking"],
+        run_dir=given["run_dir"], deterministic=given["deterministic"],
         strategy_options=options, loggers=given["loggers"],
-        straggler_threshold=given["straggler_threshold"], fault_tolerance=ft,
-        preempt_signals=given["preempt_signals"], preempt_grace=given["preempt_grace"],
-        preempt_file=given["preempt_file"], ledger=given["ledger"], mesh=shape)
+        checkpointing=CheckpointSettings(save_blocking=given["save_blocking"]),
+        preemption=PreemptionSettings(preempt_signals=given["preempt_signals"],
+                                      preempt_grace=given["preempt_grace"],
+                                      preempt_file=given["preempt_file"]),
+        fault_tolerance=ft,
+        guarding=GuardSettings(guards=given["guards"], timeout=given["timeout"],
+                               debug=given["debug"], desync_after=given["desync_after"],
+                               straggler_threshold=given["straggler_threshold"]),
+        sample_ledger=LedgerSettings(ledger=given["ledger"]), mesh=shape)
     config = attached.configure(config, os.environ)  # a tool may impose strategy, accumulate
     strategy = resolve(config.strategy, env.world_size)
     if options:  # a misspelt keyword fails here, at every world size

@@ -187,8 +187,8 @@ def test_extra_backward_on_one_rank_names_the_absent_rank(tmp_path: Path) -> Non
 
 
 def _nested_runs(rank: int, world: int) -> dict[str, object]:
+    from splitsync.observers.guards.attach import GuardObserver
     from splitsync.observers.guards.responder import run_key
-    from splitsync.observers.guards.session import GuardObserver
 
     def watch(run: splitsync.Run) -> object:
         return next(o for o in run.observers if isinstance(o, GuardObserver)).watch

@@ -144,6 +144,21 @@ def test_installed_standard_and_optional_imports_are_not_listed(tmp_path: Path) 
     assert findings == []
 
 
+
+def test_an_optional_import_after_a_from_import_is_not_listed(tmp_path: Path) -> None:
+    # a from-import not found first walks the file's try statements; the optional import
+    # under them stays unlisted whatever order the imports come in
+    _write(tmp_path, {"train.py": """
+        from helpers_not_given import setup
+        try:
+            import apex_not_installed
+        except ImportError:
+            apex_not_installed = None
+    """})
+    findings, _ = check_paths([tmp_path / "train.py"])
+    assert [f.message for f in findings if "apex_not_installed" in f.message] == []
+    assert any("helpers_not_given" in f.message for f in findings)
+
 def _ss501(source: str) -> list[int]:
     return [f.line for f in check_source(HEAD + textwrap.dedent(source), "case.py",
                                          select_rules(["SS501"], gated=False))]

@@ -22,7 +22,7 @@ from splitsync.observers.guards import (
 )
 from splitsync.observers.guards.consistency import reference_ranks
 from splitsync.observers.guards.desync import Recorder, debug_from_environ
-from splitsync.run.config import RunConfig
+from splitsync.run.config import GuardSettings, RunConfig
 from splitsync.tools.verify.compare import compare_runs, likely_cause
 from splitsync.tools.verify.record import from_environ
 
@@ -166,16 +166,16 @@ def test_launch_outcome_shows_the_traceback_end() -> None:
 def test_collective_wait_plus_grace_fit_in_the_timeout() -> None:
     from datetime import timedelta
 
+    from splitsync.observers.guards.attach import collective_timeout
     from splitsync.observers.guards.hangs import split_timeout
-    from splitsync.observers.guards.session import collective_timeout
 
     for seconds in (1, 3, 60, 600, 3600):
         wait, grace = split_timeout(timedelta(seconds=seconds))
         assert wait.total_seconds() + grace == pytest.approx(seconds) and grace > 0
-    config = RunConfig(timeout=timedelta(seconds=60))
+    config = RunConfig(guarding=GuardSettings(timeout=timedelta(seconds=60)))
     assert collective_timeout(config, 2, {}) == timedelta(seconds=54)
     assert collective_timeout(config, 1, {}) == timedelta(seconds=60)  # no guards at world 1
-    off = RunConfig(timeout=timedelta(seconds=60), guards=False)
+    off = RunConfig(guarding=GuardSettings(timeout=timedelta(seconds=60), guards=False))
     assert collective_timeout(off, 2, {}) == timedelta(seconds=60)
     assert collective_timeout(off, 2, {"SPLITSYNC_DEBUG": "1"}) == timedelta(seconds=54)
 

@@ -3,6 +3,8 @@ and the notes a worker leaves for ``splitsync run``."""
 
 from __future__ import annotations
 
+import ast
+import os
 import signal
 from datetime import timedelta
 from pathlib import Path
@@ -17,6 +19,9 @@ from splitsync.preemption.board import LocalBoard, Request, make_board
 from splitsync.preemption.defaults import parse_signals
 from splitsync.preemption.exit import NOTES_VAR, read_notes, write_note
 from splitsync.preemption.requeue import requeue, requeue_wanted, slurm_job_id
+from splitsync.preemption.settings import PreemptionSettings
+from splitsync.preemption.slurm import SlurmSource
+from splitsync.preemption.sources import FileSource, SignalSource
 
 
 @pytest.fixture()
@@ -37,14 +42,14 @@ def test_signals_by_name_short_name_or_number() -> None:
         parse_signals([True])
 
 
-def test_run_config_checks_the_preemption_settings() -> None:
-    assert RunConfig().preempt_signals == ("SIGTERM", "SIGUSR1")
-    assert RunConfig(preempt_signals=(10, "term")).preempt_signals == ("SIGUSR1", "SIGTERM")
-    assert RunConfig(preempt_signals=None).preempt_signals == ()  # type: ignore[arg-type]
+def test_the_preemption_settings_are_checked_and_kept_parsed() -> None:
+    assert RunConfig().preempt_signals == ("SIGTERM", "SIGUSR1")  # read through
+    assert PreemptionSettings(preempt_signals=(10, "term")).preempt_signals == ("SIGUSR1", "SIGTERM")
+    assert PreemptionSettings(preempt_signals=None).preempt_signals == ()  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="preempt_grace=0"):
-        RunConfig(preempt_grace=0)
+        PreemptionSettings(preempt_grace=0)
     with pytest.raises(ValueError, match="preempt_grace='x'"):
-        RunConfig(preempt_grace="x")  # type: ignore[arg-type]
+        PreemptionSettings(preempt_grace="x")  # type: ignore[arg-type]
 
 
 @settings(max_examples=25, deadline=None)
@@ -99,6 +104,49 @@ def test_slurm_job_ids_and_when_to_requeue() -> None:
     assert requeue({}) == "not a SLURM job"
 
 
+def test_the_settings_pick_slurm_s_source_inside_a_slurm_job(tmp_path: Path) -> None:
+    plain = PreemptionSettings()
+    assert [type(s) for s in plain.sources({})] == [SignalSource]
+    (slurm,) = plain.sources({"SLURM_JOB_ID": "17"})
+    assert isinstance(slurm, SlurmSource) and slurm.job == "17"
+    assert slurm.signals == ("SIGTERM", "SIGUSR1")
+    with_file = PreemptionSettings(preempt_signals=(), preempt_file=str(tmp_path / "stop"))
+    assert [type(s) for s in with_file.sources({"SLURM_JOB_ID": "17"})] == [SlurmSource,
+                                                                            FileSource]
+    assert [type(s) for s in with_file.sources({})] == [SignalSource, FileSource]
+
+
+def test_slurm_s_source_fires_on_its_signal_and_requeues_after_a_stop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its signal is noted like any signal's; after the stop, rank 0 asks it to act: it
+    runs ``scontrol requeue`` (a stand-in scontrol on PATH records the call) unless SLURM
+    ended the job itself (SIGTERM)."""
+    calls = tmp_path / "calls"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
+                        'if [ "$1" = show ]; then echo "JobId=17 Requeue=1"; fi\n')
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    source = SlurmSource(("SIGUSR1",), {"SLURM_JOB_ID": "17"})
+    woken: list[bool] = []
+    source.start(lambda: woken.append(True))
+    try:
+        assert source.fired() is None
+        os.kill(os.getpid(), signal.SIGUSR1)
+        fired = source.fired()
+        assert fired is not None and fired[0] == "SIGUSR1" and woken
+    finally:
+        source.close()
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handler went back
+    assert source.after_stop("SIGTERM") is None  # scancel, a time limit: stay cancelled
+    assert not calls.exists()
+    assert source.after_stop("SIGUSR1") == "SLURM job 17 requeued"
+    assert calls.read_text().split("\n")[:2] == ["show job -o 17", "requeue 17"]
+    # the others do nothing after a stop
+    assert SignalSource(("SIGUSR1",)).after_stop("SIGUSR1") is None
+    assert FileSource(tmp_path / "stop").after_stop(FileSource.NAME) is None
+
+
 def test_notes_only_under_a_launcher_that_asked(tmp_path: Path) -> None:
     assert not write_note({}, 0, {"status": "saved"})
     assert not write_note({NOTES_VAR: str(tmp_path / "gone")}, 0, {"status": "saved"})
@@ -143,8 +191,8 @@ def test_a_stop_file_fires_once_touched_and_not_for_an_old_one(tmp_path: Path) -
     assert fired is not None and fired[0] == FileSource.NAME
     assert Request.decode(Request(1, *fired).encode()) == Request(1, *fired)
     with pytest.raises(ValueError, match="preempt_file=3: give the path"):
-        RunConfig(preempt_file=3)  # type: ignore[arg-type]
-    assert RunConfig(preempt_file=path).preempt_file == str(path)  # type: ignore[arg-type]
+        PreemptionSettings(preempt_file=3)  # type: ignore[arg-type]
+    assert PreemptionSettings(preempt_file=path).preempt_file == str(path)  # type: ignore[arg-type]
 
 
 def test_the_watcher_hands_a_source_s_request_to_the_board(tmp_path: Path) -> None:
@@ -168,21 +216,55 @@ def test_the_watcher_hands_a_source_s_request_to_the_board(tmp_path: Path) -> No
         watcher.close()
 
 
+# Outside preemption/, the only modules that mention preemption, why each does, and the
+# preemption modules each may import (nothing else of the package's room)
+MENTIONS: dict[str, tuple[str, set[str]]] = {
+    # the settings: init's keywords and RunConfig's read-through; the exception, exported
+    "api.py": ("init's preempt_* keywords, built into PreemptionSettings",
+               {"defaults", "settings"}),
+    "run/config.py": ("RunConfig composes PreemptionSettings", {"settings"}),
+    "errors.py": ("the Preempted exception a stop raises", set()),
+    "__init__.py": ("exports Preempted and PREEMPTED_EXIT_CODE", {"exit"}),
+    # the Run's arm and stop calls
+    "run/preempt.py": ("the Run's side: hook the models, stop after the agreed step, save",
+                       {"board", "exit", "sources", "watch"}),
+    "run/runtime.py": ("arms at the first run.resume; closes it at run.close", set()),
+    "run/checkpoints.py": ("run.resume arms it", set()),
+    "run/tolerance.py": ("the part says whether run.resume arms it", set()),
+    "ft/part.py": ("not armed under fault tolerance (a stopped group is a lost one)", set()),
+    # the launcher's use of the shared defaults and exit protocol
+    "launch/argv.py": ("the signals the agent passes on: AGENT_SIGNALS", {"defaults"}),
+    "launch/spawn.py": ("the stack-dump signal no run stops on: DUMP_SIGNAL_NAME",
+                        {"defaults"}),
+    "observers/guards/stacks.py": ("the stack-dump signal no run stops on: DUMP_SIGNAL_NAME",
+                                   {"defaults"}),
+    "launch/spec.py": ("--shutdown-timeout's default: DEFAULT_SHUTDOWN_TIMEOUT",
+                       {"defaults"}),
+    "launch/agent.py": ("reads the workers' notes and exits with PREEMPTED_EXIT_CODE",
+                        {"exit"}),
+    "commands/run.py": ("its help says what a stop signal does, and the grace", set()),
+}
+
+
+def _preemption_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return {name.rsplit(".", 1)[-1] for name in names
+            if name.startswith("splitsync.preemption.")}
+
+
 def test_preemption_stays_in_its_room() -> None:
-    """Outside preemption/, only these modules mention it: the settings (init, RunConfig,
-    the exception, the top-level export), the Run's arm and stop (run/), the part that
-    turns it off under fault tolerance, and the launcher's use of the shared defaults and
-    exit protocol. A new mention elsewhere belongs in preemption/ (or on this list, with
-    why)."""
+    """Outside preemption/, only the modules in MENTIONS mention it (the settings, the
+    Run's arm and stop, the launcher's use of the shared defaults and exit protocol), each
+    importing no more of preemption/ than listed. A new mention elsewhere belongs in
+    preemption/ (or in MENTIONS, with why)."""
     import splitsync
 
     root = Path(splitsync.__file__).resolve().parent
     found = {str(p.relative_to(root)) for p in root.rglob("*.py")
              if "preempt" in p.read_text().lower() and p.parts[-2] != "preemption"}
-    assert found == {
-        "__init__.py", "api.py", "errors.py", "run/config.py",  # the settings, the exception
-        "run/preempt.py", "run/runtime.py", "run/checkpoints.py",  # arm, stop, close
-        "run/tolerance.py", "ft/part.py",  # not armed under fault tolerance
-        "launch/argv.py", "launch/spawn.py", "launch/agent.py",  # the shared defaults, exit
-        "launch/spec.py", "commands/run.py",  # --shutdown-timeout's help: the grace to save
-    }, found
+    assert found == set(MENTIONS), found
+    wider = {rel: imported - MENTIONS[rel][1] for rel in sorted(found)
+             if (imported := _preemption_imports(root / rel)) - MENTIONS[rel][1]}
+    assert not wider, wider

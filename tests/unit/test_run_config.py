@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import splitsync
-from splitsync.run.config import RunConfig
+from splitsync.run.config import GuardSettings, RunConfig
 
 
 def test_unknown_strategy_lists_valid_names() -> None:
@@ -96,5 +96,5 @@ def test_loggers_and_straggler_threshold_are_checked_in_the_config() -> None:
         RunConfig(loggers=["comet"])
     for bad in (-0.1, "high", True):
         with pytest.raises(ValueError, match="straggler_threshold"):
-            RunConfig(straggler_threshold=bad)  # type: ignore[arg-type]
-    assert RunConfig(straggler_threshold=None).straggler_threshold is None
+            GuardSettings(straggler_threshold=bad)  # type: ignore[arg-type]
+    assert RunConfig(guarding=GuardSettings(straggler_threshold=None)).straggler_threshold is None

@@ -221,8 +221,8 @@ def unseen_imports(tree: ast.Module, path: Path, nodes: Iterable[ast.AST] | None
     for node in ast.walk(tree) if nodes is None else nodes:
         if isinstance(node, ast.ImportFrom):
             module = node.module or ""
-            tries = [module, *(f"{module}.{a.name}" if module else a.name for a in node.names)]
-            if any(_candidates(path, folder, node.level, t, disk) for t in tries if t):
+            named = [module, *(f"{module}.{a.name}" if module else a.name for a in node.names)]
+            if any(_candidates(path, folder, node.level, t, disk) for t in named if t):
                 continue
             if not node.level and (not module or _installed(module.split(".")[0], disk)):
                 continue

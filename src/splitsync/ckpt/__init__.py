@@ -1,6 +1,6 @@
 """Checkpoints: atomic and verifiable on disk, exact resume, sharded state, safetensors export.
 
-``run.resume``, ``run.save``, ``run.load`` and ``run.export`` go to :mod:`.session` (the run's
+``run.resume``, ``run.save``, ``run.load`` and ``run.export`` go to :mod:`.checkpointer` (the run's
 ``Checkpointer``: registration, the step count, the one place that waits for a save). Then:
 
 - :mod:`.save`: what a save collects, and its write (blocking, or on a background thread);
@@ -17,8 +17,8 @@
 
 from __future__ import annotations
 
+from splitsync.ckpt.checkpointer import Checkpointer, ResumeState
 from splitsync.ckpt.save import SaveHandle
-from splitsync.ckpt.session import Checkpointer, ResumeState
 from splitsync.errors import CheckpointError, CheckpointWarning
 
 __all__ = ["Checkpointer", "CheckpointError", "CheckpointWarning", "ResumeState", "SaveHandle"]

@@ -14,7 +14,7 @@ Rooms:
 - ``ft.hooks``: the gradient hooks (DDP comm hook, FSDP all-reduce hook) that average across
   groups, with torchft 0.2.0's DDP hook assert worked around;
 - ``ft.cursor``: the global data cursor and the lineage of committed steps (pure);
-- ``ft.session``: one step's quorum and commit;
+- ``ft.steps``: one step's quorum and commit;
 - ``ft.loader``: batches handed out from the cursor after each quorum;
 - ``ft.part``: the part of the Run that ties them together.
 """

@@ -21,7 +21,7 @@ class HookState:
     """What the hooks need: the group's session (its Manager is made after ``run.model``,
     by ``run.resume``), and the group's own process group."""
 
-    session: Any  # splitsync.ft.session.FTSession
+    session: Any  # splitsync.ft.steps.FTSession
     group: Any  # the replica group's process group (None: one process per group)
     size: int  # processes in the replica group
 

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset, default_collate
 
 from splitsync.distributed.device import move_to
 from splitsync.ft.cursor import GroupBatches
-from splitsync.ft.session import FTSession
+from splitsync.ft.steps import FTSession
 
 if TYPE_CHECKING:
     from splitsync.data.loader import LoaderHooks

@@ -36,14 +36,14 @@ from splitsync.ft.hooks import HookState, install_ddp_hook, install_fsdp_hook
 from splitsync.ft.loader import FTLoader
 from splitsync.ft.manager import build_manager
 from splitsync.ft.options import FTOptions
-from splitsync.ft.session import FTSession, StepOutcome
+from splitsync.ft.steps import FTSession, StepOutcome
 from splitsync.observe import overriding, step_end_calls
 from splitsync.output.metrics import average_metrics, weighted_metrics
 from splitsync.output.progress import progress as _progress
 
 if TYPE_CHECKING:
     from splitsync.ckpt import ResumeState
-    from splitsync.ckpt.session import Checkpointer
+    from splitsync.ckpt.checkpointer import Checkpointer
     from splitsync.distributed.env import DistEnv
     from splitsync.observe import Observer
     from splitsync.run.data import Loaders
@@ -231,7 +231,7 @@ class FaultTolerance:
              plain: Callable[[torch.optim.Optimizer, float | None], Any]) -> StepOutcome:
         """Step ``optimizer`` if this step commits (every group of its quorum agreed); else
         zero its gradients: the step's samples are trained again at the next step. Returns
-        a :class:`~splitsync.ft.session.StepOutcome`, truthy when the step counted."""
+        a :class:`~splitsync.ft.steps.StepOutcome`, truthy when the step counted."""
         session = self._session
         if session.decide():
             result = plain(optimizer, clip)

@@ -15,8 +15,10 @@ import tempfile
 from dataclasses import replace
 from typing import Any
 
+from splitsync.distributed.rankstate import STATE_DIR_VAR
 from splitsync.launch.argv import torchrun_argv, torchrun_command
 from splitsync.launch.spec import LaunchSpec
+from splitsync.launch.summary import flight_records, rank_lines
 from splitsync.preemption.exit import NOTES_VAR, PREEMPTED_EXIT_CODE, read_notes
 
 __all__ = ["say", "accelerators", "dry_run", "run_agent", "report_failure", "report_children",
@@ -74,19 +76,26 @@ def run_agent(spec: LaunchSpec) -> int:
     # restarts them as failed; this command then exits with PREEMPTED_EXIT_CODE.
     notes = tempfile.mkdtemp(prefix="splitsync-stop-")
     os.environ[NOTES_VAR] = notes
+    # Each worker leaves its state and its Python stacks here (faulthandler: a crash, the
+    # agent's SIGTERM); after a failure they make one line per rank.
+    states = tempfile.mkdtemp(prefix="splitsync-ranks-")
+    os.environ[STATE_DIR_VAR] = states
+    os.environ.setdefault("PYTHONFAULTHANDLER", "1")  # stacks even before init()
     try:
         try:
             torchrun_main(torchrun_argv(spec))
         except Exception as exc:  # torchrun's failures, reported in one paragraph
-            return report_stop(read_notes(notes), spec, exc)
+            return report_stop(read_notes(notes), spec, exc, states)
         return report_stop(read_notes(notes), spec, None)
     finally:
         os.environ.pop(NOTES_VAR, None)
+        os.environ.pop(STATE_DIR_VAR, None)
         shutil.rmtree(notes, ignore_errors=True)
+        shutil.rmtree(states, ignore_errors=True)
 
 
 def report_stop(notes: list[dict[str, Any]], spec: LaunchSpec,
-                exc: Exception | None) -> int:
+                exc: Exception | None, states: str | None = None) -> int:
     """How the run ended, from torchrun's outcome and the workers' notes: a preemption (75)
     when one saved its stop step, or when they gave up at the grace period's end with no
     worker failing otherwise (a worker's crash makes the agent SIGTERM the others, which
@@ -103,7 +112,7 @@ def report_stop(notes: list[dict[str, Any]], spec: LaunchSpec,
         say(f"{notes[0].get('signal', 'a signal')} came when every worker had finished its "
             f"work (step {notes[0].get('step')}): nothing was left to stop.")
         return 0
-    return 0 if exc is None else report_failure(exc, spec)
+    return 0 if exc is None else report_failure(exc, spec, states)
 
 
 def report_preempted(notes: list[dict[str, Any]], spec: LaunchSpec,
@@ -136,13 +145,23 @@ def report_preempted(notes: list[dict[str, Any]], spec: LaunchSpec,
     return PREEMPTED_EXIT_CODE
 
 
-def report_failure(exc: Exception, spec: LaunchSpec) -> int:
-    """Explain a failure of torchrun's agent; returns the exit status (re-raises others)."""
+def report_failure(exc: Exception, spec: LaunchSpec, states: str | None = None) -> int:
+    """Explain a failure of torchrun's agent; returns the exit status (re-raises others).
+    ``states``: the workers' state folder, for one line per rank of this node."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
 
     if isinstance(exc, ChildFailedError):
+        if states is not None:
+            first = spec.nproc_per_node * (spec.node_rank or 0)
+            ranks = range(first, first + spec.nproc_per_node)
+            say("what each rank was doing:")
+            for line in rank_lines(states, ranks, {r: f.exitcode
+                                                   for r, f in exc.failures.items()}):
+                say(f"  {line}")
+            for line in flight_records(states):
+                say(line)
         return report_children(exc.failures)
     if isinstance(exc, SignalException):
         say(f"stopped by {exc.sigval.name}; workers were terminated.")

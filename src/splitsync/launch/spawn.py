@@ -75,6 +75,9 @@ def _child(call: bytes, rank: int, world: int, port: int, env: dict[str, str], o
     os.environ.clear()
     os.environ.update(env)
     os.environ.update(launched_env(rank, world, port))
+    if _DUMP_SIGNAL is not None:
+        # init's guards keep this dump as it is (this process's only: "pid:path")
+        os.environ["SPLITSYNC_STACKS_FILE"] = f"{os.getpid()}:{dump}"
     # A spawned child inherits "spawn" as its default start method; ranks started by
     # torchrun have the platform default, so DataLoader workers behave the same here.
     mp.set_start_method(None, force=True)

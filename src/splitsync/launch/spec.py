@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from splitsync.errors import LaunchError
 from splitsync.launch.cluster import DEFAULT_RDZV_PORT, ClusterDefaults
+from splitsync.preemption.defaults import DEFAULT_SHUTDOWN_TIMEOUT  # the grace, and a margin
 
 __all__ = [
     "LaunchError", "LaunchSpec", "build_spec", "parse_nnodes", "parse_nproc", "parse_endpoint",
@@ -25,9 +26,6 @@ __all__ = [
 ]
 
 DEFAULT_RDZV_TIMEOUT = 600  # seconds; torchrun's own join timeout
-# Seconds the agent waits for its workers after passing on a SIGTERM or SIGUSR1, before
-# SIGKILL: above init(preempt_grace=...)'s default of 20 s, so a preempted run can save.
-DEFAULT_SHUTDOWN_TIMEOUT = 30
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ a new observer is wired here and nowhere else.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,7 +31,7 @@ def configure(config: RunConfig, environ: Mapping[str, str]) -> RunConfig:
     strategy, accumulate = settings(environ, config.strategy, config.accumulate)
     if (strategy, accumulate) == (config.strategy, config.accumulate):
         return config
-    return replace(config, strategy=strategy, accumulate=accumulate)
+    return config.changed(strategy=strategy, accumulate=accumulate)  # checks only these two
 
 
 def imposed_mesh(mesh: Mapping[str, int] | None, world_size: int,
@@ -47,7 +46,7 @@ def imposed_mesh(mesh: Mapping[str, int] | None, world_size: int,
 def collective_timeout(config: RunConfig, world_size: int) -> timedelta:
     """The timeout the process group's collectives get: with guards on, a little less than
     ``config.timeout``, so the guards' explained error comes first."""
-    from splitsync.observers.guards.session import collective_timeout as guarded
+    from splitsync.observers.guards.attach import collective_timeout as guarded
 
     return guarded(config, world_size)
 
@@ -58,7 +57,7 @@ def attach(config: RunConfig, env: DistEnv, device: torch.device, seed: int,
     the config with ``run_dir`` where they want it (verify gives each run its own folder).
     Collective when guards or debug mode are on (they form a side group)."""
     from splitsync.observe import redirect
-    from splitsync.observers.guards.session import start as start_guards
+    from splitsync.observers.guards.attach import start as start_guards
     from splitsync.tools.verify.record import from_environ
 
     observers: list[Observer] = list(start_guards(config, env.rank, env.world_size, device))
@@ -73,7 +72,7 @@ def attach(config: RunConfig, env: DistEnv, device: torch.device, seed: int,
         # innermost around the collectives: it times the call itself, not the guards
         observers.append(StepClock(env.rank, env.world_size, config.straggler_threshold))
     if config.run_dir is not None:  # an observer may move it (verify's own folder)
-        config = replace(config, run_dir=str(redirect(observers, Path(config.run_dir))))
+        config = config.changed(run_dir=str(redirect(observers, Path(config.run_dir))))
     if config.run_dir is not None and env.rank == 0:  # where the run's time went
         from splitsync.tools.goodput.clock import GoodputClock
 

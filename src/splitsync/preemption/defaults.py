@@ -2,7 +2,8 @@
 
 ``splitsync run``'s agent must pass on every signal a run stops on (left to its default,
 SIGUSR1 would end the agent at once), and the test spawner's stack-dump signal must be none
-of them: both read the list here, so the three cannot disagree.
+of them: both read the list here, so the three cannot disagree. The agent's wait for its
+workers to save (``--shutdown-timeout``) is the default grace and a margin, here too.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import signal
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["DEFAULT_PREEMPT_SIGNALS", "DEFAULT_PREEMPT_GRACE", "AGENT_SIGNALS",
+__all__ = ["DEFAULT_PREEMPT_SIGNALS", "DEFAULT_PREEMPT_GRACE", "DEFAULT_SHUTDOWN_TIMEOUT",
+           "AGENT_SIGNALS",
            "DUMP_SIGNAL_NAME", "parse_signals", "check_grace"]
 
 #: Signals that stop a run at an agreed step: SIGTERM (scancel, time limits, Kubernetes,
@@ -21,6 +23,10 @@ DEFAULT_PREEMPT_SIGNALS: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
 #: Seconds from the signal within which the run must reach its stop step; under SLURM's
 #: default KillWait (30 s), with 10 s left for the stop's checkpoint and the exit.
 DEFAULT_PREEMPT_GRACE = 20.0
+
+#: Seconds ``splitsync run``'s agent waits for its workers after passing on a stop signal,
+#: before SIGKILL: the default grace and 10 s for the stop's checkpoint and the exit.
+DEFAULT_SHUTDOWN_TIMEOUT = int(DEFAULT_PREEMPT_GRACE) + 10
 
 # torchrun's agent forwards these to its workers by default (--signals-to-handle).
 _TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")

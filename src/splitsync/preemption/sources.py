@@ -5,8 +5,12 @@
   ``scancel`` SIGTERM), as do Kubernetes' evictions (SIGTERM).
 - :class:`FileSource`: a file a scheduler, or a Kubernetes ``preStop`` hook, touches
   (``init(preempt_file=...)``; docs/checkpoints.md has the preStop recipe).
+- :class:`~splitsync.preemption.slurm.SlurmSource`: the signals, inside a SLURM job, where a
+  stopped run asks SLURM to requeue it.
 
-A new kind (a cloud's metadata endpoint, say) is a class with the three methods below; the
+:meth:`PreemptionSettings.sources <splitsync.preemption.settings.PreemptionSettings.sources>`
+picks them. A new kind (a cloud's metadata endpoint, say) is a class with the four methods
+below; the
 watching thread (:mod:`splitsync.preemption.watch`) asks every source twice a second and
 never changes when one is added.
 """
@@ -40,6 +44,12 @@ class Source(Protocol):
 
     def close(self) -> None:
         """Stop watching (from the main thread at ``run.close``)."""
+        ...
+
+    def after_stop(self, name: str) -> str | None:
+        """The run stopped on the request ``name`` (from any rank's source; asked on rank 0
+        after ``run.close``, or when the grace ran out): what this source does then (SLURM's
+        requeues the job), in words; None: nothing."""
         ...
 
 
@@ -87,6 +97,9 @@ class SignalSource:
                 signal.signal(sig, signal.SIG_DFL if previous is None else previous)
         self._previous = {}
 
+    def after_stop(self, name: str) -> str | None:
+        return None
+
 
 class FileSource:
     """A file whose appearance asks for a stop: it fires once the file exists with a
@@ -113,6 +126,9 @@ class FileSource:
 
     def close(self) -> None:
         pass
+
+    def after_stop(self, name: str) -> str | None:
+        return None
 
 
 def check_stop_file(value: Any) -> str | None:

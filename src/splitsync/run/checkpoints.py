@@ -1,6 +1,6 @@
 """The Run's checkpoint verbs: ``run.resume``, ``run.save``, ``run.load`` and ``run.export``.
 
-A mixin over the run's :class:`~splitsync.ckpt.session.Checkpointer` (``ckpt/session.py``
+A mixin over the run's :class:`~splitsync.ckpt.checkpointer.Checkpointer` (``ckpt/checkpointer.py``
 holds the registration, the step count and the save lifecycle). What a save writes, in
 order of precedence: ``run.save(dir, state={...})``'s objects; else what ``run.resume``
 registered; else what the run wrapped (:meth:`CheckpointVerbs._wrapped`).
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from splitsync.ckpt.session import Checkpointer, ResumeState
+from splitsync.ckpt.checkpointer import Checkpointer, ResumeState
 from splitsync.ckpt.state import split_state
 from splitsync.distributed.logs import get_logger
 from splitsync.run.collectives import Collectives

@@ -26,8 +26,9 @@ steps.
 
 Micro-steps are not boundaries (the count moves when the optimizer steps); every rank
 reaches boundary S, so a stream loader's collective ``position()`` runs everywhere.
-``run.close`` ends the thread, puts the handlers back and, on rank 0 of a SLURM job
-stopped by a signal other than SIGTERM, requeues it (:mod:`splitsync.preemption.requeue`).
+``run.close`` ends the thread, puts the handlers back and, on rank 0, lets the sources act
+on the stop: inside a SLURM job stopped by a signal other than SIGTERM, SLURM's source
+requeues it (:mod:`splitsync.preemption.slurm`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from splitsync.ckpt.session import Checkpointer
+from splitsync.ckpt.checkpointer import Checkpointer
 from splitsync.ckpt.state import capture_rng, loader_position, restore_rng
 from splitsync.distributed.group import default_store
 from splitsync.distributed.logs import get_logger
@@ -51,8 +52,7 @@ from splitsync.errors import Preempted
 from splitsync.observe import Observer
 from splitsync.preemption.board import Board, Request, make_board
 from splitsync.preemption.exit import PREEMPTED_EXIT_CODE, write_note
-from splitsync.preemption.requeue import requeue, requeue_wanted
-from splitsync.preemption.sources import FileSource, SignalSource, Source
+from splitsync.preemption.sources import Source
 from splitsync.preemption.watch import POLL_SECONDS, Watcher
 from splitsync.run.config import RunConfig
 
@@ -90,13 +90,11 @@ class _StepWatch(Observer):
 class Preemption:
     """One run's preemption handling (see the module doc)."""
 
-    def __init__(self, *, rank: int, world_size: int, signals: Sequence[str],
+    def __init__(self, *, rank: int, world_size: int, sources: Sequence[Source],
                  grace: float, checkpoints: Checkpointer, generators: Generators | None,
                  watch: Callable[[Observer], None], unwatch: Callable[[Observer], None],
-                 store: Any | None, environ: Mapping[str, str] | None = None,
-                 sources: Sequence[Source] = ()) -> None:
+                 store: Any | None, environ: Mapping[str, str] | None = None) -> None:
         self.rank = rank
-        self.signals = tuple(signals)
         self.grace = grace
         self.ckpt = checkpoints
         self.generators = generators
@@ -113,7 +111,7 @@ class Preemption:
         self._lock = threading.Lock()  # hooking models: the thread and run.resume
         self._closed = False
         self._watcher = Watcher(rank=rank, board=self.board, grace=grace, seen=self._seen,
-                                sources=(SignalSource(self.signals), *sources),
+                                sources=sources,
                                 stopping=lambda: self.phase != _WATCHING,
                                 give_up=self._give_up)
 
@@ -243,8 +241,7 @@ class Preemption:
             "step(s) with the previous checkpoint intact, %s; steps after it are lost. "
             "Raise init(preempt_grace=...) if the environment waits longer before killing.",
             self.grace, request.signal, self.ckpt.step, kept)
-        if self.rank == 0 and requeue_wanted(request.signal, self.environ):
-            get_logger().warning("%s", requeue(self.environ))
+        self._after_stop(request)
         noted = write_note(self.environ, self.rank, {
             "status": "deadline", "step": None if saved is None else saved[0],
             "path": None if saved is None else str(saved[1]), "signal": request.signal})
@@ -279,29 +276,35 @@ class Preemption:
         self._unhook()
 
     def after_close(self) -> None:
-        """``run.close`` ended: rank 0 of a stopped SLURM job asks to be queued again."""
-        request = self.request
-        if (self.phase == _STOPPED and self.rank == 0 and request is not None
-                and requeue_wanted(request.signal, self.environ)):
-            get_logger().warning("%s", requeue(self.environ))
+        """``run.close`` ended: rank 0 of a stopped run lets its sources act (SLURM's asks
+        to queue the job again)."""
+        if self.phase == _STOPPED and self.request is not None:
+            self._after_stop(self.request)
+
+    def _after_stop(self, request: Request) -> None:
+        if self.rank != 0:
+            return
+        for source in self._watcher.sources:
+            said = source.after_stop(request.signal)
+            if said:
+                get_logger().warning("%s", said)
 
 
 def preemption_for(config: RunConfig, rank: int, world_size: int, checkpoints: Checkpointer,
                    generators: Generators | None, watch: Callable[[Observer], None],
                    unwatch: Callable[[Observer], None]) -> Preemption | None:
     """The run's preemption handling, armed by its first ``run.resume``: None when
-    ``init(preempt_signals=())``, or where the ranks have no store to agree through (said)."""
-    if not config.preempt_signals and config.preempt_file is None:
+    nothing can stop the run (``init(preempt_signals=())`` and no stop file), or where the
+    ranks have no store to agree through (said)."""
+    chosen = config.preemption  # parsed once, by PreemptionSettings
+    if not chosen.armed:
         return None
     store = default_store() if world_size > 1 else None
     if world_size > 1 and store is None:
         get_logger().warning("the process group has no store to agree on a stop step through: "
                              "%s will not stop this run at an agreed step.",
-                             "/".join(config.preempt_signals) or "the stop file")
+                             "/".join(chosen.preempt_signals) or "the stop file")
         return None
-    return Preemption(rank=rank, world_size=world_size,
-                      signals=config.preempt_signals,  # names, checked by RunConfig
-                      grace=config.preempt_grace, checkpoints=checkpoints,
-                      generators=generators, watch=watch, unwatch=unwatch, store=store,
-                      sources=() if config.preempt_file is None
-                      else (FileSource(config.preempt_file),))
+    return Preemption(rank=rank, world_size=world_size, sources=chosen.sources(),
+                      grace=chosen.preempt_grace, checkpoints=checkpoints,
+                      generators=generators, watch=watch, unwatch=unwatch, store=store)

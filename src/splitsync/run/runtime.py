@@ -2,7 +2,7 @@
 
 A Run is who this process is plus parts it delegates to: models (``run/models.py``), loaders
 (``run/data.py``), the training step (``run/training.py`` over ``run/step.py``), collectives
-(``run/collectives.py``), checkpoints (``ckpt.session.Checkpointer``) and ``run.log`` (``run/logging.py``). Its verbs
+(``run/collectives.py``), checkpoints (``ckpt.checkpointer.Checkpointer``) and ``run.log`` (``run/logging.py``). Its verbs
 come in families, each a mixin beside its part: training (``run/training.py``), collectives
 (``run/collectives.py``) and checkpoints (``run/checkpoints.py``); this module keeps the
 rest (models, data, output, observers, teardown). Tools watch it through observers
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from splitsync.ckpt.session import Checkpointer
+from splitsync.ckpt.checkpointer import Checkpointer
 from splitsync.data.build import check_marks, make_loader, warn_if_empty
 from splitsync.data.loader import DeviceLoader
 from splitsync.data.stream.loader import StreamLoader

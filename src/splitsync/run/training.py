@@ -70,7 +70,7 @@ class TrainingVerbs:
         it holds parameters ``run.model`` replaced (e.g. built before an FSDP ``run.model``).
 
         Under ``fault_tolerance="torchft"`` the optimizer steps only when the step commits,
-        and the result is a :class:`~splitsync.ft.session.StepOutcome` (truthy then).
+        and the result is a :class:`~splitsync.ft.steps.StepOutcome` (truthy then).
         """
         training = self._training  # a known optimizer: one dict lookup, then its step
         if self._tolerance is PLAIN:

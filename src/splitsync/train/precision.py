@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["Precision", "PRECISIONS", "check_precision_name", "get_precision", "cast_inputs",
+__all__ = ["Precision", "PRECISIONS", "check_precision_name", "get_precision", "precision_on",
+           "cast_inputs",
            "forward_with"]
 
 PRECISIONS: tuple[str, ...] = ("32", "bf16-mixed", "16-mixed", "bf16-true")
@@ -63,7 +64,12 @@ class Precision:
 
 def get_precision(name: str, device: torch.device | str) -> Precision:
     """Validate ``name`` for ``device`` and describe it; raises ValueError with the fix."""
-    check_precision_name(name)
+    return precision_on(check_precision_name(name), device)
+
+
+def precision_on(name: str, device: torch.device | str) -> Precision:
+    """A name :func:`check_precision_name` has passed (``RunConfig`` did), on ``device``:
+    raises ValueError with the fix where the device cannot run it."""
     kind = torch.device(device).type
     if name == "32":
         return Precision(name, kind, None, None, False)

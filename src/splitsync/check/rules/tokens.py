@@ -88,6 +88,10 @@ class _Tracer:
     def __init__(self, facts: Facts) -> None:
         self.facts = facts
         self.criteria = self._criteria()
+        # Both caches are exact: an answer depends only on its arguments and the file. A
+        # name read many times (a loss built over many lines) was a walk of its scope each.
+        self._found: dict[tuple[ast.AST, ast.AST, int, int], ast.AST | None] = {}
+        self._assigned: dict[ast.AST, dict[str, list[tuple[int, ast.AST]]]] = {}
 
     def _criteria(self) -> set[str]:
         """Names bound to ``nn.CrossEntropyLoss(ignore_index=...)``."""
@@ -102,6 +106,12 @@ class _Tracer:
         """The node that makes ``expr`` a mean over a micro-batch's items, if any."""
         if depth > _DEPTH:
             return None
+        key = (expr, scope, before, depth)
+        if key not in self._found:
+            self._found[key] = self._find(expr, scope, before, depth)
+        return self._found[key]
+
+    def _find(self, expr: ast.AST, scope: ast.AST, before: int, depth: int) -> ast.AST | None:
         facts = self.facts
         for node in ast.walk(expr):
             if isinstance(node, ast.BinOp) and _masked_division(facts, node):
@@ -127,21 +137,33 @@ class _Tracer:
         return None
 
     def _from_name(self, name: str, scope: ast.AST, before: int, depth: int) -> ast.AST | None:
-        for node in self.facts.walk_scope(scope):
-            if getattr(node, "lineno", before) >= before:
+        for lineno, value in self._assignments(scope).get(name, ()):
+            if lineno >= before:
                 continue
-            if isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == name for t in node.targets):
-                value = node.value
-            elif isinstance(node, ast.AugAssign | ast.AnnAssign) and isinstance(
-                    node.target, ast.Name) and node.target.id == name and node.value is not None:
-                value = node.value
-            else:
-                continue
-            found = self.find(value, scope, node.lineno, depth + 1)
+            found = self.find(value, scope, lineno, depth + 1)
             if found is not None:
                 return found
         return None
+
+    def _assignments(self, scope: ast.AST) -> dict[str, list[tuple[int, ast.AST]]]:
+        """(line, value) of each assignment to a plain name in ``scope``, by name, in source
+        order: one walk of the scope for all the names read in it."""
+        if scope in self._assigned:
+            return self._assigned[scope]
+        out: dict[str, list[tuple[int, ast.AST]]] = {}
+        for node in self.facts.walk_scope(scope):
+            if isinstance(node, ast.Assign):
+                names = dict.fromkeys(t.id for t in node.targets if isinstance(t, ast.Name))
+                value = node.value
+            elif isinstance(node, ast.AugAssign | ast.AnnAssign) and isinstance(
+                    node.target, ast.Name) and node.value is not None:
+                names, value = {node.target.id: None}, node.value
+            else:
+                continue
+            for target in names:
+                out.setdefault(target, []).append((node.lineno, value))
+        self._assigned[scope] = out
+        return out
 
 
 def _accumulates(facts: Facts, back: ast.Call) -> bool:

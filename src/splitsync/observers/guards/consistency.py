@@ -7,7 +7,6 @@ import json
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import fields
 
 import torch
 import torch.distributed as dist
@@ -38,9 +37,9 @@ def config_summary(config: RunConfig, argv: Sequence[str]) -> dict[str, str]:
     args = [a for a in argv[1:] if not _LOCAL_RANK_ARG.match(a)]
     out = {"script": str(argv[0]) if argv else "", "number of arguments": str(len(args))}
     out.update({f"argument {i + 1}": a for i, a in enumerate(args)})
-    for f in fields(config):
-        if f.name not in _PER_RANK_FIELDS:
-            out[f"init({f.name}=...)"] = repr(getattr(config, f.name))
+    for name, value in config.settings():
+        if name not in _PER_RANK_FIELDS:
+            out[f"init({name}=...)"] = repr(value)
     return out
 
 

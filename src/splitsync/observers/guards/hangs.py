@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
+from splitsync.distributed.rankstate import write_state
 from splitsync.errors import CollectiveTimeoutError
 from splitsync.observers.guards.responder import ask_everyone, position_key, start_responder
 from splitsync.observers.guards.site import user_site
@@ -153,21 +154,33 @@ class Watch:
     """Per-run hang guard: counts this rank's collectives and explains a failed one."""
 
     def __init__(self, rank: int, world: int, timeout: timedelta, side_group: Any,
-                 store: Any | None) -> None:
+                 store: Any | None, desync_after: float | None = None,
+                 folder: str | None = None, dump_file: str | None = None) -> None:
         self.rank = rank
         self.world = world
         self.timeout = timeout
         self.side_group = side_group
         self.store = store
+        self.folder = folder  # the launcher's state folder (rankstate), if any
         self.calls = 0
         self.op = ""  # the op of the call in progress (read by the responder thread)
         self.in_call = False
+        self.started = 0.0  # when the call in progress started (read by the long-wait check)
+        self.args: tuple[Any, ...] = ()  # its arguments: shapes are described only if it hangs
         # Where this rank first failed: the point of divergence. Later failures (e.g. the
         # barrier in close()) are its consequences, so peers are told this one.
         self.first_failure: Position | None = None
         self.recorder: Any | None = None  # debug mode's desync.Recorder, if on
         self._owner = threading.get_ident()  # the loop's thread: only its calls are counted
-        self._responder = start_responder(store, rank, self._position_now)
+        self._waits: Any | None = None
+        self._responder: Any | None = None
+        if desync_after is not None and store is not None:
+            from splitsync.observers.guards.waits import LongWaits
+
+            self._waits = LongWaits(self, store, desync_after, folder, dump_file)
+            self._responder = self._waits.responder
+        else:
+            self._responder = start_responder(store, rank, self._position_now)
 
     def call(self, op: str, fn: Callable[..., T], *args: Any) -> T:
         """Run one collective; on a communication failure raise a CollectiveTimeoutError.
@@ -188,6 +201,8 @@ class Watch:
                                       elapsed=time.monotonic() - start) from exc
         self.calls += 1
         self.op = op
+        self.started = start
+        self.args = args
         self.in_call = True
         try:
             return fn(*args)
@@ -197,6 +212,7 @@ class Watch:
             raise self.explain(exc, op, elapsed=time.monotonic() - start) from exc
         finally:
             self.in_call = False
+            self.args = ()
 
     def _position_now(self, site: str) -> Position | None:
         """Where the main thread stands, for a peer that asks; None outside a collective."""
@@ -208,7 +224,11 @@ class Watch:
         return Position(self.rank, self.calls, self.op, site, history)
 
     def close(self) -> None:
-        """Stop the responder thread."""
+        """Stop the responder thread (and the long-wait check's)."""
+        if self._waits is not None:
+            self._waits.closing(user_site())
+            self._waits.close()
+            self._waits = None
         if self._responder is not None:
             self._responder.close()
             self._responder = None
@@ -222,6 +242,11 @@ class Watch:
         first = self.first_failure
         if first is None:
             self.first_failure = me
+            # for the launcher's summary, before the grace below (it may stop this rank)
+            write_state(self.folder, self.rank, {
+                "rank": self.rank, "state": "failed", "call": me.call, "op": op,
+                "site": me.site, "error": f"{type(exc).__name__}: {str(exc)[:200]}"},
+                keep=True)
         return explain_failure(exc, me, self.world, self.timeout, self.store, first, elapsed)
 
     def barrier(self) -> None:

@@ -12,12 +12,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from splitsync.distributed.rankstate import state_dir
 from splitsync.observe import Observer
 from splitsync.observers.guards.consistency import check_same_config, check_same_parameters
 from splitsync.observers.guards.desync import Recorder, debug_from_environ
 from splitsync.observers.guards.devices import guard_forward
 from splitsync.observers.guards.hangs import Watch, default_store, split_timeout
 from splitsync.observers.guards.responder import run_store
+from splitsync.observers.guards.stacks import enable as enable_stacks
+from splitsync.observers.guards.waits import desync_after_from
 from splitsync.run.config import RunConfig
 
 __all__ = ["DeviceGuard", "GuardObserver", "start", "collective_timeout"]
@@ -87,6 +90,9 @@ def start(config: RunConfig, rank: int, world: int, device: torch.device,
     debug recorder need a group of two or more.
     """
     observers: list[Observer] = []
+    env = os.environ if environ is None else environ
+    folder = state_dir(env)
+    dump_file = enable_stacks(rank, folder)  # a crash prints every thread's Python stack
     if not _active(config, world, environ):
         if config.guards:
             observers.append(DeviceGuard(device))
@@ -100,7 +106,8 @@ def start(config: RunConfig, rank: int, world: int, device: torch.device,
     store = run_store(default_store(), side)
     watch = None
     if config.guards:
-        watch = Watch(rank, world, config.timeout, side, store)
+        watch = Watch(rank, world, config.timeout, side, store,
+                      desync_after_from(config.desync_after, env), folder, dump_file)
         observers.append(GuardObserver(device, watch))
     if _debug(config, environ):
         recorder = Recorder(rank, world, side, config.timeout, store)
