@@ -27,3 +27,13 @@ def test_a_gradient_not_reduced_over_tp_is_named_by_its_layer() -> None:
     failed = {r.check: r.detail for r in report.results if not r.ok}
     assert "final weights by layer" in failed, report.results
     assert failed["final weights by layer"].startswith("layer block differs: block.gain")
+
+
+@pytest.mark.extended
+def test_tp_2_by_dp_shard_2_at_4_ranks_names_the_layer_too() -> None:
+    good = verify_script(str(SCRIPT), [], 4, steps=1, epochs=1, timeout=240)
+    assert all(r.ok for r in good.results), good.results
+    bad = verify_script(str(SCRIPT), ["--fault"], 4, steps=1, epochs=1, timeout=240)
+    failed = {r.check: r.detail for r in bad.results if not r.ok}
+    assert set(failed) == {"final weights by layer"}, bad.results
+    assert failed["final weights by layer"].startswith("layer block differs: block.gain")

@@ -18,7 +18,7 @@ class Block(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.up, self.down = nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
-        self.gain = nn.Parameter(torch.ones(()))  # not in the plan: whole on every rank
+        self.gain = nn.Parameter(torch.ones(1))  # not in the plan: whole on every rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.up(x)
