@@ -23,3 +23,4 @@ _.writable  # ckpt/integrity.py HashingWriter: io.RawIOBase protocol
 _.replica_group  # run/runtime.py Run: a public property, read by users' scripts
 _.per_timeline  # tools/goodput/report.py GoodputReport: a field of `splitsync goodput --json`
 grad_outputs  # train/empty.py _zeros: a backward hook's argument, by torch's calling convention
+ft_heartbeat_ms, ft_timeout, ft_lighthouse  # api.py init: keywords read through locals() into the settings

@@ -26,6 +26,7 @@ from splitsync.distributed.mesh import MeshShape, build_mesh, mesh_shape, tp_spa
 from splitsync.distributed.rankstate import flight_recorder_env
 from splitsync.distributed.seeding import draw_seed, seed_everything
 from splitsync.distributed.threads import cpu_counts, launcher_threads
+from splitsync.output.progress import preload as preload_progress
 from splitsync.output.trackers import require_packages
 from splitsync.preemption.defaults import DEFAULT_PREEMPT_GRACE, DEFAULT_PREEMPT_SIGNALS
 from splitsync.preemption.settings import PreemptionSettings
@@ -59,16 +60,9 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
          mesh: Mapping[str, int] | None = None, **strategy_options: Any) -> Run:
     """Detect the launcher, pick the device, form the process group and seed every RNG;
     returns the :class:`Run`. Every keyword is described below (``help(splitsync.init)``)."""
+    given = dict(locals())  # every keyword, under its own name
     env = detect_env()  # validated before any network call
-    chosen = _settings(env, dict(  # every setting, checked once; "auto" resolved once
-        seed=seed, strategy=strategy, precision=precision, device=device, backend=backend,
-        accumulate=accumulate, timeout=timeout, debug=debug, guards=guards,
-        desync_after=desync_after, run_dir=run_dir, deterministic=deterministic, loggers=loggers,
-        straggler_threshold=straggler_threshold, save_blocking=save_blocking, ledger=ledger,
-        fault_tolerance=fault_tolerance, ft_min_replicas=ft_min_replicas,
-        ft_heartbeat_ms=ft_heartbeat_ms, ft_timeout=ft_timeout, ft_lighthouse=ft_lighthouse,
-        preempt_signals=preempt_signals, preempt_grace=preempt_grace, preempt_file=preempt_file,
-        mesh=mesh, strategy_options=strategy_options))
+    chosen = _settings(env, given)  # every setting, checked once; "auto" resolved once
     config = chosen.config
     dev = choose_device(env, device)
     policy = precision_on(config.precision, dev)  # "16-mixed" on a CPU fails here
@@ -86,6 +80,8 @@ def init(*, seed: int | None = None, strategy: str = "auto", precision: str = "3
         if config.deterministic:
             torch.use_deterministic_algorithms(True)
         final_seed = config.seed if config.seed is not None else comm.broadcast_object(draw_seed())
+        if env.rank == 0:
+            preload_progress()  # before the seeding: its draws at import change nothing
         seed_everything(final_seed)
         handler = attach_rank_handler(env.rank, env.world_size)
         for note in (chosen.threads_note, batch_note(os.environ, env)):

@@ -1,6 +1,6 @@
 """Preemption under a real one-node SLURM: ``scancel`` of a running ``srun -n 2`` job leaves a
-checkpoint at the last step taken and a new ``srun`` finishes bit-equal to a run never
-stopped; an ``sbatch --requeue --signal=USR1@N`` job stops on SIGUSR1, requeues itself
+checkpoint at the last step taken (also with a loader's workers, which the signal reaches
+too) and a new ``srun`` finishes bit-equal to a run never stopped; an ``sbatch --requeue --signal=USR1@N`` job stops on SIGUSR1, requeues itself
 (``scontrol requeue``) and finishes, bit-equal too.
 """
 
@@ -101,6 +101,24 @@ def test_scancel_of_srun_leaves_the_last_step_and_a_new_srun_ends_bit_equal(
 
 
 @pytest.mark.extended  # SLURM's signal comes 70 s into the job, by design
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("workers", [("--workers", "1"),
+                                     ("--workers", "2", "--persistent")])
+def test_scancel_with_loader_workers_stops_at_the_last_step_and_saves(
+        slurm: Slurm, tmp_path: Path, workers: tuple[str, ...]) -> None:
+    # scancel signals every process of the job step, DataLoader workers included: they
+    # must outlive it, or the main process raises "DataLoader worker ... is killed by
+    # signal" before its stop
+    rc, lines = _srun(slurm, tmp_path, "--step-seconds", "0.3", "--eval-every", "0",
+                      *workers, until="step 5")
+    text = "".join(lines)
+    assert rc != 0, text  # the job was cancelled
+    assert "is killed by signal" not in text, text
+    assert "stopped after step" in text, text
+    taken = _steps(lines)[-1]
+    assert _newest(tmp_path / "ck") == taken >= 5, text
+
+
 @pytest.mark.timeout(600)
 def test_a_requeueable_batch_job_requeues_itself_on_usr1_and_finishes(
         slurm: Slurm, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -2,7 +2,7 @@
 
     preempt_script.py CKPT OUT [--strategy ddp|fsdp] [--accumulate K] [--background]
         [--epochs E] [--save-every N] [--eval-every N] [--eval-seconds S]
-        [--step-seconds S] [--run-dir DIR] [--grace S]
+        [--step-seconds S] [--run-dir DIR] [--grace S] [--workers W [--persistent]]
 
 A model with batch norm (LayerNorm under FSDP) and dropout, an LR scheduler stepped after ``run.step`` (so a stop
 saved before the script's own work for a step would be found out), a shuffled loader over a
@@ -79,7 +79,9 @@ def main(a: argparse.Namespace) -> None:
         model = run.model(net(a.strategy), strategy=a.strategy)
         opt = torch.optim.AdamW(model.parameters(), lr=0.02)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.7)
-        loader = run.loader(Data(53), batch_size=4, shuffle=True, drop_last=True)
+        loader = run.loader(Data(53), batch_size=4, shuffle=True, drop_last=True,
+                            num_workers=a.workers,
+                            **({"persistent_workers": True} if a.persistent else {}))
         # evaluation batches of their own (a run.loader over them would count in the epoch
         # a checkpoint records)
         xs = torch.stack([Data(6, offset=1000)[i][0] for i in range(6)])
@@ -123,6 +125,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-seconds", type=float, default=0.05)
     p.add_argument("--run-dir", default=None)
     p.add_argument("--grace", type=float, default=20.0)
+    p.add_argument("--workers", type=int, default=0, help="the loader's num_workers")
+    p.add_argument("--persistent", action="store_true", help="persistent_workers=True")
     p.add_argument("--crash-in-eval", action="store_true", help="rank 1 raises there")
     return p.parse_args(argv)
 

@@ -160,3 +160,26 @@ def test_audit_catches_and_names_each_fault(tmp_path: Path) -> None:
     assert rep["unreadable"] and rep["unreadable"][0]["path"] == str(victim), text
     assert "truncated at byte" in rep["unreadable"][0]["error"], text
     assert "unreadable" in text and "OK" not in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("relauncher", [pytest.param("python", marks=pytest.mark.extended),
+                                        "splitsync run"])
+def test_a_finished_run_relaunched_stays_finished(tmp_path: Path, relauncher: str) -> None:
+    # the relaunch resumes after the last epoch and runs no pass: the epochs the first
+    # launch finished stay finished (the audit read only the newest launch's passes, and
+    # showed the last epoch "in progress"); goodput counts the relaunch the same way under
+    # either launcher
+    args = (str(tmp_path), "--map-only")
+    launch(SCRIPT, 1, *args, timeout=200)
+    finished, _, _ = audit(tmp_path)
+    assert finished == 0
+    launch(SCRIPT, 1, *args, timeout=200, max_restarts=1 if relauncher != "python" else 0)
+    rc, rep, text = audit(tmp_path)
+    assert rc == 0, text
+    assert len(rep["launches"]) == 2, text
+    assert [e["status"] for e in rep["epochs"]] == ["exactly once"] * len(rep["epochs"]), text
+    assert "in progress" not in text, text
+    spent = goodput(tmp_path)
+    assert (spent.launches, spent.restarts) == (1, 0), spent  # the no-op relaunch: no time

@@ -52,20 +52,29 @@ class Stopped:
 
 
 def launch(args: list[str], *, nproc: int = 2, on: str | None = None, target: str = "",
-           delay: float = 0.0, restarts: int = 0, timeout: float = 240) -> Stopped:
-    """Run the script (``splitsync run -n nproc``, or ``python`` for ``nproc=0``); on the
-    line ``on`` send ``target`` ("agent:SIGTERM", "w1:SIGUSR1", ...) its signal."""
-    if nproc:
+           delay: float = 0.0, restarts: int = 0, timeout: float = 240,
+           torchrun: bool = False, script: Path = SCRIPT) -> Stopped:
+    """Run the script (``splitsync run -n nproc``, plain ``torchrun`` with ``torchrun``, or
+    ``python`` for ``nproc=0``); on the line ``on`` send ``target`` ("agent:SIGTERM",
+    "w1:SIGUSR1", "group:SIGTERM", ...) its signal. ``script``: another script that prints
+    the same lines (``pid <rank> <pid>`` to aim at a worker, ``step <n>``)."""
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", str(script)]
+    elif nproc:
         extra = ["--max-restarts", str(restarts)] if restarts else []
-        cmd = [sys.executable, "-m", "splitsync", "run", "-n", str(nproc), *extra, str(SCRIPT)]
+        cmd = [sys.executable, "-m", "splitsync", "run", "-n", str(nproc), *extra, str(script)]
     else:
-        cmd = [sys.executable, str(SCRIPT)]
+        cmd = [sys.executable, str(script)]
     proc = subprocess.Popen([*cmd, *args], env=clean_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     result, pids, fired = Stopped(rc=-1), {}, threading.Event()
 
     def fire() -> None:
         who, name = target.split(":")
+        if who == "group":  # kill -TERM -PGID: DataLoader workers included
+            os.killpg(proc.pid, getattr(signal, name))
+            return
         os.kill(proc.pid if who == "agent" else pids[int(who[1:])], getattr(signal, name))
 
     def read() -> None:
@@ -139,6 +148,45 @@ def test_a_stop_saves_the_last_step_taken_and_the_relaunch_is_exact(
     assert_same(out, clean, f"stopped after step {stopped.last_step}")
 
 
+@pytest.mark.parametrize(("nproc", "workers", "target", "extra"), [
+    (2, 1, "agent:SIGTERM", ()),
+    pytest.param(2, 2, "group:SIGTERM", ("--persistent",), marks=pytest.mark.extended),
+    pytest.param(1, 2, "agent:SIGTERM", (), marks=pytest.mark.extended),
+    pytest.param(1, 1, "group:SIGTERM", ("--persistent",), marks=pytest.mark.extended),
+    pytest.param(0, 2, "group:SIGTERM", (), marks=pytest.mark.extended),
+])
+def test_loader_workers_survive_a_sigterm_to_the_group_and_the_stop_saves(
+        tmp_path: Path, nproc: int, workers: int, target: str, extra: tuple[str, ...]) -> None:
+    # the agent passes SIGTERM to its workers' process groups, DataLoader workers included;
+    # torch's worker handler dies of a signal its parent did not send, and the main process
+    # then raised "DataLoader worker (pid N) is killed by signal" instead of stopping
+    ck = tmp_path / "ck"
+    args = [str(ck), str(tmp_path / "out.safetensors"), "--epochs", "3", "--workers",
+            str(workers), "--eval-every", "0", "--step-seconds", "0.1", *extra]
+    stopped = launch(args, nproc=nproc, on="step 3", target=target)
+    assert stopped.rc == PREEMPTED_EXIT_CODE, stopped.text
+    assert "is killed by signal" not in stopped.text, stopped.text
+    assert newest(ck) == stopped.last_step >= 3, stopped.text
+    assert f"stopped after step {stopped.last_step}" in stopped.text, stopped.text
+    finished = launch(args, nproc=nproc)
+    assert finished.rc == 0, finished.text
+
+
+@pytest.mark.parametrize("nproc", [2, pytest.param(1, marks=pytest.mark.extended)])
+def test_loader_workers_survive_torchruns_sigterm_and_the_stop_saves(
+        tmp_path: Path, nproc: int) -> None:
+    # plain torchrun: its agent SIGTERMs each worker's process group; the workers stop,
+    # save and exit 75, which torchrun reports as a failure of its own
+    ck = tmp_path / "ck"
+    args = [str(ck), str(tmp_path / "out.safetensors"), "--epochs", "3", "--workers", "2",
+            "--eval-every", "0", "--step-seconds", "0.1"]
+    stopped = launch(args, nproc=nproc, on="step 3", target="agent:SIGTERM", torchrun=True)
+    assert stopped.rc != 0, stopped.text
+    assert "is killed by signal" not in stopped.text, stopped.text
+    assert f"stopped after step {stopped.last_step}" in stopped.text, stopped.text
+    assert newest(ck) == stopped.last_step >= 3, stopped.text
+
+
 def test_the_ledger_shows_every_sample_once_across_a_stop_before_the_first_step(
         tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
@@ -179,3 +227,19 @@ def test_a_crash_is_reported_as_one_though_the_agent_sigterms_the_others(tmp_pat
     assert "rank 1 crashes in the evaluation" in failed.text
     assert "splitsync run: rank 1 (local rank 1" in failed.text, failed.text
     assert "preempted" not in failed.text
+
+
+def test_a_restart_after_a_crash_is_not_taken_for_a_preemption(tmp_path: Path) -> None:
+    # rank 1 is killed while rank 0 is inside an evaluation (no collective to fail on);
+    # the agent then SIGTERMs rank 0 to restart both. That SIGTERM is no preemption: rank 0
+    # exits at once instead of waiting out its grace period (20 s) for a stop step a dead
+    # rank never posts, and says nothing of a stop
+    args = [str(tmp_path / "ck"), str(tmp_path / "out.safetensors"), "--epochs", "1",
+            "--eval-every", "4", "--eval-seconds", "9"]
+    restarted = launch(args, on="eval", target="w1:SIGKILL", restarts=1)
+    assert restarted.rc == 0, restarted.text
+    assert "came from splitsync run after another worker failed" in restarted.text
+    assert "no step boundary came within" not in restarted.text, restarted.text
+    assert "reached rank" not in restarted.text, restarted.text
+    resumed = [ln for ln in restarted.lines if re.fullmatch(r"resumed \d+", ln.strip())]
+    assert len(resumed) == 2, restarted.text  # the first start and the restart

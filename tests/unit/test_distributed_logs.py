@@ -36,3 +36,38 @@ def test_close_removes_handler_and_is_idempotent() -> None:
     run.close()
     run.close()
     assert len(get_logger().handlers) == before
+
+
+def _library_step() -> None:
+    """What a library does every step: warn from one line, then (as
+    torch.distributed.checkpoint does in a save) change the filters for a moment, which
+    makes Python forget that it showed the warning there."""
+    import warnings
+
+    warnings.warn("FSDPLinear returned a view tensor", UserWarning, stacklevel=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+
+
+def _shown(steps: int, run_alive: bool) -> int:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.resetwarnings()  # Python's own defaults, not the test runner's
+        run = splitsync.init(seed=0) if run_alive else None
+        try:
+            for _ in range(steps):
+                _library_step()
+        finally:
+            if run is not None:
+                run.close()
+    return sum("returned a view tensor" in str(w.message) for w in seen)
+
+
+def test_a_warning_repeated_every_step_is_shown_once_while_a_run_is_open() -> None:
+    import warnings
+
+    assert _shown(4, run_alive=False) == 4  # Python's rule alone: once per step
+    before = warnings.showwarning
+    assert _shown(4, run_alive=True) == 1
+    assert warnings.showwarning is before  # put back by run.close

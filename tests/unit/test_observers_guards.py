@@ -192,7 +192,9 @@ def test_a_peer_that_closed_its_connection_is_not_called_a_timeout() -> None:
     first = msg.splitlines()[0]
     assert "failed after 27.0s: a peer closed the connection" in first
     assert "600s" not in first and "did not complete" not in first
-    assert "rank 1 never arrived" in msg
+    # a peer that closed its connection and never posted died: no desync advice
+    assert "rank 1 died (its exit code or signal: in the launcher's report)" in msg
+    assert "same collective calls" not in msg and "never arrived" not in msg
     slow = RuntimeError("Timed out waiting 540000ms for recv operation to complete")
     msg = str(explain_failure(slow, me, 2, timedelta(seconds=600), None, elapsed=540.2))
     assert "did not complete within the 600s timeout (after 540.2s)" in msg
@@ -207,3 +209,46 @@ def test_every_splitsync_module_is_library_code_for_the_call_site() -> None:
     assert is_library_file(splitsync.distributed.comm.__file__)
     assert is_library_file(splitsync.run.runtime.__file__)
     assert not is_library_file(__file__)
+
+
+def test_a_dead_peer_on_this_host_is_named_with_its_signal_or_exit_code() -> None:
+    import os
+    import signal
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from splitsync.observers.guards.hangs import Position, explain_failure, fate_of
+
+    store = dist.HashStore()
+    killed, exited = os.fork(), None
+    if killed == 0:
+        time.sleep(60)
+        os._exit(0)
+    exited = os.fork()
+    if exited == 0:
+        os._exit(3)
+    try:
+        for rank, pid in ((1, killed), (2, exited)):
+            store.set(f"splitsync/guards/process/{rank}", f"{os.uname().nodename} {pid}")
+        os.kill(killed, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (fate_of(store, 1) and fate_of(store, 2)):
+            time.sleep(0.05)  # until both are zombies (not reaped: the launcher's part)
+        assert fate_of(store, 1) == "signal SIGKILL"
+        assert fate_of(store, 2) == "exit code 3"
+        assert fate_of(store, 0) is None  # never posted
+        me = Position(rank=0, call=3, op="all_reduce", site="train.py:9")
+        closed = RuntimeError("Connection closed by peer [127.0.0.1]:4000")
+        msg = str(explain_failure(closed, me, 3, timedelta(seconds=1), store, elapsed=0.2))
+        assert "rank 1 died (signal SIGKILL)" in msg and "rank 2 died (exit code 3)" in msg
+        assert "same collective calls" not in msg
+    finally:
+        for pid in (killed, exited):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(pid, 0)
+    assert fate_of(store, 1) == "exited"  # reaped

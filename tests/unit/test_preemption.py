@@ -243,6 +243,9 @@ MENTIONS: dict[str, tuple[str, set[str]]] = {
     "launch/agent.py": ("reads the workers' notes and exits with PREEMPTED_EXIT_CODE",
                         {"exit"}),
     "commands/run.py": ("its help says what a stop signal does, and the grace", set()),
+    # a loader's workers outlive the signals the run stops on
+    "data/build.py": ("wraps each loader's worker_init_fn with preemption/workers.py",
+                      {"workers"}),
 }
 
 

@@ -9,6 +9,7 @@ for a background save: before the next save or resume, at ``close``, and after e
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -42,14 +43,9 @@ from splitsync.ckpt.save import (
     start,
 )
 from splitsync.ckpt.staging import Stager, restore_rank_buffers
-from splitsync.ckpt.state import (
-    Registered,
-    register,
-    restore_loader,
-    restore_rng,
-    split_state,
-)
+from splitsync.ckpt.state import Registered, register, restore_loader, split_state
 from splitsync.data.build import ResumableLoader
+from splitsync.distributed.rng import RngArrival
 from splitsync.distributed.seeding import Generators
 from splitsync.errors import CheckpointError, CheckpointWarning
 from splitsync.observe import Observer, chain_around, overriding, redirect
@@ -68,7 +64,7 @@ class Checkpointer:
                  save_blocking: bool = True, watch: Callable[[Observer], Any] | None = None,
                  unwatch: Callable[[Observer], None] | None = None,
                  wrapped: Callable[[], dict[str, Any]] = dict,
-                 window: Window | None = None) -> None:
+                 window: Window | None = None, loader_hooks: Any = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.loaders = loaders
@@ -79,6 +75,8 @@ class Checkpointer:
         self.save_blocking = save_blocking  # run.save's default: init's, or run.resume's
         self._watch_steps, self._unwatch_steps = watch, unwatch
         self.wrapped = wrapped
+        self.loader_hooks = loader_hooks  # the run's LoaderHooks: a loader's first batch
+        self.arrival: RngArrival | None = None  # global RNG states read, not set yet
         # set by run.resume
         self.where: Any = None
         self.storage: Storage | None = None
@@ -219,8 +217,10 @@ class Checkpointer:
         generators: list[torch.Tensor | None] = []
         if self.generators is not None:  # shared streams: one state for every rank
             self.generators.restore(state.get("generators", {}))
+        self.arrival = self.arrival and self.arrival.disarm()  # an earlier load's: superseded
         if per_rank is not None:  # ranks beyond the saved world size keep their fresh seeds
-            restore_rng(per_rank["rng"], self.generators)
+            self.arrival = RngArrival(per_rank["rng"], self.generators, reg.models,  # later
+                                      self.loader_hooks, self._watch_steps, self._unwatch_steps)
             generators = list(per_rank["generators"])
         self._pending = [(pos, generators[i] if i < len(generators) else None)
                          for i, pos in enumerate(body["loaders"])]
@@ -309,10 +309,11 @@ class Checkpointer:
             self._stager = self._stager if self._stager is not None else Stager()
         group = None if blocking else self._group
         self._counting = False  # DCP may step optimizers to build their state
-        try:
-            job = build_job(reg, storage, self.loaders, step=step, epoch=epoch, extra=extra,
-                            blocking=blocking, group=group, stager=self._stager,
-                            call=self._call, window=self.window)
+        try:  # states a resume read and has not set yet are what this step holds
+            with self.arrival.as_set() if self.arrival else contextlib.nullcontext():
+                job = build_job(reg, storage, self.loaders, step=step, epoch=epoch,
+                                extra=extra, blocking=blocking, group=group,
+                                stager=self._stager, call=self._call, window=self.window)
         finally:
             self._counting = True
         if blocking:

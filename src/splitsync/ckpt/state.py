@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import json
-import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from torch import nn
 
 from splitsync.ckpt.staging import live_storages
 from splitsync.data.build import ResumableLoader
+from splitsync.distributed.rng import capture_rng, restore_rng  # kept importable from here
 from splitsync.distributed.seeding import Generators
 from splitsync.errors import CheckpointError
 from splitsync.strategies import for_model
@@ -34,43 +34,6 @@ from splitsync.strategies.modules import unwrap
 from splitsync.strategies.state import optimizer_to_fqn
 
 __all__ = ["Registered", "register", "RESERVED", "split_extra", "capture_rng", "restore_rng", "loader_position", "restore_loader", "check_shapes", "owner_of", "model_state", "optimizer_state", "load_model_state", "load_optimizer_state", "state_shapes", "check_optimizer_names", "is_sharded", "split_state", "KINDS", "type_name", "kind_of", "kind_from_state", "described"]
-
-# --- RNG ---------------------------------------------------------------------------------
-def capture_rng(generators: Generators | None = None) -> dict[str, Any]:
-    """This process's python, numpy, torch and CUDA generator states (plain containers), and
-    the run's per-rank ``run.generator`` streams."""
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if generators is not None and generators.streams:  # none made: nothing to capture
-        state["generators"] = generators.capture(per_rank=True)
-    try:
-        import numpy as np
-    except ImportError:
-        np = None  # type: ignore[assignment]
-    if np is not None:
-        kind, keys, pos, has_gauss, gauss = np.random.get_state()
-        # numpy arrays need pickle's globals; a tensor copy loads under weights_only.
-        state["numpy"] = (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: Mapping[str, Any], generators: Generators | None = None) -> None:
-    """Inverse of :func:`capture_rng`."""
-    if generators is not None:
-        generators.restore(state.get("generators", {}))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, gauss = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        states = state["cuda"]
-        torch.cuda.set_rng_state_all(states[: torch.cuda.device_count()])
-
 
 # --- loaders (through the protocol both kinds share: splitsync.data.build.ResumableLoader) ---
 def loader_position(loader: ResumableLoader) -> tuple[dict[str, Any], torch.Tensor | None]:

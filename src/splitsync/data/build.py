@@ -12,7 +12,8 @@ first batch goes down the layers and never back into the run.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+import signal
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -32,6 +33,7 @@ from splitsync.data.stream.readers import StreamReaders
 from splitsync.data.stream.sources import HFSource, IterSource, Shards, Source, from_webdataset
 from splitsync.distributed.logs import get_logger
 from splitsync.distributed.seeding import loader_seed, worker_init_fn
+from splitsync.preemption.workers import shielded
 
 __all__ = ["LoaderHooks", "ResumableLoader", "make_loader", "warn_if_empty", "check_marks", "is_stream", "as_source", "direct",
            "DEFAULT_BUFFER"]
@@ -72,8 +74,11 @@ class ResumableLoader(Protocol):
 def make_loader(data: Dataset | DataLoader | Any, batch_size: int | None, *, shuffle: bool,
                 drop_last: bool, num_workers: int, collate_fn: Any, rank: int, world_size: int,
                 seed: int, device: torch.device, hooks: LoaderHooks,
+                shield: Sequence[signal.Signals | str] = (),
                 **extra: Any) -> DeviceLoader | StreamLoader:
-    """What ``run.loader(data, batch_size, ...)`` returns; ``batch_size`` is per process."""
+    """What ``run.loader(data, batch_size, ...)`` returns; ``batch_size`` is per process.
+    Its workers ignore ``shield`` (the signals the run stops on) sent to their process
+    group: see :mod:`splitsync.preemption.workers`."""
     inner = data.dataset if isinstance(data, DataLoader) else data
     if is_stream(inner):
         if isinstance(data, DataLoader):  # keep the DataLoader's own batching options
@@ -83,15 +88,16 @@ def make_loader(data: Dataset | DataLoader | Any, batch_size: int | None, *, shu
         return _stream_loader(inner, batch_size, shuffle=shuffle, drop_last=drop_last,
                               num_workers=num_workers, collate_fn=collate_fn, rank=rank,
                               world_size=world_size, seed=seed, device=device, hooks=hooks,
-                              **extra)
+                              shield=shield, **extra)
     return _map_loader(data, batch_size, shuffle=shuffle, drop_last=drop_last,
                        num_workers=num_workers, collate_fn=collate_fn, rank=rank,
-                       world_size=world_size, seed=seed, device=device, hooks=hooks, **extra)
+                       world_size=world_size, seed=seed, device=device, hooks=hooks,
+                       shield=shield, **extra)
 
 
 def _map_loader(data: Dataset | DataLoader, batch_size: int | None, *, rank: int,
                 world_size: int, seed: int, device: torch.device, hooks: LoaderHooks,
-                **options: Any) -> DeviceLoader:
+                shield: Sequence[signal.Signals | str] = (), **options: Any) -> DeviceLoader:
     """A DataLoader over this rank's shard; ``batch_size`` is per process, never rescaled.
 
     ``order`` (an option) is the shuffle order (see :class:`ShardSampler`): "bijection" by
@@ -121,7 +127,7 @@ def _map_loader(data: Dataset | DataLoader, batch_size: int | None, *, rank: int
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: give a positive per-process batch size.")
     kwargs.setdefault("pin_memory", device.type == "cuda")
-    kwargs.setdefault("worker_init_fn", worker_init_fn)
+    kwargs["worker_init_fn"] = shielded(kwargs.get("worker_init_fn", worker_init_fn), shield)
     sampler = _sampler(dataset, kwargs, shuffle=shuffle, rank=rank, world_size=world_size,
                        seed=seed, drop_last=drop_last, order=order)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
@@ -152,7 +158,7 @@ def _stream_loader(data: Any, batch_size: int | None, *, shuffle: bool, drop_las
                    rank: int, world_size: int, seed: int, device: torch.device,
                    hooks: LoaderHooks, at_end: str = "stop",
                    buffer_size: int = DEFAULT_BUFFER, agree_every: int = 64,
-                   **extra: Any) -> StreamLoader:
+                   shield: Sequence[signal.Signals | str] = (), **extra: Any) -> StreamLoader:
     """A :class:`StreamLoader` over ``data``; ``batch_size`` is per process."""
     if batch_size is None:
         raise TypeError("run.loader(stream, batch_size=...) needs a per-process batch_size.")
@@ -175,7 +181,7 @@ def _stream_loader(data: Any, batch_size: int | None, *, shuffle: bool, drop_las
                             world=world_size, workers=num_workers,
                             collate=collate_fn or default_collate)
     extra.setdefault("pin_memory", device.type == "cuda")
-    extra.setdefault("worker_init_fn", worker_init_fn)
+    extra["worker_init_fn"] = shielded(extra.get("worker_init_fn", worker_init_fn), shield)
     loader = DataLoader(readers, batch_size=None, num_workers=num_workers, generator=generator,
                         **extra)
     return StreamLoader(readers, loader, device, at_end=at_end, hooks=hooks,

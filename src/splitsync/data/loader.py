@@ -46,6 +46,9 @@ class LoaderHooks:
         self.adjust: tuple[Any, ...] = ()  # observers overriding loader_kwargs
         self.collective: Callable[..., Any] = direct
         self.active: Any = None  # the loader whose pass is under way
+        # set by a resume whose global RNG states wait for the next training step: called
+        # at a pass's first batch (see splitsync.distributed.rng)
+        self.arrival: Callable[[], None] | None = None
 
 
 class ShardSampler(DistributedSampler):
@@ -236,6 +239,8 @@ class DeviceLoader:
         return start + min(per_rank * self.world_size, total - start)
 
     def __iter__(self) -> Iterator[Any]:
+        if self.hooks is not None and self.hooks.arrival is not None:
+            self.hooks.arrival()  # a resume's RNG states: before this pass draws anything
         self.previous_pass_batches, self.batches_seen = self.batches_seen, 0
         self.passes += 1
         self.last_batch = False

@@ -7,19 +7,22 @@ the workers' environment, the agent itself and a one-paragraph report of each fa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from splitsync.distributed.rankstate import STATE_DIR_VAR
 from splitsync.launch.argv import torchrun_argv, torchrun_command
 from splitsync.launch.spec import LaunchSpec
 from splitsync.launch.summary import flight_records, rank_lines
-from splitsync.preemption.exit import NOTES_VAR, PREEMPTED_EXIT_CODE, read_notes
+from splitsync.preemption.exit import FAILURE_NOTE, NOTES_VAR, PREEMPTED_EXIT_CODE, read_notes
 
 __all__ = ["say", "accelerators", "dry_run", "run_agent", "report_failure", "report_children",
            "report_stop", "report_preempted", "explain_rendezvous"]
@@ -83,7 +86,8 @@ def run_agent(spec: LaunchSpec) -> int:
     os.environ.setdefault("PYTHONFAULTHANDLER", "1")  # stacks even before init()
     try:
         try:
-            torchrun_main(torchrun_argv(spec))
+            with _marking_failures(notes):
+                torchrun_main(torchrun_argv(spec))
         except Exception as exc:  # torchrun's failures, reported in one paragraph
             return report_stop(read_notes(notes), spec, exc, states)
         return report_stop(read_notes(notes), spec, None)
@@ -92,6 +96,44 @@ def run_agent(spec: LaunchSpec) -> int:
         os.environ.pop(STATE_DIR_VAR, None)
         shutil.rmtree(notes, ignore_errors=True)
         shutil.rmtree(states, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _marking_failures(folder: str) -> Iterator[None]:
+    """While torchrun stops the workers because one failed (its process context, at once,
+    then the agent, to restart them or for good), leave FAILURE_NOTE in ``folder``: the
+    SIGTERM the survivors get is then no preemption to wait out (``preempt_grace``). A
+    signal to the agent stops them through another path and leaves no note. torchrun
+    makes its agent and process context itself, so their classes are wrapped for the
+    length of this call and put back after."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    mark = Path(folder) / FAILURE_NOTE
+
+    def marking(original: Any, failed: Any) -> Any:
+        def call(owner: Any, *args: Any, **kwargs: Any) -> Any:
+            if not failed(owner, *args):
+                return original(owner, *args, **kwargs)
+            mark.write_text("a worker failed\n")
+            try:
+                return original(owner, *args, **kwargs)
+            finally:
+                mark.unlink(missing_ok=True)
+        return call
+
+    originals = (PContext.close, LocalElasticAgent._stop_workers)
+    # a process context closes the others when one has failed (``_failures``, set first)
+    PContext.close = marking(PContext.close,  # type: ignore[method-assign]
+                             lambda ctx, *_: bool(getattr(ctx, "_failures", None)))
+    LocalElasticAgent._stop_workers = marking(  # type: ignore[method-assign]
+        LocalElasticAgent._stop_workers,
+        lambda _agent, group, *_: group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY))
+    try:
+        yield
+    finally:
+        PContext.close, LocalElasticAgent._stop_workers = originals  # type: ignore[method-assign]
 
 
 def report_stop(notes: list[dict[str, Any]], spec: LaunchSpec,

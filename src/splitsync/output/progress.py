@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TextIO, TypeVar
 
-__all__ = ["progress", "default_every", "UPDATE_INTERVAL"]
+__all__ = ["progress", "default_every", "UPDATE_INTERVAL", "preload"]
 
 T = TypeVar("T")
 UPDATE_INTERVAL = 0.1  # seconds between updates of the rich bar
@@ -30,6 +30,20 @@ def default_every(total: int | None) -> int:
     if total is None or total <= 0:
         return 100
     return max(1, -(-total // 4))
+
+
+def preload() -> None:
+    """Import rich now, as ``init`` does on the main rank before it seeds: rich draws from
+    Python's ``random`` at import, and imported by the first ``run.progress`` (after a
+    resume, at another moment than in the run never stopped) it would shift the script's
+    own draws."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("rich") is None:
+        return
+    for name in ("rich.console", "rich.progress", "rich.text"):
+        importlib.import_module(name)
 
 
 def _is_terminal(stream: TextIO) -> bool:

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PREEMPTED_EXIT_CODE", "NOTES_VAR", "write_note", "read_notes"]
+__all__ = ["PREEMPTED_EXIT_CODE", "NOTES_VAR", "FAILURE_NOTE", "write_note", "read_notes",
+           "failure_marked"]
 
 #: The exit code of a process stopped by a preemption (EX_TEMPFAIL in sysexits.h: "a
 #: temporary failure; try again later"). Launching the same command again resumes.
@@ -43,3 +44,16 @@ def read_notes(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
         except (OSError, ValueError):
             continue
     return notes
+
+
+#: Left in the notes folder by ``splitsync run`` while torchrun's agent stops the workers
+#: because one of them failed (to restart them, or for good): the SIGTERM the others then
+#: get is not a preemption, and waiting for a stop step a dead rank never reaches would only
+#: delay the restart by the grace period.
+FAILURE_NOTE = "failure"
+
+
+def failure_marked(environ: Mapping[str, str]) -> bool:
+    """Whether ``splitsync run`` is stopping the workers after a failure (see FAILURE_NOTE)."""
+    folder = environ.get(NOTES_VAR)
+    return bool(folder) and (Path(folder) / FAILURE_NOTE).exists()

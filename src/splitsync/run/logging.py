@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from splitsync.distributed.logs import forget_filter, show_repeats_once
+from splitsync.distributed.rng import kept_rng
 from splitsync.observe import Observer, overriding
 from splitsync.output.metrics import (
     MetricsLog,
@@ -47,6 +49,7 @@ class Logging:
         self.metrics: MetricsLog | None = None
         self._riders: tuple[Observer, ...] = ()
         self._on_log: tuple[Observer, ...] = ()
+        self._warnings_once = show_repeats_once()  # until close: a warning per step is noise
 
     def set_observers(self, observers: Sequence[Observer]) -> None:
         self._riders = overriding(observers, "log_extra")
@@ -80,10 +83,12 @@ class Logging:
 
     def _log(self) -> MetricsLog:
         if self.metrics is None:  # opened on first use: no run.log, no files
-            self.metrics = MetricsLog(self.config.run_dir, loggers=self.config.loggers,
-                                      params={"splitsync": self.settings})
+            with kept_rng():  # rank 0 alone, at a moment a resume moves: draw nothing
+                self.metrics = MetricsLog(self.config.run_dir, loggers=self.config.loggers,
+                                          params={"splitsync": self.settings})
         return self.metrics
 
     def close(self) -> None:
+        forget_filter(self._warnings_once)
         if self.metrics is not None:
             self.metrics.close()

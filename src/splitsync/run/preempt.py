@@ -10,13 +10,15 @@ steps.
 1. **Request.** The thread (:mod:`splitsync.preemption.watch`) writes it to the board (the
    job's store, :mod:`splitsync.preemption.board`), or sees another rank's there (it looks
    twice a second; nothing else runs per step until then), and adds a forward pre-hook, first in
-   line (before FSDP's all-gathers), to each model ``run.resume`` registered.
+   line (before FSDP's all-gathers), to each model ``run.resume`` registered. A SIGTERM
+   ``splitsync run`` sends because a worker failed is no request: the rank exits at once.
 2. **Post.** At its next forward, on the main thread, a rank posts its completed optimizer
    steps and attaches a watch to ``run.step``.
 3. **Agree.** S = max(posts) + 1. A rank posts before the backward of the step it is in,
    and nobody completes step M + 1 before every rank's backward of it (the gradient
    all-reduce or reduce-scatter): when any rank has completed S steps every post is in, so
-   each rank learns S by its own boundary S and none passes it unaware.
+   each rank learns S by its own boundary S and none passes it unaware (and says so then:
+   a save follows, which a dead peer would prevent).
 4. **Stop.** At boundary S the watch snapshots the RNG states and loader positions. At the
    next forward of a registered model (after the script's own work for step S, before
    step S + 1 touches the model) the rank finishes the save in flight, saves step S with
@@ -36,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -51,7 +54,7 @@ from splitsync.distributed.seeding import Generators
 from splitsync.errors import Preempted
 from splitsync.observe import Observer
 from splitsync.preemption.board import Board, Request, make_board
-from splitsync.preemption.exit import PREEMPTED_EXIT_CODE, write_note
+from splitsync.preemption.exit import PREEMPTED_EXIT_CODE, failure_marked, write_note
 from splitsync.preemption.sources import Source
 from splitsync.preemption.watch import POLL_SECONDS, Watcher
 from splitsync.run.config import RunConfig
@@ -116,11 +119,12 @@ class Preemption:
                                 give_up=self._give_up)
 
     def _seen(self, request: Request) -> None:
-        self.request = request
-        if request.rank == self.rank or self.rank == 0:
-            get_logger().warning("%s reached rank %d: every rank stops after an agreed step "
-                                 "and saves it (within %gs).", request.signal, request.rank,
-                                 self.grace)
+        if failure_marked(self.environ):  # splitsync run stops us: a worker failed
+            get_logger().warning("%s came from splitsync run after another worker failed: "
+                                 "not a preemption; exiting without a stop.", request.signal)
+            sig = getattr(signal, request.signal, None)
+            _flushed_exit(128 + int(sig) if isinstance(sig, signal.Signals) else 1)
+        self.request = request  # said once the stop step is agreed (a save follows then)
         self._hook_models()
 
     # --- the models' forward: post, and stop -----------------------------------------------
@@ -162,6 +166,10 @@ class Preemption:
             return
         if self.stop_step is None:
             self.stop_step = self.board.stop_step()
+            req = self.request  # agreed: a save follows (a dead peer never posts), so say so
+            if self.stop_step is not None and req and self.rank in (0, req.rank):
+                get_logger().warning("%s reached rank %d: every rank stops after step %d "
+                                     "and saves it.", req.signal, req.rank, self.stop_step)
         steps = self.ckpt.step
         if self.stop_step is not None and steps == self.stop_step:
             loaders = [loader_position(ld) for ld in self.ckpt.loaders]
@@ -225,7 +233,7 @@ class Preemption:
         try:
             noted = self._say_giving_up()
         finally:
-            os._exit(0 if noted else PREEMPTED_EXIT_CODE)
+            _flushed_exit(0 if noted else PREEMPTED_EXIT_CODE)
 
     def _say_giving_up(self) -> bool:
         handle = self.ckpt.inflight
@@ -242,17 +250,9 @@ class Preemption:
             "Raise init(preempt_grace=...) if the environment waits longer before killing.",
             self.grace, request.signal, self.ckpt.step, kept)
         self._after_stop(request)
-        noted = write_note(self.environ, self.rank, {
+        return write_note(self.environ, self.rank, {
             "status": "deadline", "step": None if saved is None else saved[0],
             "path": None if saved is None else str(saved[1]), "signal": request.signal})
-        for handler in get_logger().handlers:
-            with contextlib.suppress(Exception):
-                handler.flush()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        logging.shutdown()
-        return noted
 
     # --- teardown ----------------------------------------------------------------------------
     def _unhook(self) -> None:
@@ -288,6 +288,18 @@ class Preemption:
             said = source.after_stop(request.signal)
             if said:
                 get_logger().warning("%s", said)
+
+
+def _flushed_exit(code: int) -> None:
+    """End the process from the watching thread, what was logged written out first."""
+    for handler in get_logger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def preemption_for(config: RunConfig, rank: int, world_size: int, checkpoints: Checkpointer,

@@ -100,7 +100,8 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
                                          generators=self._generators, timeout=config.timeout,
                                          save_blocking=config.save_blocking,
                                          watch=self._watch_steps, unwatch=self._unwatch_steps,
-                                         wrapped=self._wrapped, window=self._training)
+                                         wrapped=self._wrapped, window=self._training,
+                                         loader_hooks=self._data.hooks)
         self._logging = Logging(config, device, self.is_main,
                                 run_settings(config, self.world_size, seed, device, backend))
         self._observers: tuple[Observer, ...] = ()
@@ -257,8 +258,8 @@ class Run(TrainingVerbs, CollectiveVerbs, CheckpointVerbs):
             loader = make_loader(data, batch_size, shuffle=shuffle, drop_last=drop_last,
                                  num_workers=num_workers, collate_fn=collate_fn,
                                  rank=self.dp_rank, world_size=self.dp_size,  # a TP group alike
-                                 seed=self.seed,
-                                 device=self.device, hooks=self._data.hooks, **extra)
+                                 seed=self.seed, device=self.device, hooks=self._data.hooks,
+                                 shield=self.config.preempt_signals, **extra)
             loader.train, loader.repeats = train, repeats
             warn_if_empty(loader, self.rank, self.world_size)
             self._data.all.append(loader)

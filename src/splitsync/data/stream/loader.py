@@ -130,6 +130,8 @@ class StreamLoader:
         return [int(v) for v in t.tolist()]  # type: ignore[union-attr]
 
     def __iter__(self) -> Iterator[Any]:
+        if self.hooks is not None and self.hooks.arrival is not None:
+            self.hooks.arrival()  # a resume's RNG states: before this pass draws anything
         self.batches_seen = 0
         self.last_batch = False
         self.finished = False

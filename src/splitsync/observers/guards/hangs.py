@@ -8,12 +8,17 @@ reached any splitsync collective; a rank that posted another call is out of step
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch.distributed as dist
@@ -25,10 +30,11 @@ from splitsync.observers.guards.site import user_site
 
 __all__ = [
     "CollectiveTimeoutError", "Position", "Watch", "is_comm_failure", "explain_failure",
-    "default_store", "split_timeout",
+    "default_store", "split_timeout", "post_process", "fate_of",
 ]
 
 T = TypeVar("T")
+_PROCESS = "splitsync/guards/process/{rank}"
 _FAILURE_WORDS = ("timed out", "timeout", "connection closed", "connection reset",
                   "broken pipe", "monitoredbarrier", "connection refused", "peer")
 _POLL_S = 0.05
@@ -106,6 +112,48 @@ def _what_happened(exc: BaseException, me: Position, timeout: timedelta,
             f"{timeout.total_seconds():g}s timeout{after and f' ({after.strip()})'} {detail}.")
 
 
+def post_process(store: Any | None, rank: int) -> None:
+    """Where this rank's process runs (host, pid), for a peer to tell its death apart."""
+    if store is None:
+        return
+    with contextlib.suppress(Exception):  # a message's detail: never a reason to fail
+        store.set(_PROCESS.format(rank=rank), f"{socket.gethostname()} {os.getpid()}")
+
+
+def fate_of(store: Any | None, rank: int) -> str | None:
+    """How rank ``rank``'s process ended, when it runs on this host and is gone: "exit
+    code N", "signal SIGKILL", "exited" (already reaped); None when alive or unknown."""
+    if store is None:
+        return None
+    try:
+        key = _PROCESS.format(rank=rank)
+        if not store.check([key]):
+            return None
+        host, pid = store.get(key).decode().split()
+    except Exception:
+        return None
+    if host != socket.gethostname():
+        return None
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except FileNotFoundError:
+        return "exited"  # its parent already collected it
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    if not fields or fields[0] != "Z":  # alive (or another process reused the pid)
+        return None
+    code = int(fields[49]) if len(fields) >= 50 and fields[49].isdigit() else None
+    if code is None:
+        return "exited"
+    if code & 0x7F:
+        try:
+            return f"signal {signal.Signals(code & 0x7F).name}"
+        except ValueError:
+            return f"signal {code & 0x7F}"
+    return f"exit code {code >> 8}"
+
+
 def explain_failure(exc: BaseException, me: Position, world: int, timeout: timedelta,
                     store: Any | None, post: Position | None = None,
                     elapsed: float | None = None) -> CollectiveTimeoutError:
@@ -122,6 +170,8 @@ def explain_failure(exc: BaseException, me: Position, world: int, timeout: timed
         except Exception as store_exc:  # the store lives in a rank or agent that may be gone
             note = f"\n  (could not reach the other ranks through the job's store: {store_exc})"
     missing = [r for r in range(world) if r not in seen]
+    if missing and any(w in str(exc).lower() for w in _CLOSED_WORDS):
+        return _died(exc, me, missing, timeout, elapsed, store, note)
     key = {r: (p.call, p.op) for r, p in seen.items()}
     mine = key[me.rank]
     out_of_step = sorted(r for r in seen if key[r] != mine)
@@ -148,6 +198,21 @@ def explain_failure(exc: BaseException, me: Position, world: int, timeout: timed
         + "Raise init(timeout=...) if a rank legitimately works longer between collectives."
     )
     return CollectiveTimeoutError("\n".join(lines) + note, missing, out_of_step)
+
+
+def _died(exc: BaseException, me: Position, missing: list[int], timeout: timedelta,
+          elapsed: float | None, store: Any | None, note: str) -> CollectiveTimeoutError:
+    """A peer closed its connection and never posted: it died. Not a desync: no advice on
+    the order of calls, which was not the cause."""
+    lines = [_what_happened(exc, me, timeout, elapsed)]
+    for r in missing:
+        fate = fate_of(store, r)
+        how = f" ({fate})" if fate else " (its exit code or signal: in the launcher's report)"
+        lines.append(f"  rank {r} died{how}.")
+    who = ", ".join(str(r) for r in missing)
+    lines.append(f"Fix: see why rank(s) {who} died, in their own output above; this rank "
+                 "only lost its peer. Relaunching resumes from the last checkpoint.")
+    return CollectiveTimeoutError("\n".join(lines) + note, missing, [])
 
 
 class Watch:
@@ -181,6 +246,7 @@ class Watch:
             self._responder = self._waits.responder
         else:
             self._responder = start_responder(store, rank, self._position_now)
+        post_process(store, rank)
 
     def call(self, op: str, fn: Callable[..., T], *args: Any) -> T:
         """Run one collective; on a communication failure raise a CollectiveTimeoutError.

@@ -179,11 +179,15 @@ def _complete(history: History, loader: int, epoch: int, last: int) -> bool:
     """Epochs before the loader's last one are done; the last only if its pass finished."""
     if epoch < last:
         return True
-    close = history.launches[-1].close if history.launches else None
-    if close is None:
+    if not history.launches or history.launches[-1].close is None:
         return False
-    return any(p["loader"] == loader and p["epoch"] == epoch and p["finished"]
-               for p in close["passes"])
+    # the newest launch that ran this pass says (a relaunch of a finished run runs none)
+    for launch in reversed(history.launches):
+        passes = [p for p in (launch.close or {}).get("passes", ())
+                  if p["loader"] == loader and p["epoch"] == epoch]
+        if passes:
+            return any(p["finished"] for p in passes)
+    return False
 
 
 def _evaluation(history: History, trained: set[int]) -> list[dict[str, Any]]:
