@@ -174,6 +174,7 @@ def _settings(env: DistEnv, given: dict[str, Any]) -> _Chosen:
                         heartbeat_ms=given["ft_heartbeat_ms"], timeout=given["ft_timeout"],
                         lighthouse=given["ft_lighthouse"])
         check_launch(accumulate_for(given["accumulate"], env.world_size), env.launcher)
+    given["mesh"] = attached.imposed_mesh(given["mesh"], env.world_size, os.environ)
     shape = _mesh(given, env.world_size, ft is not None)  # checked by mesh_shape
     device = given["device"]
     options = given["strategy_options"]

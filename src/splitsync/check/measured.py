@@ -30,6 +30,8 @@ MEASURED: MappingProxyType[str, tuple[int, int, int, int]] = MappingProxyType({
     'SS212': (0, 0, 0, 0),
     'SS213': (3, 0, 1, 0),
     'SS214': (0, 0, 0, 0),
+    'SS215': (0, 0, 0, 0),
+    'SS216': (0, 0, 0, 0),
     'SS301': (3, 0, 0, 0),
     'SS302': (2, 0, 2, 0),
     'SS303': (0, 0, 0, 0),

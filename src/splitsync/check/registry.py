@@ -25,6 +25,7 @@ from splitsync.check.rules import (
     placement,
     seeds,
     setup,
+    tensor,
     tokens,
     wrappers,
     writes,
@@ -37,7 +38,7 @@ __all__ = ["RULE_MODULES", "all_rules", "get_rule", "select_rules", "gate", "mea
 #: ``RULES`` (docs/check.md maps each code to its module).
 RULE_MODULES = (devices, moves, indices, placement, parallel, collectives, drift, wrappers, guards,
                 setup, data, padding, seeds, output, writes, metrics, overrides, paths, loop,
-                tokens)
+                tokens, tensor)
 
 #: Codes the runner itself reports: a file that does not parse, a bad suppression comment,
 #: a rule that crashed on a file, an imported module of the project it could not read.

@@ -93,6 +93,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="dtype of the input: float32 (default), long for token ids")
     m.add_argument("--gpus-per-node", type=int, default=8,
                    help="hsdp shards over this many devices (one node) (default: 8)")
+    m.add_argument("--tp", default=None, metavar="SIZES",
+                   help="also tensor-parallel layouts: comma-separated TP sizes (e.g. 2,4), each "
+                   "at every --sizes count it divides, with FSDP2 over the rest; a TP group of t "
+                   "devices trains t x --batch-size as one replica (the same global batch)")
+    m.add_argument("--tp-plan", default="auto", metavar="MODULE:NAME",
+                   help='the TP plan: a dict {module path: ParallelStyle} (or a function '
+                   'returning one) at MODULE:NAME, or "auto" for a Hugging Face model\'s '
+                   "base_model_tp_plan (default: auto)")
 
 
 def _failure_arguments(parser: argparse.ArgumentParser) -> None:

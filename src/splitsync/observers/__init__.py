@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from splitsync.observe import Observer
     from splitsync.run.config import RunConfig
 
-__all__ = ["configure", "attach", "collective_timeout"]
+__all__ = ["configure", "imposed_mesh", "attach", "collective_timeout"]
 
 
 def configure(config: RunConfig, environ: Mapping[str, str]) -> RunConfig:
@@ -32,6 +32,15 @@ def configure(config: RunConfig, environ: Mapping[str, str]) -> RunConfig:
     if (strategy, accumulate) == (config.strategy, config.accumulate):
         return config
     return config.changed(strategy=strategy, accumulate=accumulate)  # checks only these two
+
+
+def imposed_mesh(mesh: Mapping[str, int] | None, world_size: int,
+                 environ: Mapping[str, str]) -> Mapping[str, int] | None:
+    """``init(mesh=...)`` as the tools that launched this script impose it (``splitsync
+    verify``'s one-process reference runs a mesh script whole)."""
+    from splitsync.tools.verify.record import mesh_setting
+
+    return mesh_setting(environ, mesh, world_size)
 
 
 def collective_timeout(config: RunConfig, world_size: int) -> timedelta:
@@ -52,7 +61,9 @@ def attach(config: RunConfig, env: DistEnv, device: torch.device, seed: int,
     from splitsync.tools.verify.record import from_environ
 
     observers: list[Observer] = list(start_guards(config, env.rank, env.world_size, device))
-    verify = from_environ(environ, env.rank, env.world_size, config.accumulate)
+    verify = from_environ(environ, env.rank, env.world_size, config.accumulate,
+                          config.mesh.tp if config.mesh is not None else 1,
+                          mesh=config.mesh is not None)
     if verify is not None:
         observers.append(verify)
     if config.straggler_threshold is not None and env.world_size > 1:

@@ -37,7 +37,7 @@ def held_bytes(run: Any, model: nn.Module, optimizer: torch.optim.Optimizer, bat
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
+        s = _local(t).untyped_storage()  # a DTensor (TP) saves its local shard
         # parameters registered right now: FSDP2 swaps in the gathered ones in forward
         if s.data_ptr() not in {_local(p).untyped_storage().data_ptr()
                                 for p in model.parameters()}:

@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 __all__ = ["Variant", "ParamFacts", "ModelFacts", "MemoryPlan", "parse_strategies",
-           "model_facts", "plan", "optimizer_class", "PARAM_DTYPES"]
+           "model_facts", "plan", "optimizer_class", "PARAM_DTYPES", "AUTOCAST", "param_facts",
+           "storage_key", "storage_nbytes"]
 
 BASES = ("ddp", "fsdp", "hsdp")
 FLAGS = ("offload", "act-ckpt")
@@ -139,11 +140,11 @@ def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
     return cls
 
 
-def _storage_key(t: torch.Tensor) -> int:
+def storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
 
-def _nbytes(t: torch.Tensor) -> int:
+def storage_nbytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
 
 
@@ -166,15 +167,15 @@ def model_facts(factory: Callable[[], nn.Module], input_shape: Sequence[int], ba
         found = (blocks or default_blocks)(model)
         block_of = {id(p): i for i, b in enumerate(found) for p in b.parameters()}
         params = [p for p in model.parameters() if p.requires_grad]
-        param_keys = {_storage_key(p) for p in model.parameters()}
+        param_keys = {storage_key(p) for p in model.parameters()}
         saved: dict[int, tuple[int, int]] = {}  # storage -> (bytes, block or -1)
         inputs = [0] * len(found)
         active: list[int] = []
 
         def pack(t: torch.Tensor) -> torch.Tensor:
-            key = _storage_key(t)
+            key = storage_key(t)
             if key not in param_keys and key not in saved:
-                saved[key] = (_nbytes(t), active[-1] if active else -1)
+                saved[key] = (storage_nbytes(t), active[-1] if active else -1)
             return t
 
         hooks = []
@@ -194,7 +195,7 @@ def model_facts(factory: Callable[[], nn.Module], input_shape: Sequence[int], ba
             p.grad = torch.zeros_like(p)
         opt = optimizer(params, **(optimizer_kwargs or {}))
         opt.step()
-        facts = [_param_facts(p, opt.state.get(p, {}), block_of.get(id(p), -1)) for p in params]
+        facts = [param_facts(p, opt.state.get(p, {}), block_of.get(id(p), -1)) for p in params]
     per_block = [0] * len(found)
     for nbytes, blk in saved.values():
         if blk >= 0:
@@ -207,7 +208,7 @@ def model_facts(factory: Callable[[], nn.Module], input_shape: Sequence[int], ba
 def _enter(active: list[int], inputs: list[int], i: int) -> Callable[..., None]:
     def pre(module: nn.Module, args: Any) -> None:
         active.append(i)
-        inputs[i] = sum(_nbytes(a) for a in _tensors(args))
+        inputs[i] = sum(storage_nbytes(a) for a in _tensors(args))
 
     return pre
 
@@ -225,7 +226,7 @@ def _tensors(args: Any) -> Iterable[torch.Tensor]:
     return (t for _, t in iter_tensors(args))
 
 
-def _param_facts(p: torch.Tensor, state: dict[str, Any], block: int) -> ParamFacts:
+def param_facts(p: torch.Tensor, state: dict[str, Any], block: int) -> ParamFacts:
     like = other = 0
     for v in state.values():
         if isinstance(v, torch.Tensor):

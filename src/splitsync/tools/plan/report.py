@@ -94,6 +94,8 @@ def memory_report(args: argparse.Namespace) -> int:
                                    optimizer=opt, optimizer_kwargs=kwargs)
         plans = memory.plan(facts, variants, sizes, memory_gb=args.memory_gb,
                             per_node=args.gpus_per_node)
+        if args.tp:
+            plans += _tp_rows(args, shape, sizes, dtype, opt, kwargs)
     except ValueError as exc:
         raise _fail(str(exc)) from None
     if args.json:
@@ -104,7 +106,8 @@ def memory_report(args: argparse.Namespace) -> int:
              p.peak_bytes, p.host_bytes)),
              "" if p.fits is None else ("yes" if p.fits else "no")] for p in plans]
     print(f"{facts.numel:,} parameters; batch {args.batch_size} x {shape} per device, "
-          f"precision {args.precision}, {opt.__name__}; bytes per device (the most loaded one)")
+          f"precision {args.precision}, {opt.__name__}; bytes per device (the most loaded one)"
+          + ("; a TP group of t takes t x that batch as one replica" if args.tp else ""))
     print()
     print(markdown_table(["strategy", "N", "params", "grads", "optimizer", "activations",
                           "peak", "host", f"fits {args.memory_gb:g} GB" if args.memory_gb
@@ -113,8 +116,36 @@ def memory_report(args: argparse.Namespace) -> int:
         fit = [f"{p.strategy} at {p.devices}" for p in plans if p.fits]
         print()
         print(f"- fit in {args.memory_gb:g} GB: " + (", ".join(fit) if fit else "none; add "
-              "devices, +act-ckpt, +offload or a smaller per-device batch"))
+              "devices, +act-ckpt, +offload, --tp or a smaller per-device batch"))
+        if fit:
+            best = min((p for p in plans if p.fits), key=lambda p: (p.devices, p.peak_bytes))
+            print(f"- fewest devices: {best.strategy} at {best.devices} "
+                  f"({_size(best.peak_bytes)} peak)")
     return 0
+
+
+def _tp_rows(args: argparse.Namespace, shape: tuple[int, ...], sizes: list[int], dtype: Any,
+             opt: Any, kwargs: dict[str, Any]) -> list[Any]:
+    """The ``tp{n}+fsdp`` rows of ``--tp``, with the plan ``--tp-plan`` names."""
+    from splitsync.tools.plan import tensor
+
+    tps = tensor.parse_tp(args.tp)
+    if not any(n % t == 0 for t in tps for n in sizes):
+        raise ValueError(f"--tp {args.tp}: no TP size divides a device count of --sizes "
+                         f"{args.sizes}; give sizes that are multiples of it.")
+    styles: Any = args.tp_plan
+    if styles != "auto":
+        styles = _factory(styles)
+        styles = styles() if callable(styles) else styles
+    try:
+        # the same global batch as the data-parallel rows: a TP group of t devices takes
+        # the t per-device batches as one replica's batch
+        facts = {t: tensor.tp_facts(_factory(args.model), shape, args.batch_size * t, t, styles,
+                                    input_dtype=dtype, precision=args.precision,
+                                    optimizer=opt, optimizer_kwargs=kwargs) for t in tps}
+    except TypeError as exc:  # a plan that is not {module path: ParallelStyle}
+        raise ValueError(f"--tp-plan {args.tp_plan}: {exc}") from None
+    return tensor.tp_plan(facts, sizes, memory_gb=args.memory_gb)
 
 
 def step_report(args: argparse.Namespace) -> int:

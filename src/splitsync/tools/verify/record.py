@@ -61,6 +61,16 @@ def settings(environ: Mapping[str, str], strategy: str, accumulate: int) -> tupl
     return environ.get(ENV_STRATEGY) or strategy, accumulate * factor
 
 
+def mesh_setting(environ: Mapping[str, str], mesh: Mapping[str, int] | None,
+                 world_size: int) -> Mapping[str, int] | None:
+    """``init(mesh=...)`` as a verify launch imposes it: the one-process reference of a
+    script written for a mesh runs every dimension at 1 (the same model, whole), so its
+    training is what the tensor-parallel launch must match."""
+    if not environ.get(ENV_DIR) or mesh is None or world_size != 1:
+        return mesh
+    return {}
+
+
 def _row_hashes(x: torch.Tensor) -> list[str]:
     rows = x.detach().to("cpu").contiguous()
     rows = rows.reshape(rows.shape[0], -1) if rows.dim() else rows.reshape(1, 1)
@@ -102,7 +112,8 @@ class ScriptRecorder(Observer):
                                      "used_run_loader": False, "per_rank_batch": None,
                                      "accumulate": accumulate, "wrapper": None,
                                      "resumed_step": None, "saves": [], "first_step": 0,
-                                     "params": False}
+                                     "params": False, "tp_size": 1, "tp_rank": 0,
+                                     "mesh": False}
         self._module: nn.Module | None = None
         self._pending: dict[str, Any] = {"losses": [], "counts": [], "rows": [], "indices": []}
         self._grad_norm = 0.0
@@ -222,6 +233,9 @@ class ScriptRecorder(Observer):
             self._draws.reset()
 
     def on_close(self, clean: bool) -> None:
+        if clean and not self.data["params"] and self.data["mesh"]:
+            # a TP script that ends by itself: its final weights are what verify compares
+            self._write_params()
         self.flush()
 
     def flush(self) -> None:
@@ -265,21 +279,26 @@ def _module_name(m: nn.Module) -> str:
 
 
 def from_environ(environ: Mapping[str, str], rank: int, world: int,
-                 accumulate: int = 1) -> ScriptRecorder | None:
+                 accumulate: int = 1, tp: int = 1, mesh: bool = False) -> ScriptRecorder | None:
     """The recorder when ``splitsync verify`` launched this script, else None.
 
-    ``accumulate`` is the run's (after :func:`settings`)."""
+    ``accumulate`` is the run's (after :func:`settings`); ``tp`` its tensor-parallel size
+    (``init(mesh=...)``): the ranks of a TP group train one replica's batch together, so the
+    batch is split over the ``world / tp`` replicas, and each record says its ``tp_rank``;
+    ``mesh``: the script gave ``init(mesh=...)`` (its final weights are written at close)."""
     out = environ.get(ENV_DIR)
     if not out:
         return None
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
     batch, shared, stop = environ.get(ENV_BATCH), environ.get(ENV_SHARED), environ.get(ENV_STOP)
-    recorder = ScriptRecorder(path, rank, world, int(batch) if batch else None,
+    recorder = ScriptRecorder(path, rank, world // tp, int(batch) if batch else None,
                               int(environ.get(ENV_STEPS, "3")), int(environ.get(ENV_EPOCHS, "2")),
                               accumulate=accumulate, shared=Path(shared) if shared else None,
                               reference=environ.get(ENV_ROLE, agree.REF) == agree.REF,
                               stop=int(stop) if stop else None,
                               timeout=float(environ.get(ENV_TIMEOUT, "300")))
+    recorder.data.update({"world_size": world, "tp_size": tp, "tp_rank": rank % tp,
+                          "mesh": mesh})
     recorder.flush()  # the script reached init(): verify tells this from "never called it"
     return recorder

@@ -9,13 +9,16 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from splitsync.launch.spawn import clean_env
 from splitsync.tools.verify import agree, record
 from splitsync.tools.verify.checks import Result
 from splitsync.tools.verify.compare import compare_runs, likely_cause
 from splitsync.tools.verify.launch import Launch, Outcome, run_all
 
-__all__ = ["ScriptReport", "verify_script", "launch_env", "token_mean_cause"]
+__all__ = ["ScriptReport", "verify_script", "launch_env", "token_mean_cause", "replicas",
+           "layer_diff"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,46 @@ def _load(directory: Path, world: int) -> list[dict] | None:
     if not all(p.exists() for p in paths):
         return None
     return [json.loads(p.read_text()) for p in paths]
+
+
+def _params(directory: Path) -> dict[str, torch.Tensor] | None:
+    path = directory / "params.pt"
+    return torch.load(path, weights_only=True) if path.exists() else None
+
+
+#: Per-tensor relative tolerance of the final weights by dtype: the TP ranks add each
+#: matrix product's partial sums in another order than one process does; an optimizer that
+#: normalises its step (Adam) turns that last-bit noise into steps of the learning rate's
+#: size on parameters whose gradient is nearly zero, so elementwise tolerances do not hold.
+LAYER_RTOL = {torch.float64: 1e-9, torch.float32: 1e-3}
+
+
+def layer_diff(one: dict[str, torch.Tensor] | None,
+               many: dict[str, torch.Tensor] | None) -> Result:
+    """The final weights of the one-process and tensor-parallel runs, each tensor within
+    :data:`LAYER_RTOL` of its own largest value; else the layer that differs most, named."""
+    name = "final weights by layer"
+    if one is None or many is None:
+        return Result(name, False, "the {} run wrote no final weights".format(
+            "1-process" if one is None else "tensor-parallel"))
+    if one.keys() != many.keys():
+        return Result(name, False, f"the runs name different parameters: "
+                      f"{sorted(one.keys() ^ many.keys())[:3]}")
+    worst, where, limit = 0.0, "", 0.0
+    for key, t in one.items():
+        u = many[key]
+        if t.shape != u.shape:
+            return Result(name, False, f"layer {key.rsplit('.', 1)[0]}: {key} has shape "
+                          f"{tuple(t.shape)} at 1 process, {tuple(u.shape)} under TP")
+        rtol = LAYER_RTOL.get(t.dtype, 2e-2)
+        rel = float((t.double() - u.double()).abs().max()) / max(float(t.abs().max()), 1e-12)
+        if rel / rtol > worst:
+            worst, where, limit = rel / rtol, key, rtol
+    if worst <= 1:
+        return Result(name, True, f"{len(one)} tensors equal within their dtype's tolerance "
+                      "(relative to each tensor's largest value)")
+    return Result(name, False, f"layer {where.rsplit('.', 1)[0]} differs: {where} is off by "
+                  f"{worst * limit:.2e} of its largest value (> {limit:g})")
 
 
 def launch_env(directory: Path, shared: Path, nproc: int, steps: int, epochs: int,
@@ -79,9 +122,37 @@ def verify_script(script: str, args: list[str], nproc: int, steps: int = 3, epoc
             detail, cause = _no_records(outcomes, single is None, multi is None, nproc)
             results.append(Result("records written", False, detail))
             return ScriptReport(results, cause, outcomes)
-        results += compare_runs(single[0], multi, nproc)
-        cause = likely_cause(results, single[0], multi, nproc, token_mean_cause(script))
+        multi, groups = replicas(multi)
+        results += groups
+        n = len(multi)
+        results += compare_runs(single[0], multi, n)
+        if groups:  # tensor parallel: the layer whose weights end up elsewhere, by name
+            results.append(layer_diff(_params(dirs[1]), _params(dirs[nproc])))
+        cause = likely_cause(results, single[0], multi, n, token_mean_cause(script))
         return ScriptReport(results, cause, outcomes)
+
+
+def replicas(records: list[dict]) -> tuple[list[dict], list[Result]]:
+    """Under tensor parallelism (``init(mesh=...)`` with tp > 1), one record per
+    data-parallel replica (its TP rank 0: the ranks of a TP group train one batch together),
+    and a check that every rank of a group saw that batch and that loss; else ``records``."""
+    tp = int(records[0].get("tp_size", 1))
+    if tp == 1:
+        return records, []
+    heads = [r for r in records if r.get("tp_rank", 0) == 0]
+    for r in records:
+        head = records[r["rank"] - r["tp_rank"]]
+        for mine, theirs in zip(r["steps"], head["steps"], strict=False):
+            if mine.get("indices") != theirs.get("indices") or mine.get("loss") != theirs.get("loss"):
+                return heads, [Result(
+                    f"TP groups of {tp} agree", False,
+                    f"step {mine.get('step', '?')}: rank {r['rank']} trained another batch or "
+                    f"loss than rank {head['rank']} of its TP group (loss {mine.get('loss')} vs "
+                    f"{theirs.get('loss')}); every rank of a TP group must read the same batch "
+                    "(run.loader deals by replica) and compute the loss of the whole output")]
+    return heads, [Result(f"TP groups of {tp} agree", True,
+                          f"{len(heads)} replica(s) of {tp} ranks: same batches and losses "
+                          "within each")]
 
 
 def token_mean_cause(script: str) -> str | None:
