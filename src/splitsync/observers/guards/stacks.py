@@ -49,10 +49,10 @@ def enable(rank: int, folder: str | None) -> str | None:
     Fatal dumps go to the state folder under ``splitsync run`` (the launcher prints them),
     else to stderr; a user's own ``faulthandler.enable`` is kept there. A dump file set up by
     ``splitsync.testing.spawn`` (``SPLITSYNC_STACKS_FILE``) is kept as it is."""
-    out: IO[str] = sys.stderr
+    out = _stderr_with_fd()
     if folder is not None:
         out = open(stacks_path(folder, rank), "a")  # noqa: SIM115 - open until exit
-    if folder is not None or not faulthandler.is_enabled():
+    if out is not None and (folder is not None or not faulthandler.is_enabled()):
         faulthandler.enable(file=out, all_threads=True)
     path = own_stacks_file(os.environ.get(STACKS_FILE_VAR, ""))
     if DUMP_SIGNAL is not None and path is None:
@@ -65,12 +65,25 @@ def enable(rank: int, folder: str | None) -> str | None:
         faulthandler.register(DUMP_SIGNAL, file=requested, all_threads=True)
         os.environ[STACKS_FILE_VAR] = f"{os.getpid()}:{path}"
     under_agent = folder is not None or "TORCHELASTIC_RUN_ID" in os.environ
-    if under_agent and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+    if out is not None and under_agent and \
+            signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         # torchrun's agent stops the others with SIGTERM when one rank dies: stacks first
         faulthandler.register(signal.SIGTERM, file=out, all_threads=True, chain=True)
     if folder is not None and not isinstance(sys.excepthook, _RecordRaised):
         sys.excepthook = _RecordRaised(rank, folder, sys.excepthook)
     return path
+
+
+def _stderr_with_fd() -> IO[str] | None:
+    """Standard error, if it has a file descriptor (faulthandler writes to one); in a Jupyter
+    kernel ``sys.stderr`` has none, and the process's own is ``sys.__stderr__``."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None and stream.fileno() >= 0:
+                return stream
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+            continue
+    return None
 
 
 def own_stacks_file(value: str) -> str | None:
