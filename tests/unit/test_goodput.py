@@ -49,6 +49,36 @@ def test_a_restart_based_run_splits_into_parts_that_add_up(tmp_path: Path) -> No
     assert rep.restarts == 1 and set(rep.parts) == set(PARTS)
 
 
+def test_an_incarnation_started_before_the_last_one_ended_counts_each_second_once(
+        tmp_path: Path) -> None:
+    gp = tmp_path / "goodput"
+    # launch 2's process start reads 0.4 s before launch 1's last record (a start time read
+    # from /proc in whole seconds, or a process started while the last one was still writing)
+    _write(gp, "x-1-1.jsonl", _launch(0, 2, 0, [(3, 1), (4, 2), (5, 3)], saves=[(4.5, 5.2)]))
+    _write(gp, "x-2-2.jsonl", _launch(4.8, 6, 2, [(7, 3), (8, 4)], close=8.5))
+    rep = goodput(tmp_path)
+    assert rep.wall == pytest.approx(8.5)
+    assert abs(rep.residual) < 1e-9, rep
+    assert rep.parts["startup"] == pytest.approx(2 + (6 - 5.2))
+    assert rep.parts["down"] == 0
+
+
+def test_the_process_start_time_is_on_the_wall_clock_to_a_tick() -> None:
+    import subprocess
+    import sys
+    import time
+
+    code = ("from splitsync.tools.goodput.clock import process_start_time;"
+            "print(repr(process_start_time()))")
+    for _ in range(3):
+        before = time.time()
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True).stdout
+        # the child started after ``before`` (to the kernel's 10 ms tick), not a whole
+        # second off as /proc/stat's btime would put it
+        assert before - 0.05 <= float(out) <= time.time(), (before, out)
+
+
 def test_fault_tolerant_groups_each_fill_the_job_wall(tmp_path: Path) -> None:
     gp = tmp_path / "goodput"
     _write(gp, "0-1-1.jsonl", _launch(0, 1, 0, [(2, 1), (3, 2), (4, 2), (5, 3)], group=0,

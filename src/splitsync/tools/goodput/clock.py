@@ -30,14 +30,19 @@ FLUSH_SECONDS = 0.5
 
 
 def process_start_time() -> float:
-    """This process's start as a Unix time (Linux: from /proc; elsewhere: now)."""
+    """This process's start as a Unix time (Linux: from /proc; elsewhere: now).
+
+    The boot time is taken as now less ``/proc/uptime`` rather than ``/proc/stat``'s
+    ``btime``: btime is whole seconds, and an incarnation's start read a second early would
+    overlap the previous one's last records.
+    """
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        with open("/proc/uptime") as f:
+            boot = time.time() - float(f.read().split()[0])
+        return min(boot + ticks / os.sysconf("SC_CLK_TCK"), time.time())
+    except (OSError, ValueError, IndexError):
         return time.time()
 
 

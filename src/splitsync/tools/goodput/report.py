@@ -111,10 +111,16 @@ def _rolled_back(incs: list[Incarnation]) -> list[set[int]]:
     return out
 
 
-def _cut(inc: Incarnation, rolled: set[int], parts: dict[str, float]) -> float:
-    """Add ``inc``'s time to ``parts``; returns the time it ends."""
-    begin = inc.resume_at if inc.resume_at is not None else inc.started
-    parts["startup"] += begin - inc.started
+def _cut(inc: Incarnation, rolled: set[int], parts: dict[str, float], not_before: float) -> float:
+    """Add ``inc``'s time from ``not_before`` on to ``parts``; returns the time it ends.
+
+    ``not_before`` is where the timeline's previous incarnation ended: an incarnation that
+    starts before that (its process was started while the last one's records were still
+    being written, or the clocks differ by a few ticks) counts each second once.
+    """
+    started = max(inc.started, not_before)
+    begin = max(inc.resume_at if inc.resume_at is not None else inc.started, started)
+    parts["startup"] += begin - started
     saves = sorted(inc.saves)
     prev = begin
     for n, (t_end, _step, counted, quorum, recover) in enumerate(inc.rows):
@@ -131,7 +137,7 @@ def _cut(inc: Incarnation, rolled: set[int], parts: dict[str, float]) -> float:
     tail_saves = sum(max(0.0, min(b, end) - max(a, prev)) for a, b in saves)
     parts["save"] += tail_saves
     parts["other"] += max(0.0, end - prev - tail_saves)
-    return end
+    return max(end, prev)
 
 
 def goodput(run_dir: str | Path) -> GoodputReport:
@@ -160,7 +166,7 @@ def goodput(run_dir: str | Path) -> GoodputReport:
         for n, inc in enumerate(line):
             gap = max(0.0, inc.started - prev_end)
             parts["idle" if n == 0 else "down"] += gap
-            prev_end = max(prev_end, _cut(inc, rolled[n], parts))
+            prev_end = max(prev_end, _cut(inc, rolled[n], parts, prev_end))
         per[g], ends[g] = parts, prev_end
     end = max(ends.values())
     for g, parts in per.items():
