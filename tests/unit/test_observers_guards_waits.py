@@ -180,3 +180,25 @@ def test_an_inherited_stacks_file_is_not_this_process_own() -> None:
     assert own_stacks_file(f"{os.getpid()}:/tmp/x.txt") == "/tmp/x.txt"
     assert own_stacks_file(f"{os.getpid() + 1}:/tmp/x.txt") is None  # the parent's
     assert own_stacks_file("") is None
+
+
+def test_the_dump_file_leaves_nothing_on_disk_even_when_the_rank_is_killed(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, time\n"
+        "from splitsync.observers.guards.stacks import enable, DUMP_SIGNAL\n"
+        "path = enable(0, None)\n"
+        "os.kill(os.getpid(), DUMP_SIGNAL)\n"
+        "time.sleep(0.2)\n"
+        "print(open(path).read().count('File '))\n"
+        "os._exit(0)\n"  # no atexit: as a rank stopped by the hang guard or killed
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env.pop("SPLITSYNC_STACKS_FILE", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    assert int(out) >= 1  # the dump was written and read back
+    assert list(tmp_path.iterdir()) == []

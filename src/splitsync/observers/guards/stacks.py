@@ -61,7 +61,7 @@ def enable(rank: int, folder: str | None) -> str | None:
         else:  # a file of its own, so that a worker's dump can be read back
             fd, path = tempfile.mkstemp(prefix=f"splitsync-stacks-rank{rank}-", suffix=".txt")
             requested = os.fdopen(fd, "a")
-            atexit.register(_remove, path)
+            path = _unlinked(path, fd)
         faulthandler.register(DUMP_SIGNAL, file=requested, all_threads=True)
         os.environ[STACKS_FILE_VAR] = f"{os.getpid()}:{path}"
     under_agent = folder is not None or "TORCHELASTIC_RUN_ID" in os.environ
@@ -91,6 +91,19 @@ def own_stacks_file(value: str) -> str | None:
     this very process; a child inherits the variable but not the handler."""
     pid, _, path = value.partition(":")
     return path if path and pid == str(os.getpid()) else None
+
+
+def _unlinked(path: str, fd: int) -> str:
+    """The dump file's name once nothing is left on disk: where the kernel shows open files
+    (Linux), the file is unlinked at once and read through ``/proc/<pid>/fd/<fd>``, so a rank
+    that is killed or leaves by ``os._exit`` leaves no file behind; elsewhere it is removed
+    at a normal exit."""
+    proc = f"/proc/{os.getpid()}/fd/{fd}"
+    if os.path.exists(proc):
+        _remove(path)
+        return proc
+    atexit.register(_remove, path)
+    return path
 
 
 def _remove(path: str) -> None:
