@@ -260,3 +260,68 @@ def test_ss510_broadcast_or_step_named_folder_is_silent() -> None:
             accelerator.save_state(f"ckpt/{stamp[0]}")
             accelerator.save_state(f"ckpt/step-{step}")
     """) == []
+
+
+# SS107: a GPU chosen by the global rank modulo the device count --------------------------
+
+def test_ss107_slurm_branch_reads_the_local_id_but_takes_the_global_rank() -> None:
+    found = run("SS107", """
+        def init_distributed_mode(args):
+            if "SLURM_PROCID" in os.environ:
+                args.rank = int(os.environ["SLURM_PROCID"])
+                args.world_size = int(os.environ["SLURM_NTASKS"])
+                args.local_rank = int(os.environ["SLURM_LOCALID"])
+                args.gpu = args.rank % torch.cuda.device_count()
+            torch.cuda.set_device(args.gpu)
+            dist.init_process_group("nccl", rank=args.rank, world_size=args.world_size)
+    """)
+    assert [f.line for f in found] == [11] and found[0].severity == "warning"
+    assert "SLURM_LOCALID" in found[0].fix and "line 10" in found[0].message
+
+
+def test_ss107_torchrun_local_rank_read_but_the_device_from_get_rank() -> None:
+    found = run("SS107", """
+        def main():
+            dist.init_process_group("nccl")
+            rank = dist.get_rank()
+            local_rank = int(os.environ["LOCAL_RANK"])
+            n_gpus = torch.cuda.device_count()
+            device = f"cuda:{rank % n_gpus}"
+            torch.cuda.set_device(int(os.environ["RANK"]) % torch.cuda.device_count())
+            print(local_rank, device)
+    """)
+    assert [f.line for f in found] == [11, 12]
+    assert "LOCAL_RANK" in found[0].fix
+
+
+def test_ss107_no_local_rank_at_hand_or_a_local_one_is_silent() -> None:
+    assert run("SS107", """
+        def init_distributed_mode(args):
+            if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+                args.rank = int(os.environ["RANK"])
+                args.gpu = int(os.environ["LOCAL_RANK"])
+            elif "SLURM_PROCID" in os.environ:  # another path: LOCAL_RANK is not read here
+                args.rank = int(os.environ["SLURM_PROCID"])
+                args.gpu = args.rank % torch.cuda.device_count()
+                os.environ["LOCAL_RANK"] = str(args.gpu)  # written, not read
+            torch.cuda.set_device(args.gpu)
+            dist.init_process_group("nccl", rank=args.rank)
+
+        def worker(rank, world_size):  # the index mp.spawn passes
+            dist.init_process_group("nccl", rank=rank, world_size=world_size)
+            local_rank = rank
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+
+        def main(args):
+            dist.init_process_group("nccl")
+            rank = dist.get_rank()
+            device = rank % torch.cuda.device_count()  # nothing better at hand
+
+        def local(args):
+            local_rank = int(os.environ["LOCAL_RANK"])
+            torch.cuda.set_device(local_rank % torch.cuda.device_count())
+            args.rank = int(os.environ["RANK"])
+            args.rank = args.rank * 8 + args.gpu  # not the launcher's rank alone
+            torch.cuda.set_device(args.rank % torch.cuda.device_count())
+            step = dist.get_rank() % 4  # not a device count
+    """) == []
