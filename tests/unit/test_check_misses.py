@@ -325,3 +325,66 @@ def test_ss107_no_local_rank_at_hand_or_a_local_one_is_silent() -> None:
             torch.cuda.set_device(args.rank % torch.cuda.device_count())
             step = dist.get_rank() % 4  # not a device count
     """) == []
+
+
+# SS206: DDP device_ids for a module built on the CPU and never moved ----------------------
+
+def test_ss206_ported_classification_script_wraps_a_cpu_model_with_device_ids() -> None:
+    found = run("SS206", """
+        import torchvision.models as models
+
+        def main_worker(gpu, ngpus_per_node, args):
+            dist.init_process_group("gloo", rank=gpu, world_size=ngpus_per_node)
+            model = models.__dict__[args.arch]()
+            model.train()
+            model = DDP(model, device_ids=[gpu])
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(4, 2)
+
+        def other(local_rank):
+            dist.init_process_group("gloo")
+            net = Net().to("cpu")
+            ddp = torch.nn.parallel.DistributedDataParallel(net, device_ids=[local_rank],
+                                                            output_device=local_rank)
+    """)
+    assert [f.line for f in found] == [12, 22]
+    assert "built on the CPU" in found[0].message and "line 10" in found[0].message
+    assert found[0].severity == "error"
+
+
+def test_ss206_model_moved_passed_on_or_unknown_is_silent() -> None:
+    assert run("SS206", """
+        import torchvision.models as models
+
+        def moved(gpu, args):
+            dist.init_process_group("nccl")
+            model = models.__dict__[args.arch]()
+            model.cuda(gpu)
+            model = DDP(model, device_ids=[gpu])
+
+        def moved_on_a_branch(gpu, args):
+            model = models.resnet50()
+            if args.gpu is not None:
+                model = model.to(gpu)
+            model = DDP(model, device_ids=[gpu])
+
+        def handed_on(gpu, build):
+            model = build()
+            helper = prepare(model)
+            model = DDP(model, device_ids=[gpu])
+
+        def parameter(model, gpu):
+            return DDP(model, device_ids=[gpu])
+
+        def in_device_context(gpu):
+            with torch.device("cuda", gpu):
+                model = torch.nn.Linear(2, 2)
+            return DDP(model, device_ids=[gpu])
+
+        def cpu_wrap():
+            model = torch.nn.Linear(2, 2)
+            return DDP(model, device_ids=None, output_device=None)
+    """) == []

@@ -9,6 +9,7 @@ from splitsync.check.gating import MIN_PRECISION, gate, measured_text
 from splitsync.check.model import SEVERITIES, Rule
 from splitsync.check.rules import (
     collectives,
+    cpuwrap,
     data,
     devices,
     drift,
@@ -36,8 +37,8 @@ __all__ = ["RULE_MODULES", "all_rules", "get_rule", "select_rules", "gate", "mea
 
 #: Every module of ``splitsync.check.rules`` that defines rules, each listing its own in
 #: ``RULES`` (docs/check.md maps each code to its module).
-RULE_MODULES = (devices, moves, indices, placement, parallel, collectives, drift, wrappers, guards,
-                setup, data, padding, seeds, output, writes, metrics, overrides, paths, loop,
+RULE_MODULES = (devices, moves, indices, placement, parallel, cpuwrap, collectives, drift,
+                wrappers, guards, setup, data, padding, seeds, output, writes, metrics, overrides, paths, loop,
                 tokens, tensor)
 
 #: Codes the runner itself reports: a file that does not parse, a bad suppression comment,
