@@ -110,7 +110,8 @@ MISTAKES = [
     ("seed_before_spawn.py", "SS401", "random.seed(args.seed)"),
     # reported at the caller's guard, the line to change, not at torch.save in the helper
     ("save_per_node_modulo.py", "SS504", "if not args.multiprocessing_distributed or"),
-    ("set_epoch_while_true.py", "SS302", "data.distributed.DistributedSampler(dataset"),
+    # reported at the endless loop that walks the loader, not in the sampler's helper
+    ("set_epoch_while_true.py", "SS302", "while True:"),
     ("backend_attribute.py", "SS204", 'args.dist_backend = "nccl"'),
     ("ema_before_ddp.py", "SS404", "model_ema = ModelEma(model"),
     ("fabric_print.py", "SS501", 'print(f"Number of trainable parameters'),

@@ -388,3 +388,145 @@ def test_ss206_model_moved_passed_on_or_unknown_is_silent() -> None:
             model = torch.nn.Linear(2, 2)
             return DDP(model, device_ids=None, output_device=None)
     """) == []
+
+
+# SS506 beyond evaluation: a training figure from rank 0's shard reported as the epoch's ----
+
+SHARDED_MAIN = """
+        def main(dataset, model, optimizer, epochs):
+            dist.init_process_group("gloo")
+            rank = dist.get_rank()
+            sampler = torch.utils.data.DistributedSampler(dataset)
+            loader = torch.utils.data.DataLoader(dataset, batch_size=32, sampler=sampler)
+            for epoch in range(epochs):
+                sampler.set_epoch(epoch)
+                train(model, loader, optimizer, epoch, rank)
+"""
+
+
+def test_ss506_training_loss_and_accuracy_printed_on_rank0_from_its_shard() -> None:
+    found = run("SS506", """
+        def train(model, loader, optimizer, epoch, rank):
+            model.train()
+            total_loss, correct, step = 0.0, 0, 0
+            for data, target in loader:
+                optimizer.zero_grad()
+                output = model(data)
+                loss = torch.nn.functional.cross_entropy(output, target)
+                loss.backward()
+                optimizer.step()
+                total_loss += loss.item()
+                correct += (output.argmax(1) == target).sum().item()
+                step += 1
+            if rank == 0:
+                print(f"epoch {epoch}: loss {total_loss / len(loader):.4f}, "
+                      f"accuracy {correct / len(loader.dataset):.2%}")
+    """ + SHARDED_MAIN)
+    assert [f.line for f in found] == [19] and found[0].severity == "warning"
+    assert "rank 0 only" in found[0].message
+
+
+def test_ss506_reduced_counted_or_every_rank_training_figures_are_silent() -> None:
+    assert run("SS506", """
+        def train(model, loader, optimizer, epoch, rank):
+            model.train()
+            total_loss, step = torch.zeros(()), 0
+            for data, target in loader:
+                loss = model(data).sum()
+                loss.backward()
+                total_loss += loss.detach()
+                step += 1
+            dist.all_reduce(total_loss)
+            if rank == 0:
+                print(f"epoch {epoch}: loss {total_loss.item() / step:.4f}")
+
+        def count(model, loader, rank):
+            model.train()
+            step, seen = 0, 0
+            for data, target in loader:
+                model(data).sum().backward()
+                step += 1
+                seen += data.size(0)
+            if rank == 0:
+                print(f"{step} steps, {seen} samples")
+
+        def every_rank(model, loader, rank):
+            model.train()
+            running = 0.0
+            for data, target in loader:
+                loss = model(data).sum()
+                loss.backward()
+                running += loss.item()
+            print(f"rank {rank}: loss {running:.4f}")  # deliberately per rank
+
+        def reset(model, loader, rank):
+            model.train()
+            total = 0.0
+            for data, target in loader:
+                loss = model(data).sum()
+                loss.backward()
+                total += loss.item()
+            total = torch.tensor(total)
+            if rank == 0:
+                print(total)
+
+        def main(dataset, model, epochs):
+            dist.init_process_group("gloo")
+            rank = dist.get_rank()
+            sampler = torch.utils.data.DistributedSampler(dataset)
+            loader = torch.utils.data.DataLoader(dataset, sampler=sampler)
+            train(model, loader, None, 0, rank)
+            count(model, loader, rank)
+            every_rank(model, loader, rank)
+            reset(model, loader, rank)
+    """) == []
+
+
+# SS302 reported at the epoch loop when the sampler is built in another function ----------
+
+def test_ss302_points_at_the_epoch_loop_far_from_the_sampler() -> None:
+    found = run("SS302", """
+        def build_loader(dataset):
+            sampler = torch.utils.data.DistributedSampler(dataset, shuffle=True)
+            return torch.utils.data.DataLoader(dataset, batch_size=8, sampler=sampler)
+
+        def train_one_epoch(model, loader, optimizer):
+            for x, y in loader:
+                model(x).sum().backward()
+                optimizer.step()
+
+        def main(dataset, model, optimizer):
+            dist.init_process_group("gloo")
+            train_loader = build_loader(dataset)
+            for epoch in range(10):
+                train_one_epoch(model, train_loader, optimizer)
+    """)
+    assert [f.line for f in found] == [18]
+    assert "line 7, in build_loader()" in found[0].message
+
+
+def test_ss302_same_function_or_several_loops_stay_at_the_sampler() -> None:
+    found = run("SS302", """
+        def main(dataset, model):
+            dist.init_process_group("gloo")
+            sampler = torch.utils.data.DistributedSampler(dataset)
+            loader = torch.utils.data.DataLoader(dataset, sampler=sampler)
+            for epoch in range(10):
+                for x in loader:
+                    model(x).sum().backward()
+
+        def build(dataset):
+            return torch.utils.data.DataLoader(
+                dataset, sampler=torch.utils.data.DistributedSampler(dataset))
+
+        def twice(dataset, model):
+            loader = build(dataset)
+            for epoch in range(3):
+                for x in loader:
+                    model(x).sum().backward()
+            for epoch in range(3):
+                for x in loader:
+                    model(x).sum().backward()
+    """)
+    assert [f.line for f in found] == [8, 16]
+    assert all(f.message.startswith("`torch.utils.data.DistributedSampler(") for f in found)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from splitsync.check.evidence import calls_unseen, unseen_source
 from splitsync.check.facts import Facts, dotted, last_name
 from splitsync.check.flow import loops_of
+from splitsync.check.loaders import iterated
 from splitsync.check.model import Hit, Rule
 from splitsync.check.sharding import sharded
 
@@ -157,6 +158,70 @@ def _passed_to(facts: Facts, call: ast.Call, names: set[str]) -> bool:
         for site, _ in facts.calls)
 
 
+def _holds(value: ast.AST, sampler: ast.Call, names: set[str]) -> bool:
+    """Is ``value`` the sampler, one of ``names``, or a loader built on them
+    (``DataLoader(ds, sampler=sampler)``)?"""
+    if value is sampler or dotted(value) in names:
+        return True
+    given = _kw(value, "sampler") if isinstance(value, ast.Call) else None
+    return given is not None and (given is sampler or dotted(given) in names)
+
+
+def _made_names(facts: Facts, sampler: ast.Call, names: set[str]) -> list[tuple[ast.AST, str]]:
+    """(scope, name) pairs that hold the sampler or a loader built from it: the names of its
+    own function, and, when that function returns one of them (``return
+    DistributedSampler(ds)``, ``return train_loader``), what its callers bind the result to
+    (``loader = DataLoader(ds, sampler=data_sampler(ds))``, ``loader = build_loader()``)."""
+    scope = facts.scope(sampler)
+    found = [(scope, n) for n in names]
+    if not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
+        return found
+    returns = [r for r in facts.inside(scope, ast.Return) if isinstance(r, ast.Return)
+               and r.value is not None and facts.scope(r) is scope]
+    if not any(_holds(r.value, sampler, names) for r in returns):  # type: ignore[arg-type]
+        return found
+    for site in facts.named_calls(scope.name):
+        holder = facts.parents.get(site)
+        if isinstance(holder, ast.keyword) and holder.arg == "sampler":
+            holder = facts.parents.get(facts.parents.get(holder))  # type: ignore[arg-type]
+        if isinstance(holder, ast.Assign):
+            found += [(facts.scope(site), d) for t in holder.targets if (d := dotted(t))]
+    return found
+
+
+def _loops_over(facts: Facts, scope: ast.AST, name: str, depth: int = 0,
+                via: ast.AST | None = None) -> Iterator[ast.AST]:
+    """The loops that iterate ``name`` of ``scope`` again and again: the loop around a ``for
+    batch in name:`` (or around the call that hands ``name`` to a function of the file that
+    iterates it: ``train_one_epoch(model, name)``, ``sample_data(name)``)."""
+    for node in facts.walk_scope(scope):
+        if isinstance(node, ast.For | ast.AsyncFor) and iterated(node.iter) == name.rsplit(
+                ".", 1)[-1]:
+            outer = next(loops_of(facts, node), None)
+            if outer is None and via is not None:
+                outer = next(loops_of(facts, via), None)
+            if outer is not None:
+                yield outer
+        elif isinstance(node, ast.Call) and depth < 3 and (
+                callee := facts.functions.get(last_name(node) or "")) is not None:
+            params = [a.arg for a in (*callee.args.posonlyargs, *callee.args.args)]
+            for at, arg in enumerate(node.args):
+                if dotted(arg) == name and at < len(params):
+                    yield from _loops_over(facts, callee, params[at], depth + 1,
+                                           node if next(loops_of(facts, node), None) else via)
+
+
+def _epoch_loop(facts: Facts, sampler: ast.Call, names: set[str]) -> ast.AST | None:
+    """The one epoch loop that walks this sampler's loader, when it is in another function
+    than the sampler (there the user adds ``set_epoch``); None when none or several."""
+    loops = {id(loop): loop for scope, name in _made_names(facts, sampler, names)
+             for loop in _loops_over(facts, scope, name)}
+    if len(loops) != 1:
+        return None
+    loop = next(iter(loops.values()))
+    return loop if facts.scope(loop) is not facts.scope(sampler) else None
+
+
 def set_epoch_missing(facts: Facts) -> Iterator[Hit]:
     """SS302: a shuffling DistributedSampler whose ``set_epoch`` is never called in a loop."""
     calls = facts.method_calls("set_epoch")
@@ -181,6 +246,16 @@ def set_epoch_missing(facts: Facts) -> Iterator[Hit]:
                   f"{sorted(loaders)[0]}.sampler" if loaders else "sampler")
         detail = (f"`set_epoch` is called only outside the epoch loop (line {mine[0].lineno})"
                   if mine else "`set_epoch` is never called")
+        loop = _epoch_loop(facts, sampler, names)
+        if loop is not None:  # reported where the call goes, the sampler far away
+            yield Hit(loop, f"this loop walks a loader sharded by `{facts.text(sampler, 120)}` "
+                      f"(line {sampler.lineno}, {facts.scope_name(sampler)}), which shuffles, but "
+                      f"{detail}: the sampler seeds its shuffle with the epoch number, so every "
+                      "pass repeats the first epoch's order on every rank.",
+                      "call `set_epoch(epoch)` on that sampler at the start of each pass of this "
+                      "loop (`loader.sampler.set_epoch(epoch)`; splitsync's `run.epochs(n)` does "
+                      "it for you).")
+            continue
         yield Hit(sampler, f"`{facts.text(sampler, 200)}` shuffles, but {detail}: the sampler seeds "
                   "its shuffle with the epoch number, so every epoch repeats the first epoch's "
                   "order on every rank.",

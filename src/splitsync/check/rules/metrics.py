@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterator
 
 from splitsync.check.facts import SCOPES, Facts, last_name
+from splitsync.check.flow import rank0_guards
 from splitsync.check.loaders import accumulated, is_eval, iterated, sharded_loaders
 from splitsync.check.model import Hit, Rule
 
@@ -112,6 +113,48 @@ def _reports(fn: ast.AST, loop: ast.AST, names: set[str]) -> ast.AST | None:
     return None
 
 
+def _counts(value: ast.AST) -> bool:
+    """An increment that counts (``+= 1``, ``+= len(x)``, ``+= x.size(0)``), not a measure."""
+    if isinstance(value, ast.Constant):
+        return True
+    if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Attribute):
+        return value.value.attr == "shape"
+    return isinstance(value, ast.Call) and last_name(value) in {"len", "size", "numel"}
+
+
+def _measured(loop: ast.For | ast.AsyncFor, names: set[str]) -> set[str]:
+    """Of ``names``, those the loop adds a measured value to (``total_loss += loss.item()``,
+    ``losses.append(loss)``), not a counter (``step += 1``)."""
+    found: set[str] = set()
+    for node in ast.walk(loop):
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) \
+                and node.target.id in names and not _counts(node.value):
+            found.add(node.target.id)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id in names \
+                and node.func.attr in ("append", "update") and node.args \
+                and not all(_counts(a) for a in node.args):
+            found.add(node.func.value.id)
+    return found
+
+
+def _rank0_report(facts: Facts, fn: ast.AST, loop: ast.AST, report: ast.AST,
+                  names: set[str]) -> bool:
+    """Is ``report`` a print or log on rank 0 only, guarded inside ``fn`` itself, of a value
+    nothing re-binds between the loop and it?"""
+    if not isinstance(report, ast.Call):
+        return False
+    guards = rank0_guards(facts, report)
+    if not guards or not all(any(a is fn for a in facts.ancestors(g)) for g in guards):
+        return False
+    used = {n.id for n in ast.walk(report) if isinstance(n, ast.Name)} & names
+    return bool(used) and not any(
+        isinstance(n, ast.Assign | ast.AugAssign) and loop.end_lineno < n.lineno < report.lineno  # type: ignore[operator]
+        and any(isinstance(t, ast.Name) and t.id in used
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
+        for n in ast.walk(fn))
+
+
 def _reducing_call(facts: Facts, call: ast.Call) -> bool:
     name = last_name(call) or ""
     if name in _REDUCING_EXACT or (_REDUCING.search(name) and name not in _NOT_REDUCING):
@@ -169,11 +212,21 @@ def unreduced_eval_metric(facts: Facts) -> Iterator[Hit]:
             continue
         if name not in loaders and not _filled_with_sharded(facts, fn, name, loaders):
             continue
-        if not is_eval(facts, node, fn):
-            continue
-        sums = accumulated(node)
+        evaluating = is_eval(facts, node, fn)
+        sums = accumulated(node) if evaluating else _measured(node, accumulated(node))
         report = _reports(fn, node, sums) if sums else None
-        if report is None or _reduces(facts, fn) or _result_reduced(facts, fn):
+        if report is None or (not evaluating and not _rank0_report(facts, fn, node, report, sums)):
+            continue  # beyond evaluation: only a rank-0 report of a measured sum, seen here
+        if _reduces(facts, fn) or _result_reduced(facts, fn):
+            continue
+        if not evaluating:
+            yield Hit(report, f"{fn.name}() reports `{facts.text(report)}` on rank 0 only, from "
+                      f"values summed over `{name}`, which is sharded between the ranks: rank 0 "
+                      "saw 1/world_size of the data, and nothing reduces the sums across ranks, "
+                      "so the figure shown as the epoch's is rank 0's shard alone.",
+                      "all-reduce the sums and counts before rank 0 reports them "
+                      "(`dist.all_reduce(t)` on a tensor of [sum, count]; splitsync: "
+                      "`run.mean(t)`), or say in the label that it is rank 0's shard.")
             continue
         if isinstance(report, ast.Return) and report.value is not None:
             what = f"returns `{facts.text(report.value)}`"
@@ -200,7 +253,10 @@ RULES = (
          "with evidence: a loader built with a distributed sampler, an evaluation loop "
          "(no_grad, model.eval(), a validate/test function) that accumulates what is then "
          "reported, and no reduce, gather or metrics-library compute() in that function, "
-         "the functions it calls, or where its result goes. Known false positives: a "
+         "the functions it calls, or where its result goes. Beyond evaluation (a training "
+         "loop over a sharded loader), only a value the loop adds a measure to (not a "
+         "counter) and then prints or logs on rank 0 only, both in one function. Known false "
+         "positives: a "
          "reduction hidden in a class or module the checker does not read.",
          unreduced_eval_metric),
 )
