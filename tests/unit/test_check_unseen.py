@@ -5,10 +5,14 @@ not a rank, and per-rank output that is deliberate."""
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from splitsync.check import check_paths, check_source, select_rules
+from splitsync.check.model import Finding
 from splitsync.check.report import not_read, render_json, render_text
 
 HEAD = ("import logging\nimport torch\nimport torch.distributed as dist\n"
@@ -259,3 +263,39 @@ def test_a_test_on_a_gpu_count_keeps_a_cpu_path() -> None:
     assert check_source(source, "case.py", select_rules(["SS101"], gated=False)) == []
     twin = "import torch\ndevice = torch.device('cuda', 0)\n"
     assert len(check_source(twin, "case.py", select_rules(["SS101"], gated=False))) == 1
+
+
+def _unread(module: str, path: str, line: int) -> Finding:
+    return Finding("SS003", "not-read", "info", f"`{module}` is imported here but was not read",
+                   "pass it", path, line, 1, line)
+
+
+def test_the_not_read_list_is_sorted_by_module_then_place() -> None:
+    # the order findings arrive in (one file's after another's, as processes finish) is lost
+    found = [_unread("zeta", "b.py", 10), _unread("alpha", "b.py", 9), _unread("zeta", "a.py", 30),
+             _unread("zeta", "b.py", 9), _unread("alpha", "a.py", 2)]
+    assert not_read(found) == {"alpha": ["a.py:2", "b.py:9"],
+                               "zeta": ["a.py:30", "b.py:9", "b.py:10"]}
+    assert not_read(reversed(found)) == not_read(found)
+
+
+@pytest.mark.slow
+def test_worker_processes_list_the_same_modules_not_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a package found on this process's import path only (a worker, started with `-m`, has
+    # its own folder first): installed for every file, whichever process reads it
+    (tmp_path / "site" / "only_on_my_path").mkdir(parents=True)
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "site"), *sys.path])
+    project = tmp_path / "project"
+    _write(project, {f"train_{i}.py": """
+        import torch
+        from only_on_my_path.dist import setup
+        from nowhere_to_be_found.data import make_loader
+        print(setup, make_loader)
+    """ for i in range(8)})
+    files = sorted(project.glob("*.py"))
+    alone, _ = check_paths(files, jobs=1)
+    for _ in range(2):
+        together, _ = check_paths(files, jobs=2)
+        assert not_read(together) == not_read(alone)
+    assert not_read(alone) == {"nowhere_to_be_found.data": [f"{f}:4" for f in files]}

@@ -13,6 +13,7 @@ fork of a caller that may hold threads or torch), and nothing but plain data cro
 
 from __future__ import annotations
 
+import importlib
 import marshal
 import os
 import selectors
@@ -77,7 +78,7 @@ class Pool:
     ``0 .. count - 1``; the last is this process."""
 
     def __init__(self, workers: int) -> None:
-        package = str(Path(__file__).resolve().parents[3])  # the folder holding `splitsync`
+        package = str(Path(__file__).resolve().parents[2])  # the folder holding `splitsync`
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (package, os.environ.get("PYTHONPATH", "")) if p)}
         self.procs = [subprocess.Popen(
@@ -160,8 +161,8 @@ def _drive(pool: Pool, files: list[Path], rules: tuple[Rule, ...],
     count = pool.count
     named = sorted(str(disk.resolve(f)) for f in files)
     folders = list(dict.fromkeys(disk.resolve(f).parent for f in files))
-    for worker in range(count):
-        pool.send(worker, {"op": "named", "named": named})
+    for worker in range(count):  # with this process's import path: what counts as installed
+        pool.send(worker, {"op": "named", "named": named, "path": list(sys.path)})
     for i, folder in enumerate(folders):  # the scripts beside the named files, per folder
         pool.send(i % count, {"op": "beside", "folder": str(folder)})
     run = _Loads(pool, {disk.resolve(f): f for f in files})
@@ -266,6 +267,12 @@ class _Worker:
     def answer(self, request: dict[str, Any]) -> dict[str, Any]:
         if request["op"] == "named":
             self.named = {Path(p) for p in request["named"]}
+            if "path" in request and request["path"] != sys.path:
+                # an import is "installed" (not listed as not read) by the caller's path, not
+                # this process's (started with `-m`, it has its own folder first)
+                sys.path[:] = request["path"]
+                importlib.invalidate_caches()
+                self.disk = Disk()
             return {}
         if request["op"] == "beside":
             before = set(self.parsed)

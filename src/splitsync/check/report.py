@@ -22,13 +22,15 @@ NOT_READ = "SS003"
 
 
 def not_read(findings: Iterable[Finding]) -> dict[str, list[str]]:
-    """Each module the run could not read, with where it is imported (``path:line``)."""
-    out: dict[str, list[str]] = {}
+    """Each module the run could not read, with where it is imported (``path:line``), sorted
+    by module, then by path and line: the same list however many processes read the files."""
+    out: dict[str, set[tuple[str, int]]] = {}
     for f in findings:
         if f.code == NOT_READ:
             module = f.message.split("`", 2)[1]
-            out.setdefault(module, []).append(f"{f.path}:{f.line}")
-    return out
+            out.setdefault(module, set()).add((f.path, f.line))
+    return {module: [f"{path}:{line}" for path, line in sorted(out[module])]
+            for module in sorted(out)}
 
 
 def summary(findings: Iterable[Finding]) -> dict[str, int]:
