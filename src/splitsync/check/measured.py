@@ -16,6 +16,7 @@ MEASURED: MappingProxyType[str, tuple[int, int, int, int]] = MappingProxyType({
     'SS104': (11, 0, 0, 0),
     'SS105': (1, 0, 0, 0),
     'SS106': (6, 0, 1, 0),
+    'SS107': (0, 0, 0, 0),
     'SS201': (14, 0, 3, 0),
     'SS202': (0, 0, 0, 0),
     'SS203': (0, 0, 0, 0),
