@@ -203,13 +203,20 @@ def _local_on_path(facts: Facts, node: ast.AST) -> ast.AST | None:
 
 def gpu_from_global_rank(facts: Facts) -> Iterator[Hit]:
     """SS107: ``device = dist.get_rank() % torch.cuda.device_count()``."""
-    if not facts.in_distributed_run or "CUDA_VISIBLE_DEVICES" in facts.source:
-        return  # each process shown its own GPUs: the count is that process's
+    if not facts.in_distributed_run or "CUDA_VISIBLE_DEVICES" in facts.source \
+            or "device_count" not in facts.source:
+        return  # each process shown its own GPUs (the count is that process's), or no count
+    counts = {d for c in facts.named_calls("device_count")
+              if isinstance(a := facts.parents.get(c), ast.Assign)
+              for t in a.targets if (d := dotted(t)) is not None}  # `n = ...device_count()`
     for node in facts.of(ast.BinOp):
-        if not isinstance(node.op, ast.Mod):  # type: ignore[attr-defined]
-            continue
+        right = node.right  # type: ignore[attr-defined]
+        if not isinstance(node.op, ast.Mod) or not (  # type: ignore[attr-defined]
+                last_name(right) == "device_count" if isinstance(right, ast.Call)
+                else dotted(right) in counts):
+            continue  # a cheap test first: most `%` are step counters and string formats
         scope = facts.scope(node)
-        if not _device_count(facts, node.right, scope):  # type: ignore[attr-defined]
+        if not _device_count(facts, right, scope):
             continue
         var = _global_rank(facts, node.left, scope)  # type: ignore[attr-defined]
         if var is None or (read := _local_on_path(facts, node)) is None:
