@@ -335,7 +335,10 @@ def test_ss206_ported_classification_script_wraps_a_cpu_model_with_device_ids() 
 
         def main_worker(gpu, ngpus_per_node, args):
             dist.init_process_group("gloo", rank=gpu, world_size=ngpus_per_node)
-            model = models.__dict__[args.arch]()
+            if args.pretrained:
+                model = models.__dict__[args.arch](pretrained=True)
+            else:
+                model = models.__dict__[args.arch]()
             model.train()
             model = DDP(model, device_ids=[gpu])
 
@@ -350,8 +353,8 @@ def test_ss206_ported_classification_script_wraps_a_cpu_model_with_device_ids() 
             ddp = torch.nn.parallel.DistributedDataParallel(net, device_ids=[local_rank],
                                                             output_device=local_rank)
     """)
-    assert [f.line for f in found] == [12, 22]
-    assert "built on the CPU" in found[0].message and "line 10" in found[0].message
+    assert [f.line for f in found] == [15, 25]
+    assert "built on the CPU" in found[0].message and "line 11" in found[0].message
     assert found[0].severity == "error"
 
 
@@ -383,6 +386,13 @@ def test_ss206_model_moved_passed_on_or_unknown_is_silent() -> None:
             with torch.device("cuda", gpu):
                 model = torch.nn.Linear(2, 2)
             return DDP(model, device_ids=[gpu])
+
+        def one_branch_loads_elsewhere(gpu, args):
+            if args.pretrained:
+                model = models.resnet50()
+            else:
+                model = load_model(args.path)
+            model = DDP(model, device_ids=[gpu])
 
         def cpu_wrap():
             model = torch.nn.Linear(2, 2)

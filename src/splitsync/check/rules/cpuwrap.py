@@ -98,16 +98,11 @@ def _init_stays(facts: Facts, name: str) -> bool:
                    for n in facts.subtree(cls))
 
 
-def _on_path(facts: Facts, first: ast.stmt, later: ast.AST) -> bool:
-    """Is statement ``first`` in a block that also holds (a statement above) ``later``?"""
-    holder = facts.parents.get(first)
-    return any(a is holder for a in facts.ancestors(later))
-
-
 def _cpu_model(facts: Facts, call: ast.Call) -> ast.AST | None:
-    """The statement that builds the module ``call`` wraps, when this function shows it stays
-    on the CPU up to the wrap: bound once, by a CPU constructor, on the wrap's path, and
-    named before the wrap only by methods that do not move it."""
+    """The statement that builds the module ``call`` wraps, when this function shows it is on
+    the CPU at the wrap: every binding of the name in the function is a CPU constructor
+    (``if args.pretrained: model = resnet50(weights=...) else: model = resnet50()``), and
+    before the wrap it is named only by methods that do not move it."""
     if not call.args or not isinstance(call.args[0], ast.Name):
         return None
     name, scope = call.args[0].id, facts.scope(call)
@@ -116,25 +111,23 @@ def _cpu_model(facts: Facts, call: ast.Call) -> ast.AST | None:
     if isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef) and any(
             a.arg == name for a in ast.walk(scope.args) if isinstance(a, ast.arg)):
         return None
-    built: ast.Assign | None = None
+    wrap = facts.parents.get(call)
+    built: list[ast.Assign] = []
     for node in facts.walk_scope(scope):
-        line = getattr(node, "lineno", None)
-        if line is not None and line >= call.lineno:
-            break
+        if node is wrap:
+            continue  # `model = DDP(model, ...)` itself
         if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.For | ast.With
                       | ast.Global | ast.Nonlocal | ast.NamedExpr) and name in {
                 getattr(n, "id", None) for t in _targets(node) for n in ast.walk(t)}:
-            if built is not None or not isinstance(node, ast.Assign) \
-                    or not _built_on_cpu(facts, node.value):
-                return None  # bound twice, or by something that may put it on a GPU
-            built = node
-        elif isinstance(node, ast.Name) and node.id == name and not _stays(facts, node):
+            if not isinstance(node, ast.Assign) or not _built_on_cpu(facts, node.value) or any(
+                    isinstance(a, ast.With) for a in facts.ancestors(node)):
+                return None  # bound by something that may put it on a GPU
+            built.append(node)
+        elif isinstance(node, ast.Name) and node.id == name and node.lineno < call.lineno \
+                and not _stays(facts, node):
             return None
-    if built is None or not _on_path(facts, built, call) or any(
-            isinstance(a, ast.With) and "device" in ast.unparse(a.items[0].context_expr)
-            for a in facts.ancestors(built)):
-        return None
-    return built
+    before = [b for b in built if b.lineno < call.lineno]
+    return before[0] if before else None
 
 
 def _targets(node: ast.AST) -> list[ast.AST]:
@@ -198,6 +191,7 @@ RULES = (Rule(
     "device test that runs without CUDA, and where the function builds the model itself (a "
     "class of the file, a torch/torchvision/timm constructor with no device) and names it "
     "before the wrap only through methods that do not move it (`.train()`, `.to(\"cpu\")`). "
-    "Silent when the model is a parameter, is bound twice, is passed to anything, or is "
-    "built under a device context or a default device. Known false positives: a branch the "
+    "Silent when the model is a parameter, is bound anywhere in the function by something "
+    "else than a CPU constructor, is passed to anything, or is built under a `with` (a "
+    "device context) or a default device. Known false positives: a branch the "
     "checker reads as CPU-only that moves the model to a GPU anyway.", device_ids_on_cpu),)
