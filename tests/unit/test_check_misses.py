@@ -540,3 +540,24 @@ def test_ss302_same_function_or_several_loops_stay_at_the_sampler() -> None:
     """)
     assert [f.line for f in found] == [8, 16]
     assert all(f.message.startswith("`torch.utils.data.DistributedSampler(") for f in found)
+
+
+def test_ss302_loaders_returned_as_a_pair_point_at_the_loop_over_the_training_one() -> None:
+    found = run("SS302", """
+        def build_loaders(train_set, val_set):
+            train_sampler = torch.utils.data.DistributedSampler(train_set)
+            val_sampler = torch.utils.data.DistributedSampler(val_set, shuffle=False)
+            train_loader = torch.utils.data.DataLoader(train_set, sampler=train_sampler)
+            val_loader = torch.utils.data.DataLoader(val_set, sampler=val_sampler)
+            return train_loader, val_loader
+
+        def main(train_set, val_set, model):
+            dist.init_process_group("gloo")
+            train_loader, val_loader = build_loaders(train_set, val_set)
+            for epoch in range(10):
+                for x in train_loader:
+                    model(x).sum().backward()
+                for x in val_loader:
+                    model(x)
+    """)
+    assert [f.line for f in found] == [16] and "line 7, in build_loaders()" in found[0].message

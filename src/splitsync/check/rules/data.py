@@ -178,14 +178,22 @@ def _made_names(facts: Facts, sampler: ast.Call, names: set[str]) -> list[tuple[
         return found
     returns = [r for r in facts.inside(scope, ast.Return) if isinstance(r, ast.Return)
                and r.value is not None and facts.scope(r) is scope]
-    if not any(_holds(r.value, sampler, names) for r in returns):  # type: ignore[arg-type]
+    # positions of what is returned that hold it: [-1] for the whole value
+    held = {-1 if not isinstance(r.value, ast.Tuple) else at
+            for r in returns for at, e in enumerate(getattr(r.value, "elts", [r.value]))
+            if _holds(e, sampler, names)}
+    if not held:
         return found
     for site in facts.named_calls(scope.name):
         holder = facts.parents.get(site)
         if isinstance(holder, ast.keyword) and holder.arg == "sampler":
             holder = facts.parents.get(facts.parents.get(holder))  # type: ignore[arg-type]
-        if isinstance(holder, ast.Assign):
-            found += [(facts.scope(site), d) for t in holder.targets if (d := dotted(t))]
+        if not isinstance(holder, ast.Assign) or len(holder.targets) != 1:
+            continue
+        target = holder.targets[0]
+        parts = [target] if -1 in held else [
+            e for at, e in enumerate(getattr(target, "elts", [])) if at in held]
+        found += [(facts.scope(site), d) for t in parts if (d := dotted(t))]
     return found
 
 
