@@ -351,6 +351,8 @@ RULES = (
          "advances a sampler passed to it (`train(..., sampler=s)` calling "
          "`sampler.set_epoch(epoch)`). Once a script advances one sampler, the others are "
          "taken to feed evaluation (where the order does not matter) and are not reported. "
+         "When the sampler is built in another function of the file than the one epoch loop "
+         "that walks its loader, the finding is reported at that loop, where the call goes. "
          "Known false positives: set_epoch reached through code the checker cannot read (a "
          "third-party trainer).", set_epoch_missing),
     Rule("SS303", "random-split-unseeded", "warning",
