@@ -119,6 +119,7 @@ def test_scancel_with_loader_workers_stops_at_the_last_step_and_saves(
     assert _newest(tmp_path / "ck") == taken >= 5, text
 
 
+@pytest.mark.extended  # SLURM holds a requeued job ~100 s: scancel's stop above stays
 @pytest.mark.timeout(600)
 def test_a_requeueable_batch_job_requeues_itself_on_usr1_and_finishes(
         slurm: Slurm, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -38,6 +38,7 @@ def _loaded_eval_loss(folder: Path) -> float:
         return model(**_example().eval_batch(64)).loss.item()
 
 
+@pytest.mark.extended  # two launches of the HF example; tests/unit/test_ckpt_hf.py checks its export
 @pytest.mark.timeout(540)  # above the two launches' 240 s each
 def test_fsdp_checkpoint_resumes_under_ddp_and_both_export(tmp_path: Path) -> None:
     # Two launches cover what three did: FSDP shards and exports, then DDP resumes from

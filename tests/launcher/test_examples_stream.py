@@ -22,6 +22,7 @@ def _val_loss(out: str) -> float:
     return float(found[0])
 
 
+@pytest.mark.extended  # tests/distributed/test_data_stream_resume.py resumes streams in the suite
 @pytest.mark.timeout(420)  # above the launch's 240 s and the run in process
 def test_stream_two_processes_with_workers_learn_and_resume_on_one(tmp_path: Path) -> None:
     pytest.importorskip("datasets")  # here, not at import: collection stays light

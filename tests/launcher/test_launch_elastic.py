@@ -52,6 +52,7 @@ def _kill_node(proc: subprocess.Popen[str], out: Path, tag: str) -> None:
             pass
 
 
+@pytest.mark.extended  # two launches and a node lost; the multinode launch stays
 def test_losing_a_node_continues_at_world_size_one_from_the_checkpoint(tmp_path: Path) -> None:
     port = endpoint_port()
     node1 = _node(1, port, tmp_path)  # first: it waits for node 0, so both join one round

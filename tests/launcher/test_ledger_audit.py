@@ -58,6 +58,7 @@ def own_counts(run_dir: Path) -> dict[tuple[int, int], Counter]:
     return counts
 
 
+@pytest.mark.extended  # 5 launches; the faults test below stays
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_exactly_once_across_kills_restarts_and_other_world_sizes(tmp_path: Path) -> None:

@@ -88,6 +88,7 @@ def _stream(cell: dict, tag: str) -> object:
     return json.loads(lines[0][len(tag) + 1:])
 
 
+@pytest.mark.extended  # a kernel and two ranks; the launch from a function below stays
 def test_notebook_cells_launch_two_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

@@ -74,7 +74,7 @@ def _assert_same(folder: Path, clean: Path, why: str) -> None:
         assert json.loads(report)["epochs"], report  # the ledger was written and read
 
 
-@pytest.mark.extended  # the suite keeps the preemption below and test_preempt's crash restart
+@pytest.mark.extended  # the port's restart and stop: test_preempt's and test_resume_rng's stay
 def test_a_killed_worker_is_restarted_and_the_port_ends_bit_equal(
         tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     clean = _clean(tmp_path_factory.getbasetemp())
@@ -85,6 +85,7 @@ def test_a_killed_worker_is_restarted_and_the_port_ends_bit_equal(
     _assert_same(tmp_path, clean, "SIGKILL after step 10, restarted")
 
 
+@pytest.mark.extended  # the port's restart and stop: test_preempt's and test_resume_rng's stay
 def test_a_preempted_port_saves_its_last_step_and_the_relaunch_ends_bit_equal(
         tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     clean = _clean(tmp_path_factory.getbasetemp())

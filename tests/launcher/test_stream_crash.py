@@ -16,6 +16,7 @@ from splitsync.testing import clean_env, spawn
 SCRIPT = Path(__file__).with_name("stream_crash_script.py")
 
 
+@pytest.mark.extended  # tests/distributed/test_data_stream_resume.py resumes streams in the suite
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_killed_rank_resumes_the_stream_exactly(tmp_path: Path) -> None:

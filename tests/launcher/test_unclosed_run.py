@@ -51,11 +51,13 @@ def _launch(command: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.usefixtures("busy_core")
-def test_an_unclosed_run_exits_zero_under_splitsync_run_and_torchrun(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launches", [2, pytest.param(5, marks=pytest.mark.extended)])
+def test_an_unclosed_run_exits_zero_under_splitsync_run_and_torchrun(tmp_path: Path,
+                                                                      launches: int) -> None:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", "2"]
-    for i in range(5):
-        cmd = (launch_command(SCRIPT, 2, str(tmp_path / f"ck{i}")) if i < 4
+    for i in range(launches):  # the last under torchrun, the others under splitsync run
+        cmd = (launch_command(SCRIPT, 2, str(tmp_path / f"ck{i}")) if i < launches - 1
                else [*torchrun, str(SCRIPT), str(tmp_path / f"ck{i}")])
         proc = _launch(cmd)
         log = proc.stdout + proc.stderr

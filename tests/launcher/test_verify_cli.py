@@ -179,6 +179,7 @@ def test_each_mode_names_its_planted_fault() -> None:
     assert "The checkpoint does not restore the optimizer state" in cause
 
 
+@pytest.mark.extended  # one more cause; each mode's planted fault stays
 def test_a_scheduler_stepped_on_micro_steps_is_named() -> None:
     """It used to say only "See the first failed check"; stepped once per optimizer step
     (if run.step(opt): ...) the same scheduler passes."""
@@ -205,6 +206,7 @@ def test_digits_example_passes_every_mode() -> None:
     assert rows["per-step loss"] == ("PASS", "equal within rtol 0.0001"), rows
 
 
+@pytest.mark.extended  # every mode on a larger script; each mode's planted fault stays
 def test_nanogpt_style_script_passes_at_equal_global_batch_and_every_mode() -> None:
     """Random-offset batches per rank, accumulation 4 // world, clip, AdamW, checkpoints."""
     out = _verify("-n", "2", str(NANOGPT))
