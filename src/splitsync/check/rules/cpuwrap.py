@@ -106,8 +106,9 @@ def _cpu_model(facts: Facts, call: ast.Call) -> ast.AST | None:
     if not call.args or not isinstance(call.args[0], ast.Name):
         return None
     name, scope = call.args[0].id, facts.scope(call)
-    if isinstance(scope, ast.Lambda) or "set_default_device" in facts.source:
-        return None
+    if isinstance(scope, ast.Lambda) or "set_default_device" in facts.source \
+            or "set_default_tensor_type" in facts.source:
+        return None  # layers may be created on a GPU by default
     if isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef) and any(
             a.arg == name for a in ast.walk(scope.args) if isinstance(a, ast.arg)):
         return None
