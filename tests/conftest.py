@@ -28,8 +28,15 @@ if str(BENCHMARKS) not in sys.path:
 _DISTRIBUTED = Path(__file__).parent / "distributed"
 
 
+_CLUSTER = Path(__file__).parent / "cluster"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        if _CLUSTER in Path(str(item.path)).parents:
+            # one worker for every cluster test (the suite runs on two, pyproject.toml): two
+            # one-node SLURMs at once both number their first job 1, and derive one port
+            item.add_marker(pytest.mark.xdist_group("cluster"))
         if _DISTRIBUTED in Path(str(item.path)).parents \
                 or item.get_closest_marker("extended") is not None:
             item.add_marker(pytest.mark.slow)

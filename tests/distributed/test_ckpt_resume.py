@@ -34,6 +34,16 @@ def _net() -> nn.Module:
     return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
 
 
+def _forkserver() -> Any:
+    """This rank's forkserver context, its server holding torch and this module imported
+    (set before the server starts: the first loader's first epoch)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", __name__])
+    return ctx
+
+
 def train(root: str, num_workers: int, save_at: tuple[int, ...] = (),
           stop_at: int | None = None) -> dict[str, Any]:
     """One "process lifetime": build everything, resume, train until ``stop_at`` or the end."""
@@ -43,8 +53,10 @@ def train(root: str, num_workers: int, save_at: tuple[int, ...] = (),
         opt = torch.optim.AdamW(model.parameters(), lr=0.01)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
         # Ranks started by spawn() default to "spawn" for workers too, which re-imports torch
-        # in every worker every epoch; fork keeps the test fast.
-        extra = {"multiprocessing_context": "fork"} if num_workers else {}
+        # in every worker every epoch; a forkserver imports it once per rank. Not "fork":
+        # this rank runs several runs' threads, and a fork that races a C++ thread entering
+        # Python deadlocks the child on CPython before 3.12 (python/cpython#112275).
+        extra = {"multiprocessing_context": _forkserver()} if num_workers else {}
         loader = run.loader(Indexed(), batch_size=4, shuffle=True, num_workers=num_workers,
                             **extra)
         state = run.resume(root, model=model, optimizer=opt, scheduler=sched)

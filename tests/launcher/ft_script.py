@@ -15,6 +15,8 @@ hash). Options:
   --slow SECONDS     while group 1 is down (between its kill and its first commit after
                      coming back) the other groups sleep this long per step, so that they
                      are still training when it returns
+  --wait-full S      with a planned kill, each step sleeps S until every group has joined
+                     a quorum once (default 0.05): a kill needs them all
   --sleep SECONDS    simulated compute per step
   --strategy ddp|hsdp, --samples N, --epochs E, --save-every K
   --plain            the same training without fault tolerance (DDP; a failure restarts all)
@@ -97,9 +99,13 @@ def main(a: argparse.Namespace) -> None:
         incarnation = run.env.restart_count
         taken = state.step  # steps of the run so far (plain)
         mine = 0  # steps this incarnation committed
+        # a planned kill needs a quorum with every group: a group that starts seconds before
+        # the others (a loaded machine) trains slowly until they join, not to its end alone
+        seen_full = not (kills or a.kill_every)
         for _epoch in run.epochs(a.epochs, start=state.epoch):
             for x, y in run.progress(loader, every=200):  # group-batches that counted
                 full = not a.plain and run.session.participants == run.replica_groups
+                seen_full = seen_full or full or a.plain
                 due = (incarnation < len(kills) and run.session.step >= kills[incarnation]) or (
                     a.kill_every and incarnation < a.kills and mine >= a.kill_every)
                 if g == 1 and a.kill_mid and run.rank == 0 and due and full:
@@ -110,6 +116,8 @@ def main(a: argparse.Namespace) -> None:
                 time.sleep(a.sleep)
                 res = run.step(opt)
                 mine += int(bool(res))
+                if not seen_full:
+                    time.sleep(a.wait_full)
                 if a.plain:  # without fault tolerance every step counts
                     taken += 1
                     res = _Plain(taken)
@@ -148,6 +156,8 @@ if __name__ == "__main__":
                    help="with --kill-mid: group 1 dies after this many committed steps of its own")
     p.add_argument("--kills", type=int, default=0, help="how often --kill-every applies")
     p.add_argument("--slow", type=float, default=0.25)
+    p.add_argument("--wait-full", type=float, default=0.05,
+                   help="with a planned kill: seconds a step sleeps until every group has joined")
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--strategy", default="ddp")
     p.add_argument("--samples", type=int, default=1003)

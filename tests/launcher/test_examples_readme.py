@@ -76,7 +76,7 @@ def test_the_suite_leaves_the_extended_trials_to_ci_which_runs_them_after_it() -
         "tool"]["pytest"]["ini_options"]
     assert ("extended: longer trials that .ci/run runs after the README's test command"
             in pytest_ini["markers"])
-    assert pytest_ini["addopts"] == ["-m", "not extended"]
+    assert pytest_ini["addopts"] == ["-m", "not extended", "-n", "2", "--dist", "loadgroup"]
     ci_lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     readme_command = [line for line in _blocks("bash", _section("Quickstart"))[0].splitlines()
                       if line][1]
@@ -88,7 +88,7 @@ def test_the_suite_leaves_the_extended_trials_to_ci_which_runs_them_after_it() -
 @pytest.mark.slow  # collects in another interpreter
 def test_an_extended_trial_runs_only_under_its_marker_and_is_slow_too() -> None:
     def collected(*marker: str) -> set[str]:
-        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0",
                               "-p", "no:cacheprovider", *marker,
                               "tests/launcher/test_ckpt_crash.py"],
                              capture_output=True, text=True, timeout=120, cwd=ROOT)

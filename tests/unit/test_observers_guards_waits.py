@@ -202,3 +202,17 @@ def test_the_dump_file_leaves_nothing_on_disk_even_when_the_rank_is_killed(
                          check=True, timeout=60).stdout
     assert int(out) >= 1  # the dump was written and read back
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_worker_that_never_left_fork_is_explained() -> None:
+    fork = ('File "/usr/lib/python3.11/multiprocessing/popen_fork.py", line 66 in _launch',
+            'File "/usr/lib/python3.11/multiprocessing/popen_fork.py", line 19 in __init__')
+    states = {0: {"rank": 0, "state": "running", "call": 0, "op": "", "site": "train.py:53",
+                  "worker": {"id": 0, "pid": 1328, "site": "?", "stack": list(fork)}},
+              1: _waiting(1)}
+    text = summary(states, 2, judge(states, 2, 1), 21.0, 600)
+    assert "never left fork()" in text and "python/cpython#112275" in text
+    assert "multiprocessing_context='forkserver'" in text
+    # a worker stuck in the user's dataset is not told this
+    states[0]["worker"]["stack"] = ['File "data.py", line 7 in __getitem__', *fork]
+    assert "never left fork()" not in summary(states, 2, judge(states, 2, 1), 21.0, 600)

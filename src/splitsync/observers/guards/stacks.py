@@ -33,6 +33,7 @@ from splitsync.observers.guards.site import library_dirs, user_site
 from splitsync.preemption.defaults import DUMP_SIGNAL_NAME
 
 __all__ = ["enable", "DUMP_SIGNAL", "STACKS_FILE_VAR", "own_stacks_file", "stack_lines", "loader_worker", "worker_stack",
+           "stuck_in_fork", "fork_note",
            "worker_site", "stop_children"]
 
 # the one signal no run stops on (spawn's timeout dump uses it too)
@@ -209,6 +210,26 @@ def worker_stack(pid: int, dump_file: str | None, wait: float = _WORKER_WAIT_S) 
                 text = f.read()
             break
     return main_thread_block(text)[:12]  # a worker's main thread: the last one it writes
+
+
+def stuck_in_fork(frames: list[str]) -> bool:
+    """Whether a worker's dump (most recent first) ends inside ``os.fork`` itself: the child
+    never returned from the fork, so none of the worker's own code ran."""
+    return bool(frames) and os.path.join("multiprocessing", "popen_fork.py") in frames[0] \
+        and frames[0].rstrip().endswith(" in _launch")
+
+
+def fork_note(rank: int) -> str:
+    """Why a worker hangs inside ``os.fork``, and what avoids it."""
+    import platform
+
+    return (f"The worker never left fork(): it was copied from rank {rank} while another "
+            "thread of that process (a C++ one entering Python: gloo's, say) held one of "
+            "Python's internal locks, and the copy waits for it forever. This is a CPython "
+            f"bug (python/cpython#112275, fixed in 3.12; this is {platform.python_version()}) "
+            "that DataLoader workers started by 'fork' can hit in any process with threads. "
+            "Fix: start them with run.loader(..., multiprocessing_context='forkserver') (or "
+            "'spawn'; the dataset must then be picklable), or use a Python without the bug.")
 
 
 def worker_site(frames: list[str]) -> str:

@@ -38,9 +38,11 @@ from splitsync.observers.guards.responder import (
 )
 from splitsync.observers.guards.site import user_site
 from splitsync.observers.guards.stacks import (
+    fork_note,
     loader_worker,
     stack_lines,
     stop_children,
+    stuck_in_fork,
     worker_site,
     worker_stack,
 )
@@ -147,6 +149,8 @@ def summary(states: dict[int, dict[str, Any]], world: int, reasons: list[str], w
                          f"(pid {worker['pid']}), which has not delivered the next batch: it "
                          f"is at {worker.get('site', '?')}; its stack (most recent first):")
             lines.extend(f"        {f}" for f in worker.get("stack") or ["(no dump came)"])
+            if stuck_in_fork(worker.get("stack") or []):
+                lines.append(f"      {fork_note(r)}")
     if any("passes" in r for r in reasons):
         lines.append("The ranks made different collective calls: the same collective was "
                      "given tensors of different shapes or dtypes on different ranks, so the "
