@@ -3,6 +3,7 @@ resumes from its background save and ends bit-equal to the job never killed."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,10 @@ def test_tp_job_killed_and_restarted_ends_bit_equal(tmp_path: Path) -> None:
         log = proc.stdout + proc.stderr
         assert proc.returncode == 0, log
         runs[name] = (folder, log)
-    assert "restart 1: resumed at step 6, ended at 12" in runs["killed"][1]  # it was killed
+    # it was killed at step 7: resumed from step 6's background save, or from step 3's when
+    # step 6's was still being written (a loaded machine): either way it ends bit-equal
+    assert re.search(r"restart 1: resumed at step [36], ended at 12", runs["killed"][1]), \
+        runs["killed"][1]
     assert "restart 0: resumed at step 0, ended at 12" in runs["clean"][1]
     a = torch.load(runs["killed"][0] / "out.pt", weights_only=True)
     b = torch.load(runs["clean"][0] / "out.pt", weights_only=True)
