@@ -30,6 +30,7 @@ from typing import Any
 
 from splitsync.distributed.env import TORCHRUN, launched_env
 from splitsync.distributed.group import free_port
+from splitsync.distributed.procs import children
 from splitsync.errors import SpawnError
 from splitsync.preemption.defaults import DUMP_SIGNAL_NAME
 
@@ -192,19 +193,9 @@ def _descendants(pid: int) -> list[int]:
     """Processes forked below ``pid`` (Linux's /proc; none elsewhere)."""
     found, todo = [], [pid]
     while todo:
-        p = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{p}/task/{tid}/children") as f:
-                    kids = [int(c) for c in f.read().split()]
-            except OSError:
-                continue
-            found.extend(kids)
-            todo.extend(kids)
+        kids = children(todo.pop())
+        found.extend(kids)
+        todo.extend(kids)
     return found
 
 

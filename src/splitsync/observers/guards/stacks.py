@@ -23,6 +23,7 @@ import traceback
 from types import FrameType
 from typing import IO, Any
 
+from splitsync.distributed.procs import children
 from splitsync.distributed.rankstate import (
     innermost_user_line,
     main_thread_block,
@@ -240,21 +241,12 @@ def worker_site(frames: list[str]) -> str:
 def stop_children() -> None:
     """Kill the processes this one forked (DataLoader workers) before it ends: a worker stuck
     in the user's dataset would outlive it, holding the job's output open."""
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return  # no /proc: a worker notices its parent is gone at its next batch
-    for tid in tasks:
+    # no /proc: none found, and a worker notices its parent is gone at its next batch
+    for pid in children(os.getpid()):
         try:
-            with open(f"/proc/self/task/{tid}/children") as f:
-                kids = [int(c) for c in f.read().split()]
+            os.kill(pid, signal.SIGKILL)
         except OSError:
-            continue
-        for pid in kids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            pass
 
 
 def _kill(pid: int) -> bool:
