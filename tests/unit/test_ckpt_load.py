@@ -7,6 +7,7 @@ import time
 import weakref
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -99,3 +100,43 @@ def test_a_resume_into_a_fresh_optimizer_does_not_step_it(tmp_path: Path) -> Non
         for n, p in model.named_parameters():
             assert torch.equal(p, saved[n]), n
             assert opt.state[p] == {"seen": 1}
+
+
+def _mapped_from(root: Path) -> list[tuple[int, int]]:
+    """The address ranges of this process mapped from files under ``root``."""
+    spans = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5].startswith(str(root)):
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            spans.append((lo, hi))
+    return spans
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
+def test_a_resumed_optimizer_owns_its_state_and_the_model_is_copied(tmp_path: Path) -> None:
+    """The optimizer writes its state at every step: left mapped from the checkpoint, each of
+    its pages would fault and be copied at the first step after the resume. Its tensors are
+    the process's own; the model's were copied into the parameters."""
+    with ss.init(seed=0) as run:
+        model = run.model(nn.Linear(16, 8))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        run.resume(tmp_path, model=model, optimizer=opt)
+        run.backward(model(torch.randn(4, 16)).square().mean())
+        run.step(opt)
+        run.save(tmp_path)
+    with ss.init(seed=0) as run:
+        model = run.model(nn.Linear(16, 8))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        assert run.resume(tmp_path, model=model, optimizer=opt).resumed
+        spans = _mapped_from(tmp_path.resolve())
+        tensors = [v for st in opt.state.values() for v in st.values()
+                   if isinstance(v, torch.Tensor) and v.numel() > 1]
+        tensors += list(model.parameters())
+        assert tensors
+        for t in tensors:
+            ptr = t.data_ptr()
+            assert not any(lo <= ptr < hi for lo, hi in spans), \
+                "a tensor still lives in a mapping of the checkpoint file"
+        run.backward(model(torch.randn(4, 16)).square().mean())
+        run.step(opt)  # and it trains on from there

@@ -156,6 +156,28 @@ def reopen_window(window: Window | None, models: Mapping[str, nn.Module],
         for_model(m).restore_window_grads(m, grads.get(n, {}))
 
 
+def owned(state: Any) -> Any:
+    """``state`` with every tensor copied into the process's own memory. An optimizer keeps
+    the tensors it is given and writes them at every step: tensors mapped from the file would
+    fault page by page at the first step, a copy-on-write each (as slow as allocating them
+    afresh), where a copy made now reuses memory the allocator holds and reads the mapped
+    pages in large runs. The model's tensors need none: they are copied into its parameters."""
+    if isinstance(state, torch.Tensor):
+        return state.clone()
+    if isinstance(state, dict):
+        return {k: owned(v) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(owned(v) for v in state)
+    return state
+
+
+def _keeps_what_it_is_given(model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether loading keeps the very tensors of the state (a CPU model that is not sharded;
+    a sharded one gets new shards, a GPU one copies to the device)."""
+    first = next((p for g in optimizer.param_groups for p in g["params"]), None)
+    return first is not None and first.device.type == "cpu" and not is_sharded(model)
+
+
 def held_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:
     """References to ``optimizer``'s per-parameter state (copies of the dicts, never the live
     ones): they keep its tensors alive after a load replaces them, for :func:`free_later`."""
@@ -195,10 +217,12 @@ def free_later(replaced: list[dict[Any, Any]]) -> Freeing:
 
 
 def load_full(where: str, state: Mapping[str, Any], models: Mapping[str, nn.Module],
-              optims: Mapping[str, tuple[torch.optim.Optimizer, str]]) -> Freeing:
+              optims: Mapping[str, tuple[torch.optim.Optimizer, str]], *,
+              mapped: bool = False) -> Freeing:
     """Load an unsharded checkpoint into any model, sharded or not (every shape and every
-    optimizer's parameter names are checked before anything is loaded). Returns the thread
-    that frees the optimizer state it replaced: finish it before the run ends."""
+    optimizer's parameter names are checked before anything is loaded); ``mapped``: its
+    tensors are mapped from a local file (the optimizers get copies, :func:`owned`). Returns
+    the thread that frees the optimizer state it replaced: finish it before the run ends."""
     for name, m in models.items():
         check_shapes(name, {k: v.shape for k, v in state["model"][name].items()},
                      state_shapes(m), where)
@@ -210,7 +234,10 @@ def load_full(where: str, state: Mapping[str, Any], models: Mapping[str, nn.Modu
         load_model_state(m, state["model"][name], full=is_sharded(m))
     replaced = [held_state(o) for o, _ in optims.values()]  # not freed in this thread
     for name, (o, owner) in optims.items():
-        load_optimizer_state(models[owner], o, state["optim"][name],
+        optim = state["optim"][name]
+        if mapped and _keeps_what_it_is_given(models[owner], o):
+            optim = owned(optim)
+        load_optimizer_state(models[owner], o, optim,
                              full=is_sharded(models[owner]))
     return free_later(replaced)
 
@@ -248,7 +275,7 @@ def load_objects(storage: Storage, name: str, body: Mapping[str, Any], state: Ma
                                   "filesystem path, not from object storage.")
         load_sharded(Path(storage.root) / name, reg.models, reg.optims)
     else:
-        freeing = load_full(name, state, reg.models, reg.optims)
+        freeing = load_full(name, state, reg.models, reg.optims, mapped=storage.local)
     for n, o in reg.others.items():
         o.load_state_dict(state["objects"][n])
     return {**body["extra"], **state["extra"]}, freeing
