@@ -10,7 +10,13 @@ control, the method's own bias and spread in the same sitting) and "count="
 (``run.backward(loss, count=len(y))``: W1's loss is a mean over the batch's samples). At 2
 processes a fourth loop, "python hook", is the plain loop on a DDP model given PyTorch's own
 Python all-reduce hook (``run.model(m, comm_hook="allreduce")``): what any Python comm hook
-costs, the floor of a count that rides in DDP's all-reduce.
+costs, the floor of a count that rides in DDP's all-reduce. And a sixth, "native sketch":
+the design without a Python comm hook, written out by hand in its cheapest form (DDP's
+built-in C++ all-reduce, which divides by the world size; the count all-reduced on its own,
+issued before the forward so that it overlaps it; the loss multiplied by the count; the
+gradients divided by ``count on all ranks / world size`` in one ``torch._foreach_div_``
+before the step): the floor of that design, without any of the bookkeeping a library version
+would add, to compare with what ``count=`` costs now.
 
 A run switches to counted windows at its first ``count=`` and keeps them; to time a run
 that never used ``count=`` beside one that does, the benchmark detaches the run's counted
@@ -38,7 +44,8 @@ import torch.nn.functional as F
 
 from splitsync.testing import spawn
 
-PLAIN, AA, COUNT, HOOK = "plain", "plain again", "count=", "python hook"
+PLAIN, AA, COUNT, HOOK, NATIVE = ("plain", "plain again", "count=", "python hook",
+                                  "native sketch")
 
 
 class _Switch:
@@ -90,11 +97,14 @@ def _rank(rank: int, world: int, workload: str, rounds: int, block: int) -> dict
             hooked = build_loop("splitsync", wl, wl.build(), ctx)
             hooked.model.register_comm_hook(None, _allreduce_hook())
             loops[HOOK] = hooked
+            loops[NATIVE] = build_loop("splitsync", wl, wl.build(), ctx)
         cpu: dict[str, list[list[float]]] = {name: [] for name in loops}
 
         def variant(name: str):  # type: ignore[no-untyped-def]
             loop = loops[name]
             counting = name == COUNT
+            native = name == NATIVE
+            count = torch.zeros(1)
 
             def run_block(steps: int) -> list[float]:
                 switch.set(counting)
@@ -108,6 +118,20 @@ def _rank(rank: int, world: int, workload: str, rounds: int, block: int) -> dict
                         loop.epoch += 1
                         loop._it = loop._epoch_iter()
                         x, y = next(loop._it)
+                    if native:  # see the module docstring
+                        import torch.distributed as dist
+
+                        count.fill_(len(y))
+                        work = dist.all_reduce(count, async_op=True)
+                        loss = F.cross_entropy(loop.model(x), y) * len(y)
+                        run.backward(loss)
+                        work.wait()
+                        grads = [p.grad for p in loop.model.parameters() if p.grad is not None]
+                        torch._foreach_div_(grads, count.item() / run.world_size)
+                        run.step(loop.opt)
+                        used.append(thread() - c0)
+                        wall.append(clock() - t0)
+                        continue
                     loss = F.cross_entropy(loop.model(x), y)
                     if counting:
                         run.backward(loss, count=len(y))
