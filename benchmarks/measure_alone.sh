@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The performance bars, each compared side by side in one launch, in order, on a machine
 # with nothing else running (no tests, no other benchmark): the load average is printed
-# before and after each, and a figure taken under load is not a result. About 16 minutes
-# on 2 cores; the peer benchmark (last) is half of it.
+# before and after each, and a figure taken under load is not a result. About 25 minutes
+# on 2 cores; the peer benchmark (last) is a third of it.
 #
 #   bash benchmarks/measure_alone.sh [OUT]      (from the repository root; OUT: ./measured)
 set -euo pipefail
@@ -29,15 +29,19 @@ done
 for w in W1 W2; do
     step "count-$w" python benchmarks/count_bench.py --workload "$w" --procs 2 --rounds 150
 done
-# armed for preemption vs unarmed, W1 and W2 at 2 ranks (~1 min)
-step armed python benchmarks/preempt_overhead.py --workloads W1,W2 --rounds 60 --block 50
+# armed for preemption vs unarmed, W1 and W2 at 2 ranks, the two loops only, then the same
+# with the "armed" loop not armed (A/A: the method's own spread) (~6 min)
+step armed python benchmarks/preempt_overhead.py --pair --workloads W1,W2 --rounds 200 \
+    --block 50
+step armed-aa python benchmarks/preempt_overhead.py --pair --calibrate --workloads W1,W2 \
+    --rounds 200 --block 50
 # the realistic loop, count= and armed, vs hand-written DDP at 2 ranks (~1 min)
 step realistic python benchmarks/preempt_overhead.py --realistic --workloads W1,W2 \
     --rounds 60 --block 50
 # run.resume + first step vs torch.load (plain, mmap) and dcp.load, warm and cold, 1 and 2
-# ranks, checksums verified (~3 min)
+# ranks, checksums verified (~6 min)
 mkdir -p "$out/resume-files"
-step resume python benchmarks/resume_bench.py --gb 0.6 --rounds 3 --procs 1,2 \
+step resume python benchmarks/resume_bench.py --gb 0.6 --rounds 5 --procs 1,2 \
     --cache cold,warm --load quiet --dir "$out/resume-files"
 # the peers (Accelerate, Fabric, ignite, hand-written DDP) at 1 and 2 ranks, 3 rounds
 # (~8-9 min): PEERS_BENCH names the peer benchmark's folder, BENCH_VENV a virtual
