@@ -63,7 +63,7 @@ def _aligned(fn: Any) -> Any:
 def _rank(rank: int, world: int, workloads: list[str], rounds: int, block: int,
           calibrate: bool, realistic: bool = False, pair: bool = False) -> list[dict] | None:
     import splitsync
-    from splitsync.bench.harness import interleave, paired_ratios, summarize
+    from splitsync.bench.harness import interleave, paired_ratios
     from splitsync.bench.registry import build_loop
     from splitsync.bench.workloads import make_workload
     from splitsync.run.preempt import preemption_for
@@ -96,44 +96,38 @@ def _rank(rank: int, world: int, workloads: list[str], rounds: int, block: int,
                         thread_cpu[1] += time.perf_counter() - began
                         p.close()
 
+            # fixed rounds and blocks: every rank takes the same decisions, nothing timed
             if realistic:
                 counted = _counted(plain, run)
-                blocks = interleave({"hand-written DDP": _aligned(hand.run),
-                                     "splitsync, count= + armed":
-                                         lambda steps, c=counted: armed(steps, c)},
-                                    rounds=rounds, block=block, warmup=2)
-                rows = [s.as_dict() for s in summarize(blocks, "hand-written DDP")]
-                for row in rows:
-                    row["mean_ms"] = 1e3 * fmean(t for b in blocks[str(row["loop"])] for t in b)
-                    row["workload"] = name
-                out += rows
-                continue
-            if pair:
-                blocks = interleave({"splitsync": _aligned(plain.run), "splitsync, armed": armed},
-                                    rounds=rounds, block=block, warmup=2)
-                rows = [s.as_dict() for s in summarize(blocks, "splitsync")]
-                for row in rows:
-                    row["mean_ms"] = 1e3 * fmean(t for b in blocks[str(row["loop"])] for t in b)
-                    row["workload"] = name
-                out += rows
-                continue
-            # fixed rounds and blocks: every rank takes the same decisions, nothing timed
-            blocks = interleave({"hand-written DDP": _aligned(hand.run),
-                                 "splitsync": _aligned(plain.run), "splitsync, armed": armed},
-                                rounds=rounds, block=block, warmup=2)
-            rows = [s.as_dict() for s in summarize(blocks, "hand-written DDP")]
-            for row in rows:
-                flat = [t for b in blocks[str(row["loop"])] for t in b]
-                row["mean_ms"] = 1e3 * fmean(flat)
-                row["workload"] = name
-            armed_vs_plain = paired_ratios(blocks["splitsync, armed"], blocks["splitsync"])
-            rows.append({"workload": name, "loop": "armed / splitsync",
-                         "ratio": sorted(armed_vs_plain)[len(armed_vs_plain) // 2]})
-            out += rows
+                loops = {"hand-written DDP": _aligned(hand.run),
+                         "splitsync, count= + armed": lambda steps, c=counted: armed(steps, c)}
+            elif pair:
+                loops = {"splitsync": _aligned(plain.run), "splitsync, armed": armed}
+            else:
+                loops = {"hand-written DDP": _aligned(hand.run),
+                         "splitsync": _aligned(plain.run), "splitsync, armed": armed}
+            blocks = interleave(loops, rounds=rounds, block=block, warmup=2)
+            out += _rows(blocks, next(iter(loops)), name)
+            if not (realistic or pair):
+                armed_vs_plain = paired_ratios(blocks["splitsync, armed"], blocks["splitsync"])
+                out.append({"workload": name, "loop": "armed / splitsync",
+                            "ratio": sorted(armed_vs_plain)[len(armed_vs_plain) // 2]})
     if thread_cpu[1] > 0:
         out.append({"workload": "all", "loop": "the watching thread's CPU per armed second "
                     f"(us; rank {rank})", "ratio": 1e6 * thread_cpu[0] / thread_cpu[1]})
     return out if rank == 0 else None
+
+
+def _rows(blocks: dict[str, list[list[float]]], baseline: str, workload: str) -> list[dict]:
+    """Each loop's summary against ``baseline``, with its mean step time (the thread's
+    wake-ups are rare slow steps: the mean shows them, the median does not)."""
+    from splitsync.bench.harness import summarize
+
+    rows = [s.as_dict() for s in summarize(blocks, baseline)]
+    for row in rows:
+        row["mean_ms"] = 1e3 * fmean(t for b in blocks[str(row["loop"])] for t in b)
+        row["workload"] = workload
+    return rows
 
 
 def _thread_cpu(thread: Any) -> float:

@@ -24,6 +24,17 @@ def _trained() -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, opt
 
 
+def _one_step_saved(run: ss.Run, root: Path) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A Linear and its AdamW under ``run``, one step trained and saved under ``root``."""
+    model = run.model(nn.Linear(16, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    run.resume(root, model=model, optimizer=opt)
+    run.backward(model(torch.randn(4, 16)).square().mean())
+    run.step(opt)
+    run.save(root)
+    return model, opt
+
+
 def _dead(ref: weakref.ref, timeout: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout
     while ref() is not None and time.monotonic() < deadline:
@@ -44,12 +55,7 @@ def test_free_later_drops_copies_never_the_live_state() -> None:
 def test_a_resume_frees_the_optimizer_state_it_replaces(tmp_path: Path) -> None:
     with ss.init(seed=0) as run:
         torch.manual_seed(0)
-        model = run.model(nn.Linear(16, 8))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        run.resume(tmp_path, model=model, optimizer=opt)
-        run.backward(model(torch.randn(4, 16)).square().mean())
-        run.step(opt)
-        run.save(tmp_path)
+        model, opt = _one_step_saved(run, tmp_path)
         saved = {n: opt.state[p]["exp_avg"].clone() for n, p in model.named_parameters()}
         run.backward(model(torch.randn(4, 16)).square().mean())
         run.step(opt)
@@ -119,12 +125,7 @@ def test_a_resumed_optimizer_owns_its_state_and_the_model_is_copied(tmp_path: Pa
     its pages would fault and be copied at the first step after the resume. Its tensors are
     the process's own; the model's were copied into the parameters."""
     with ss.init(seed=0) as run:
-        model = run.model(nn.Linear(16, 8))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        run.resume(tmp_path, model=model, optimizer=opt)
-        run.backward(model(torch.randn(4, 16)).square().mean())
-        run.step(opt)
-        run.save(tmp_path)
+        _one_step_saved(run, tmp_path)
     with ss.init(seed=0) as run:
         model = run.model(nn.Linear(16, 8))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)

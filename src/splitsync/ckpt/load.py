@@ -30,6 +30,7 @@ from splitsync.ckpt.state import (
 )
 from splitsync.errors import CheckpointError
 from splitsync.strategies import for_model
+from splitsync.tree import map_tensors
 
 if TYPE_CHECKING:
     from splitsync.ckpt.save import Window
@@ -156,21 +157,6 @@ def reopen_window(window: Window | None, models: Mapping[str, nn.Module],
         for_model(m).restore_window_grads(m, grads.get(n, {}))
 
 
-def owned(state: Any) -> Any:
-    """``state`` with every tensor copied into the process's own memory. An optimizer keeps
-    the tensors it is given and writes them at every step: tensors mapped from the file would
-    fault page by page at the first step, a copy-on-write each (as slow as allocating them
-    afresh), where a copy made now reuses memory the allocator holds and reads the mapped
-    pages in large runs. The model's tensors need none: they are copied into its parameters."""
-    if isinstance(state, torch.Tensor):
-        return state.clone()
-    if isinstance(state, dict):
-        return {k: owned(v) for k, v in state.items()}
-    if isinstance(state, list | tuple):
-        return type(state)(owned(v) for v in state)
-    return state
-
-
 def _keeps_what_it_is_given(model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
     """Whether loading keeps the very tensors of the state (a CPU model that is not sharded;
     a sharded one gets new shards, a GPU one copies to the device)."""
@@ -221,7 +207,7 @@ def load_full(where: str, state: Mapping[str, Any], models: Mapping[str, nn.Modu
               mapped: bool = False) -> Freeing:
     """Load an unsharded checkpoint into any model, sharded or not (every shape and every
     optimizer's parameter names are checked before anything is loaded); ``mapped``: its
-    tensors are mapped from a local file (the optimizers get copies, :func:`owned`). Returns
+    tensors are mapped from a local file (the optimizers get copies of theirs). Returns
     the thread that frees the optimizer state it replaced: finish it before the run ends."""
     for name, m in models.items():
         check_shapes(name, {k: v.shape for k, v in state["model"][name].items()},
@@ -236,7 +222,10 @@ def load_full(where: str, state: Mapping[str, Any], models: Mapping[str, nn.Modu
     for name, (o, owner) in optims.items():
         optim = state["optim"][name]
         if mapped and _keeps_what_it_is_given(models[owner], o):
-            optim = owned(optim)
+            # the optimizer writes its state at every step: left mapped from the file, each
+            # page would fault and be copied on write at the first step (as slow as
+            # allocating it afresh); one copy now reuses memory the allocator holds
+            optim = map_tensors(torch.Tensor.clone, optim)
         load_optimizer_state(models[owner], o, optim,
                              full=is_sharded(models[owner]))
     return free_later(replaced)
