@@ -82,6 +82,22 @@ def test_ratio_is_median_of_paired_block_ratios_so_drift_cancels() -> None:
         harness.summarize(blocks, "Z")
 
 
+def test_pooled_ratio_compares_all_steps_and_resamples_whole_rounds() -> None:
+    base = [[1.0, 2.0, 3.0], [10.0, 11.0, 12.0]]  # a slow second round: drift, paired
+    same = harness.pooled_ratio(base, base)
+    assert same == (1.0, 1.0, 1.0)  # a round resampled is resampled for both loops
+    slower = [[t * 1.01 for t in b] for b in base]
+    ratio, lo, hi = harness.pooled_ratio(slower, base)
+    assert ratio == pytest.approx(1.01) and lo == pytest.approx(1.01) and hi == pytest.approx(1.01)
+    noisy = [[1.0, 1.2], [0.9, 1.1], [1.3, 0.8], [1.0, 1.05]]
+    shifted = [[t + 0.02 * (-1) ** i for t in b] for i, b in enumerate(noisy)]
+    ratio, lo, hi = harness.pooled_ratio(shifted, noisy)
+    assert lo <= ratio <= hi and lo < hi
+    assert harness.pooled_ratio(shifted, noisy) == (ratio, lo, hi)  # seeded
+    with pytest.raises(ValueError, match="same number"):
+        harness.pooled_ratio(base, base[:1])
+
+
 def test_markdown_table_shape() -> None:
     text = harness.markdown_table(["a", "bb"], [[1, "x"], ["long", 2]])
     lines = text.splitlines()

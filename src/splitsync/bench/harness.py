@@ -10,13 +10,14 @@ median(block of loop) / median(block of baseline).
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from splitsync.tools.tables import markdown_table
 
-__all__ = ["median", "median_ci", "percentile", "interleave", "paired_ratios", "LoopSummary", "summarize",
-           "markdown_table"]
+__all__ = ["median", "median_ci", "percentile", "interleave", "paired_ratios", "pooled_ratio",
+           "LoopSummary", "summarize", "markdown_table"]
 
 
 def median(xs: Sequence[float]) -> float:
@@ -83,6 +84,26 @@ def interleave(runners: Mapping[str, Callable[[int], list[float]]], *, rounds: i
 def paired_ratios(blocks: Sequence[Sequence[float]], base: Sequence[Sequence[float]]) -> list[float]:
     """median(block i) / median(baseline block i) for every round i."""
     return [median(a) / median(b) for a, b in zip(blocks, base, strict=True)]
+
+
+def pooled_ratio(blocks: Sequence[Sequence[float]], base: Sequence[Sequence[float]], *,
+                 resamples: int = 1000, seed: int = 0) -> tuple[float, float, float]:
+    """median(all steps of ``blocks``) / median(all steps of ``base``), with a 95% interval
+    from resampling whole rounds (a round's two blocks stay together, so the machine's drift
+    stays paired). Short blocks make per-round ratios noisy; the pooled median uses every
+    step at once. Seeded: the same blocks give the same interval."""
+    if len(blocks) != len(base) or not blocks:
+        raise ValueError(f"pooled_ratio: {len(blocks)} and {len(base)} rounds; need the same "
+                         f"number, at least one.")
+
+    def ratio(rounds: Sequence[int]) -> float:
+        return (median([t for i in rounds for t in blocks[i]])
+                / median([t for i in rounds for t in base[i]]))
+
+    rng = random.Random(seed)
+    n = len(blocks)
+    boots = sorted(ratio(rng.choices(range(n), k=n)) for _ in range(resamples))
+    return ratio(range(n)), boots[int(0.025 * resamples)], boots[int(0.975 * resamples) - 1]
 
 
 @dataclass(frozen=True)
