@@ -13,9 +13,9 @@ an order that rotates every round (as ``splitsync.bench.harness.interleave``):
 - ``splitsync-noguards``: the same with ``init(guards=False)``.
 
 Per launch it records rank 0's median and mean step time and, over the measured steps, each
-rank's CPU time split by thread (``/proc/self/task/*/schedstat``). CPU time is the low-noise
-figure: a launch's median step moves by 10-20% from launch to launch on 2 cores, its CPU
-a step by far less. Prints per loop the median and mean of the launch medians, the median
+rank's CPU time split by thread (``/proc/self/task/*/schedstat``). A launch's median step
+moves by 10-20% from launch to launch on 2 cores; the main thread's CPU a step (the loop's
+own work) moves by a few percent, gloo's I/O thread's with the scheduling. Prints per loop the median and mean of the launch medians, the median
 of per-round ratios to the first loop with a bootstrap 95% interval, CPU a step (all ranks)
 and the CPU of each kind of thread.
 
