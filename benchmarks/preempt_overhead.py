@@ -81,19 +81,23 @@ def _rank(rank: int, world: int, workloads: list[str], rounds: int, block: int,
             hand = build_loop("hand", wl, base, ctx)
             plain = build_loop("splitsync", wl, base, ctx)
 
+            cpu: dict[str, list[float]] = {"splitsync": [], "splitsync, armed": []}
+
             def armed(steps: int, loop: Any = plain) -> list[float]:
                 if calibrate:
-                    return _aligned(loop.run)(steps)
+                    return _aligned(_cpu_of(loop.run, cpu["splitsync, armed"]))(steps)
                 # what run.resume arms (made and ended outside the timed steps)
                 p = preemption_for(run.config, run.rank, run.world_size, run._checkpoints,
                                    run._generators, run._watch_steps, run._unwatch_steps)
                 began = time.perf_counter()
                 try:
-                    return _aligned(loop.run)(steps)
+                    return _aligned(_cpu_of(loop.run, cpu["splitsync, armed"]))(steps)
                 finally:
                     if p is not None:
-                        thread_cpu[0] += _thread_cpu(p._watcher._thread)
+                        watcher = _thread_cpu(p._watcher._thread)
+                        thread_cpu[0] += watcher
                         thread_cpu[1] += time.perf_counter() - began
+                        cpu["splitsync, armed"][-1] += watcher / steps  # the thread's too
                         p.close()
 
             # fixed rounds and blocks: every rank takes the same decisions, nothing timed
@@ -102,12 +106,16 @@ def _rank(rank: int, world: int, workloads: list[str], rounds: int, block: int,
                 loops = {"hand-written DDP": _aligned(hand.run),
                          "splitsync, count= + armed": lambda steps, c=counted: armed(steps, c)}
             elif pair:
-                loops = {"splitsync": _aligned(plain.run), "splitsync, armed": armed}
+                loops = {"splitsync": _aligned(_cpu_of(plain.run, cpu["splitsync"])),
+                         "splitsync, armed": armed}
             else:
                 loops = {"hand-written DDP": _aligned(hand.run),
                          "splitsync": _aligned(plain.run), "splitsync, armed": armed}
             blocks = interleave(loops, rounds=rounds, block=block, warmup=2)
             out += _rows(blocks, next(iter(loops)), name)
+            if pair:  # the warm-up rounds' blocks are not among the timed ones
+                out.append(_cpu_row(cpu["splitsync, armed"][-len(blocks["splitsync"]):],
+                                    cpu["splitsync"][-len(blocks["splitsync"]):], name))
             if not (realistic or pair):
                 armed_vs_plain = paired_ratios(blocks["splitsync, armed"], blocks["splitsync"])
                 out.append({"workload": name, "loop": "armed / splitsync",
@@ -116,6 +124,30 @@ def _rank(rank: int, world: int, workloads: list[str], rounds: int, block: int,
         out.append({"workload": "all", "loop": "the watching thread's CPU per armed second "
                     f"(us; rank {rank})", "ratio": 1e6 * thread_cpu[0] / thread_cpu[1]})
     return out if rank == 0 else None
+
+
+def _cpu_of(run_steps: Any, into: list[float]) -> Any:
+    """``run_steps``, noting the main thread's CPU seconds a step of each block in ``into``."""
+    def run(steps: int) -> list[float]:
+        began = time.thread_time()
+        times = run_steps(steps)
+        into.append((time.thread_time() - began) / steps)
+        return times
+
+    return run
+
+
+def _cpu_row(armed: list[float], plain: list[float], workload: str) -> dict:
+    """Armed against unarmed in CPU a step (the main thread's, plus the watching thread's
+    for the armed blocks): median of per-round ratios with its 95% interval. A step's CPU
+    moves far less from block to block than its wall time, which waits on the other rank."""
+    from splitsync.bench.harness import median, median_ci
+
+    ratios = [a / p for a, p in zip(armed, plain, strict=True)]
+    lo, hi = median_ci(ratios)
+    return {"workload": workload, "loop": "CPU a step, armed / unarmed (rank 0: main thread, "
+            "plus the watching thread when armed)", "ratio": median(ratios),
+            "cpu": (lo, hi, 1e6 * median(plain), 1e6 * median(armed))}
 
 
 def _rows(blocks: dict[str, list[list[float]]], baseline: str, workload: str) -> list[dict]:
@@ -160,6 +192,11 @@ def main() -> None:
           f"| all steps pooled (95% CI) |")
     print("|---|---|---|---|---|---|")
     for r in rows:
+        if "cpu" in r:
+            lo, hi, plain_us, armed_us = r["cpu"]
+            print(f"| {r['workload']} | {r['loop']} | {plain_us:.1f} us unarmed | "
+                  f"{armed_us:.1f} us armed | {r['ratio']:.4f} ({lo:.4f}-{hi:.4f}) | |")
+            continue
         if "median_ms" not in r:
             print(f"| {r['workload']} | {r['loop']} | | | {r['ratio']:.4f} | |")
             continue
