@@ -17,7 +17,9 @@ against hand-written DDP, with its 95% interval.
 
 ``--pair``: the splitsync loop and the same loop armed only (no hand-written DDP), so that
 the same time buys more rounds of the one comparison the bar is about; ratios are to the
-unarmed loop, with their 95% interval.
+unarmed loop, with their 95% interval, per round and with all steps pooled; and CPU a step
+(rank 0's main thread, plus the watching thread's CPU in armed blocks), which does not wait
+on the other rank and so moves far less than a step's wall time.
 
 ``--realistic``: the loop a user writes (``run.backward(loss, count=len(y))``, armed)
 against hand-written DDP, two loops only: a run keeps counted windows from its first
