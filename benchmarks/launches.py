@@ -123,7 +123,8 @@ def _report(results: dict[str, list[list[dict[str, Any]]]], steps: int) -> None:
     print("|---|---|---|---|---|---|---|")
     for name, launches in results.items():
         medians = [1e3 * ranks[0]["median"] for ranks in launches]
-        ratios = [ranks[0]["median"] / b[0]["median"] for ranks, b in zip(launches, results[base])]
+        ratios = [ranks[0]["median"] / b[0]["median"]
+                  for ranks, b in zip(launches, results[base], strict=True)]
         lo, hi = _interval(ratios)
         by_thread: Counter[str] = Counter()
         for ranks in launches:

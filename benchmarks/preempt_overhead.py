@@ -85,7 +85,8 @@ def _rank(rank: int, world: int, workloads: list[str], rounds: int, block: int,
 
             cpu: dict[str, list[float]] = {"splitsync": [], "splitsync, armed": []}
 
-            def armed(steps: int, loop: Any = plain) -> list[float]:
+            def armed(steps: int, loop: Any = plain,
+                      cpu: dict[str, list[float]] = cpu) -> list[float]:
                 if calibrate:
                     return _aligned(_cpu_of(loop.run, cpu["splitsync, armed"]))(steps)
                 # what run.resume arms (made and ended outside the timed steps)
