@@ -19,7 +19,8 @@ against hand-written DDP, with its 95% interval.
 the same time buys more rounds of the one comparison the bar is about; ratios are to the
 unarmed loop, with their 95% interval, per round and with all steps pooled; and CPU a step
 (rank 0's main thread, plus the watching thread's CPU in armed blocks), which does not wait
-on the other rank and so moves far less than a step's wall time.
+on the other rank and so moves less than a step's wall time (W1: an interval of about
++-0.5% where the wall time's is +-2-3%).
 
 ``--realistic``: the loop a user writes (``run.backward(loss, count=len(y))``, armed)
 against hand-written DDP, two loops only: a run keeps counted windows from its first
@@ -143,7 +144,7 @@ def _cpu_of(run_steps: Any, into: list[float]) -> Any:
 def _cpu_row(armed: list[float], plain: list[float], workload: str) -> dict:
     """Armed against unarmed in CPU a step (the main thread's, plus the watching thread's
     for the armed blocks): median of per-round ratios with its 95% interval. A step's CPU
-    moves far less from block to block than its wall time, which waits on the other rank."""
+    moves less from block to block than its wall time, which waits on the other rank."""
     from splitsync.bench.harness import median, median_ci
 
     ratios = [a / p for a, p in zip(armed, plain, strict=True)]
@@ -156,8 +157,8 @@ def _cpu_row(armed: list[float], plain: list[float], workload: str) -> dict:
 def _rows(blocks: dict[str, list[list[float]]], baseline: str, workload: str) -> list[dict]:
     """Each loop's summary against ``baseline``, with its mean step time (the thread's
     wake-ups are rare slow steps: the mean shows them, the median does not) and the ratio
-    of all its steps' median to the baseline's (``pooled_ratio``: with short blocks, the
-    per-round ratios are noisy, the pooled median much less)."""
+    of all its steps' median to the baseline's (``pooled_ratio``: with short blocks the
+    per-round ratios are noisy; the pooled median uses every step at once)."""
     from splitsync.bench.harness import pooled_ratio, summarize
 
     rows = [s.as_dict() for s in summarize(blocks, baseline)]
