@@ -4,7 +4,7 @@ The interleaved benchmarks (``overhead.py``, ``preempt_overhead.py``) run every 
 process that ``splitsync.init`` set up, so a cost that splitsync adds to the whole process (a
 thread, a second process group, a setting) slows the hand-written loop there too and cancels
 out. Here each loop is its own ``torchrun --standalone`` launch (``OMP_NUM_THREADS=1``), in
-an order that rotates every round (as ``splitsync.bench.harness.interleave``):
+an order that rotates every round (``splitsync.bench.harness.round_order``, as ``interleave``):
 
 - ``hand``: ``init_process_group("gloo")`` and DDP, nothing of splitsync imported;
 - ``hand-in-init``: the same loop in a process that ``splitsync.init`` set up (the
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -109,14 +108,9 @@ def _launch(kind: str, a: argparse.Namespace, folder: Path) -> list[dict[str, An
     return [json.loads(p.read_text()) for p in ranks]
 
 
-def _interval(ratios: list[float]) -> tuple[float, float]:
-    """Bootstrap 95% interval of the median ratio (seeded: the same data, the same interval)."""
-    rng = random.Random(0)
-    boots = sorted(median(rng.choices(ratios, k=len(ratios))) for _ in range(4000))
-    return boots[100], boots[3899]
-
-
 def _report(results: dict[str, list[list[dict[str, Any]]]], steps: int) -> None:
+    from splitsync.bench.harness import bootstrap_interval
+
     base = next(iter(results))
     print(f"| loop | median of launch medians ms | mean of launch medians ms | mean step ms | "
           f"ratio to {base} (95% CI) | CPU ms a step, all ranks | CPU by thread, ms a step |")
@@ -125,7 +119,8 @@ def _report(results: dict[str, list[list[dict[str, Any]]]], steps: int) -> None:
         medians = [1e3 * ranks[0]["median"] for ranks in launches]
         ratios = [ranks[0]["median"] / b[0]["median"]
                   for ranks, b in zip(launches, results[base], strict=True)]
-        lo, hi = _interval(ratios)
+        lo, hi = bootstrap_interval(len(ratios), lambda rounds, x=ratios: median(
+            [x[i] for i in rounds]), resamples=4000)
         by_thread: Counter[str] = Counter()
         for ranks in launches:
             for r in ranks:
@@ -149,6 +144,8 @@ def main() -> None:
     a = p.parse_args()
     if a.worker:
         return _worker(a.worker, a.workload, a.steps, a.out)
+    from splitsync.bench.harness import round_order  # here: the "hand" worker imports none
+
     loops = a.loops.split(",")
     if unknown := set(loops) - set(LOOPS):
         raise SystemExit(f"--loops: unknown {sorted(unknown)}; choose from {', '.join(LOOPS)}.")
@@ -156,9 +153,7 @@ def main() -> None:
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
-            k = (r // 2) % len(loops)  # each loop in each position equally often
-            order = loops[k:] + loops[:k]
-            for name in reversed(order) if r % 2 else order:
+            for name in round_order(loops, r):  # each loop in each position equally often
                 results[name].append(_launch(name, a, Path(tmp, f"{name}-{r}")))
             print(f"round {r + 1}/{a.rounds}: " + ", ".join(
                 f"{n} {1e3 * results[n][-1][0]['median']:.3f} ms" for n in loops), flush=True)

@@ -82,6 +82,15 @@ def test_ratio_is_median_of_paired_block_ratios_so_drift_cancels() -> None:
         harness.summarize(blocks, "Z")
 
 
+def test_round_order_is_what_interleave_runs() -> None:
+    assert [harness.round_order(["A", "B"], r) for r in range(4)] == [
+        ["A", "B"], ["B", "A"], ["B", "A"], ["A", "B"]]
+    ran: list[str] = []
+    harness.interleave({n: (lambda b, n=n: ran.append(n) or [0.0]) for n in "ABC"},
+                       rounds=6, block=1, warmup=0)
+    assert ran == [n for r in range(6) for n in harness.round_order(list("ABC"), r)]
+
+
 def test_pooled_ratio_compares_all_steps_and_resamples_whole_rounds() -> None:
     base = [[1.0, 2.0, 3.0], [10.0, 11.0, 12.0]]  # a slow second round: drift, paired
     same = harness.pooled_ratio(base, base)

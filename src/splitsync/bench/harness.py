@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from splitsync.tools.tables import markdown_table
 
-__all__ = ["median", "median_ci", "percentile", "interleave", "paired_ratios", "pooled_ratio",
-           "LoopSummary", "summarize", "markdown_table"]
+__all__ = ["median", "median_ci", "percentile", "round_order", "interleave", "paired_ratios",
+           "pooled_ratio", "bootstrap_interval", "LoopSummary", "summarize", "markdown_table"]
 
 
 def median(xs: Sequence[float]) -> float:
@@ -49,16 +49,23 @@ def median_ci(xs: Sequence[float], z: float = 1.96) -> tuple[float, float]:
     return s[lo], s[hi]
 
 
+def round_order(names: Sequence[str], r: int) -> list[str]:
+    """The order of round ``r``: rounds 2k and 2k+1 run ``names`` rotated by k, the second
+    of them reversed (A B C, C B A, B C A, A C B ...), so over every 2n rounds each of n
+    loops runs in each position equally often. (Rotating by r and reversing odd rounds
+    cancels out for two loops: A B, then B A reversed, is A B again.)"""
+    k = (r // 2) % len(names)
+    order = [*names[k:], *names[:k]]
+    return order[::-1] if r % 2 else order
+
+
 def interleave(runners: Mapping[str, Callable[[int], list[float]]], *, rounds: int,
                block: int, warmup: int = 1, max_rounds: int | None = None,
                more: Callable[[int], bool] | None = None) -> dict[str, list[list[float]]]:
     """Run every runner for ``block`` steps per round; return per-loop lists of blocks.
 
-    ``warmup`` untimed rounds come first. Rounds 2k and 2k+1 run the loops rotated by k,
-    the second of them reversed (A B C, C B A, B C A, A C B ...), so over every 2n rounds
-    each loop runs in each position equally often, whatever the number n of loops. (Rotating
-    by r and reversing odd rounds cancels out for two loops: A B, then B A reversed, is
-    A B again, and the second loop would always run second.) After ``rounds`` rounds,
+    ``warmup`` untimed rounds come first; each round runs the loops in
+    :func:`round_order`. After ``rounds`` rounds,
     ``more(done)`` is asked before each further round, up to ``max_rounds`` (e.g. to fill a
     time budget).
     """
@@ -70,11 +77,7 @@ def interleave(runners: Mapping[str, Callable[[int], list[float]]], *, rounds: i
     for r in range(last):
         if r >= warmup + rounds and (more is None or not more(r - warmup)):
             break
-        k = (r // 2) % len(names)
-        order = names[k:] + names[:k]
-        if r % 2:
-            order.reverse()
-        for name in order:
+        for name in round_order(names, r):
             times = runners[name](block)
             if r >= warmup:
                 blocks[name].append(times)
@@ -100,10 +103,17 @@ def pooled_ratio(blocks: Sequence[Sequence[float]], base: Sequence[Sequence[floa
         return (median([t for i in rounds for t in blocks[i]])
                 / median([t for i in rounds for t in base[i]]))
 
+    return (ratio(range(len(blocks))),
+            *bootstrap_interval(len(blocks), ratio, resamples=resamples, seed=seed))
+
+
+def bootstrap_interval(n: int, statistic: Callable[[Sequence[int]], float], *,
+                       resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """95% interval of ``statistic`` over ``n`` rounds, each resample drawing n round
+    indices with replacement. Seeded: the same data, the same interval."""
     rng = random.Random(seed)
-    n = len(blocks)
-    boots = sorted(ratio(rng.choices(range(n), k=n)) for _ in range(resamples))
-    return ratio(range(n)), boots[int(0.025 * resamples)], boots[int(0.975 * resamples) - 1]
+    boots = sorted(statistic(rng.choices(range(n), k=n)) for _ in range(resamples))
+    return boots[int(0.025 * resamples)], boots[int(0.975 * resamples) - 1]
 
 
 @dataclass(frozen=True)
